@@ -1,0 +1,148 @@
+"""Agent events: the wire schema and the side channel from the API server to the scheduler.
+
+The harness POSTs events (`program_start`, `tool_start`, `tool_end`, `program_end`) to
+`/v1/agent/events` on the API server; the scheduler lives in vLLM's engine-core process. An
+in-band path does not exist in vLLM for scheduler-bound control messages (`collective_rpc`
+reaches the workers, not the scheduler), so the API server pushes validated events over a
+ZeroMQ PUSH/PULL pair on an IPC socket, and the scheduler drains it without blocking at the top
+of every `schedule()`: an event takes effect within one scheduling step.
+
+The socket path travels in `HARNESS_EVENTS_IPC`, set by `harness serve` before vLLM starts so
+both processes inherit it. No vLLM import here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from typing import Annotated, Any, Literal
+
+import zmq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from server.policies.base import AgentEvent
+
+ENV_EVENTS_IPC = "HARNESS_EVENTS_IPC"
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class EventIn(BaseModel):
+    """One event as sent by a client. Unknown fields are rejected so typos surface as 400s."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["program_start", "tool_start", "tool_end", "program_end"]
+    program_id: Annotated[str, Field(min_length=1, max_length=256)]
+    tool: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    predicted_s: NonNegative | None = None
+    seconds: NonNegative | None = None
+    return_tokens: Annotated[int, Field(ge=0)] | None = None
+    summary: Annotated[str, Field(max_length=512)] | None = None
+    ts: float | None = None  # client timestamp, informational
+
+    def to_event(self) -> AgentEvent:
+        return AgentEvent(kind=self.type, program_id=self.program_id, tool=self.tool,
+                          predicted_s=self.predicted_s, seconds=self.seconds,
+                          return_tokens=self.return_tokens, summary=self.summary)
+
+
+class EventError(ValueError):
+    """A malformed event; the message says which line and what was wrong."""
+
+
+def parse_events(body: bytes) -> list[EventIn]:
+    """Parse one JSON event (possibly pretty-printed), a JSON list, or NDJSON lines."""
+    text = body.decode("utf-8", errors="replace").strip()
+    if not text:
+        raise EventError("empty body: send one JSON event or NDJSON lines")
+    try:
+        whole = json.loads(text)
+        items = whole if isinstance(whole, list) else [whole]
+    except json.JSONDecodeError:
+        items = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise EventError(f"line {number} is not JSON: {exc.msg}") from None
+    events = []
+    for number, item in enumerate(items, start=1):
+        try:
+            events.append(EventIn.model_validate(item))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise EventError(f"event {number}: {problems}") from None
+    return events
+
+
+def default_ipc_path() -> str:
+    return f"ipc://{tempfile.gettempdir()}/harness-events-{uuid.uuid4().hex[:12]}.sock"
+
+
+def ensure_ipc_env() -> str:
+    """The IPC address for this server, created once and inherited by child processes."""
+    address = os.environ.get(ENV_EVENTS_IPC)
+    if not address:
+        address = os.environ[ENV_EVENTS_IPC] = default_ipc_path()
+    return address
+
+
+class EventSender:
+    """API-server side: push validated events; never blocks a request handler."""
+
+    def __init__(self, address: str) -> None:
+        self._socket = zmq.Context.instance().socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, 100_000)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+
+    def send(self, events: list[dict[str, Any]]) -> int:
+        """Send; returns how many were queued (the rest are dropped when the engine lags)."""
+        sent = 0
+        for event in events:
+            try:
+                self._socket.send(json.dumps(event).encode(), flags=zmq.NOBLOCK)
+                sent += 1
+            except zmq.Again:
+                break
+        return sent
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+class EventReceiver:
+    """Scheduler side: bind the PULL socket and drain whatever has arrived."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)
+
+    def drain(self, limit: int = 10_000) -> list[AgentEvent]:
+        events: list[AgentEvent] = []
+        for _ in range(limit):
+            try:
+                raw = self._socket.recv(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                events.append(EventIn.model_validate_json(raw).to_event())
+            except ValidationError:
+                continue  # validated by the sender already; never let one event stop the engine
+        return events
+
+    def close(self) -> None:
+        self._socket.close()
+        if self.address.startswith("ipc://"):
+            try:
+                os.unlink(self.address[len("ipc://"):])
+            except OSError:
+                pass

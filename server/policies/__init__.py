@@ -1,0 +1,37 @@
+"""Retention and ordering policies, chosen by name at server start-up.
+
+No module in this package imports vLLM (see `base.py` for why). The registry names modules
+rather than importing them, so loading one policy never pays for (or breaks on) another.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from server.policies.base import AgentEvent, CostModel, Hints, Policy, RequestView
+
+#: name -> "module:Class"
+POLICIES: dict[str, str] = {
+    "vllm": "server.policies.vllm:VllmPolicy",
+    "continuum": "server.policies.continuum:ContinuumPolicy",
+}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class registered as `name`; a clear ValueError lists the valid names."""
+    try:
+        target = POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}"
+        ) from None
+    module, _, cls = target.partition(":")
+    return getattr(import_module(module), cls)
+
+
+def make_policy(name: str, cost_model: CostModel | None = None) -> Policy:
+    return policy_class(name)(cost_model=cost_model)
+
+
+__all__ = ["AgentEvent", "CostModel", "Hints", "Policy", "RequestView", "POLICIES",
+           "make_policy", "policy_class"]

@@ -1,0 +1,131 @@
+"""The one policy interface every retention/ordering policy implements.
+
+Why a separate, vLLM-free layer: the decisions (pin or free a finished turn's KV cache, for how
+long, who goes first in the queue, whose pin to give up under memory pressure) are the research
+object. Keeping them in small pure-Python classes lets the same code run inside vLLM's scheduler
+(`server.scheduler.PolicyScheduler`), in the virtual-time benchmark and in unit tests that state
+the right answer by hand.
+
+The scheduler owns the mechanism (holding block references, reordering its queue, releasing
+blocks); a policy only answers questions about views of requests and programs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+EventKind = Literal["program_start", "tool_start", "tool_end", "program_end"]
+EVENT_KINDS: tuple[str, ...] = ("program_start", "tool_start", "tool_end", "program_end")
+
+UnpinReason = Literal["handoff", "expired", "program_end", "pressure", "reset", "shutdown",
+                      "replaced"]
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """Per-request hints a client sends in `vllm_xargs` (all optional).
+
+    turn: index of this LLM call within its program (0-based).
+    tool: the tool the client expects this turn to call (known to replayers and to agents with
+        a single tool); the authoritative name arrives later in a `tool_start` event.
+    predicted_s: the client's prediction of that tool call's duration in seconds.
+    last: this is the program's last LLM call, so nothing is worth keeping afterwards.
+    """
+
+    turn: int | None = None
+    tool: str | None = None
+    predicted_s: float | None = None
+    last: bool = False
+
+
+@dataclass(slots=True)
+class RequestView:
+    """What a policy may know about one LLM request (one turn of a program)."""
+
+    request_id: str
+    program_id: str | None
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int = 0
+    num_preemptions: int = 0
+    hints: Hints = field(default_factory=Hints)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """An interception event from the harness (see docs/events.md for the wire schema)."""
+
+    kind: EventKind
+    program_id: str
+    tool: str | None = None
+    predicted_s: float | None = None
+    seconds: float | None = None
+    return_tokens: int | None = None
+    summary: str | None = None
+
+
+class CostModel(Protocol):
+    """Seconds the GPU needs for the work a retention decision trades against."""
+
+    def prefill_seconds(self, context_tokens: int) -> float:
+        """Recomputing a whole context of this many tokens from scratch (the reload cost)."""
+        ...
+
+    def swap_seconds(self, tokens: int) -> float:
+        """Moving this many tokens' KV cache across PCIe, one direction."""
+        ...
+
+
+class Policy:
+    """Base policy: vLLM's stock behaviour. Subclasses override only what they decide.
+
+    Times are seconds on the scheduler's clock (`server.clock`), never wall time read directly,
+    so virtual-time replays and real serving take the same decisions.
+    """
+
+    name = "vllm"
+    #: When False the scheduler leaves vLLM's own queue order untouched (and pays nothing).
+    reorders_queue = False
+
+    def __init__(self, cost_model: CostModel | None = None) -> None:
+        self.cost_model = cost_model
+
+    # -- lifecycle notifications -------------------------------------------------------
+    def on_arrival(self, req: RequestView, now: float) -> None:
+        """A new turn entered the waiting queue."""
+
+    def on_scheduled(self, req: RequestView, now: float) -> None:
+        """A waiting turn was admitted to the running batch for the first time."""
+
+    def on_event(self, event: AgentEvent, now: float) -> None:
+        """An interception event from the harness."""
+
+    # -- retention ---------------------------------------------------------------------
+    def on_finish(self, req: RequestView, now: float) -> bool:
+        """A turn finished: return True to pin its KV cache (the scheduler then asks
+        `pin_expired` every step), False to free it as vLLM does."""
+        return False
+
+    def pin_expired(self, program_id: str, now: float, has_waiting: bool) -> bool:
+        """Whether the pin held for `program_id` should be released now."""
+        return True
+
+    def pin_victim(self, pinned_program_ids: list[str]) -> str:
+        """Which pin to give up when an allocation would otherwise fail.
+
+        Default: the program that arrived last (Continuum's rule), in the order the
+        scheduler lists them (program arrival order)."""
+        return pinned_program_ids[-1]
+
+    def on_unpin(self, program_id: str, reason: UnpinReason, now: float) -> None:
+        """The scheduler released a pin (for bookkeeping)."""
+
+    # -- ordering ----------------------------------------------------------------------
+    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
+        """Sort key for the waiting queue, smallest first (used when reorders_queue)."""
+        return (req.arrival_time,)
