@@ -1,0 +1,68 @@
+"""The `harness` command: one entry point, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from harness import serve
+
+    return serve.run(args)
+
+
+def _sandbox_build(args: argparse.Namespace) -> int:
+    from harness.tools import sandbox_image
+
+    argv = ["--name", args.name] + (["--force"] if args.force else [])
+    return sandbox_image.main(argv)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from server import profile_gpu
+
+    return profile_gpu.main(args.profile_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from harness import serve
+
+    p = sub.add_parser("serve", help="start the vLLM server with a policy (emulated GPU if none)")
+    serve.add_arguments(p)
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("sandbox", help="the Docker sandbox image")
+    sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
+    b = sandbox_sub.add_parser("build", help="build the sandbox image (offline) if missing")
+    b.add_argument("--name", default="harness-sandbox:bookworm")
+    b.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    b.set_defaults(func=_sandbox_build)
+
+    p = sub.add_parser("profile", help="measure step times on a real GPU (writes a table)",
+                       add_help=False)
+    p.add_argument("profile_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_profile)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from harness.serve import ServeError
+
+    try:
+        return int(args.func(args) or 0)
+    except ServeError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

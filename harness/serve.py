@@ -1,0 +1,129 @@
+"""`harness serve`: the real vLLM OpenAI server with our scheduler, on a GPU or an emulated one.
+
+Everything here is argument plumbing: which model folder, which executor, which policy, and the
+environment the engine-core process needs (`server.settings`, the event socket, vLLM's offline
+and CPU switches). The process then becomes `vllm serve` (exec), so Ctrl-C and signals reach
+vLLM's own clean shutdown directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from server.events import ENV_EVENTS_IPC, default_ipc_path
+from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
+
+SERVER_DIR = Path(__file__).resolve().parent.parent / "server"
+MODELS_DIR = SERVER_DIR / "models"
+TOKENIZER_DIR = SERVER_DIR / "tokenizer"
+EXECUTOR = "server.emulated_executor.EmulatedExecutor"
+SCHEDULER = "server.scheduler.PolicyScheduler"
+EVENTS_PLUGIN = "harness_agent_events"
+
+
+class ServeError(Exception):
+    """A user mistake in `harness serve` options; printed without a traceback."""
+
+
+@dataclass
+class ServeCommand:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    served_model_name: str = ""
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - any failure means: no usable GPU
+        return False
+
+
+def emulated_model_dir(profile: str) -> Path:
+    """The config.json folder of the model a profile name (or table) stands for."""
+    from server.perf_model import load_profile
+
+    model = load_profile(profile).model.name
+    folder = MODELS_DIR / model
+    if not (folder / "config.json").is_file():
+        known = ", ".join(sorted(p.name for p in MODELS_DIR.iterdir() if p.is_dir()))
+        raise ServeError(f"no model config for {model!r} in {MODELS_DIR}; known: {known}")
+    return folder
+
+
+def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
+                  model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+                  seed: int = 0, max_model_len: int = 32768,
+                  extra: list[str] | None = None) -> ServeCommand:
+    """The `vllm serve` command line and environment for these options (no side effects)."""
+    from server.policies import POLICIES
+
+    if policy not in POLICIES:
+        raise ServeError(f"unknown policy {policy!r}; choose one of: {', '.join(sorted(POLICIES))}")
+    if profile and model:
+        raise ServeError("give either --profile (emulated GPU) or --model (a real GPU), not both")
+    emulate = model is None
+    if not emulate and not has_cuda():
+        raise ServeError(f"--model {model} needs a CUDA GPU and none is visible here; "
+                         "use --profile GPU-MODEL to serve on the emulated GPU instead")
+    profile = profile or DEFAULT_PROFILE
+    try:
+        model_dir = str(emulated_model_dir(profile)) if emulate else model
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
+    assert model_dir is not None
+    name = Path(model_dir).name
+    settings = ServeSettings(policy=policy, profile=profile, seed=seed)
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
+            "--served-model-name", name, "--host", host, "--port", str(port),
+            "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
+            "--max-model-len", str(max_model_len), "--seed", str(seed),
+            "--disable-uvicorn-access-log"]
+    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
+           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
+    if emulate:
+        argv += ["--tokenizer", str(TOKENIZER_DIR), "--distributed-executor-backend", EXECUTOR,
+                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        if not has_cuda():
+            env["VLLM_TARGET_DEVICE"] = "cpu"
+    argv += list(extra or [])
+    return ServeCommand(argv=argv, env=env, served_model_name=name)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", default=DEFAULT_POLICY,
+                        help=f"retention/scheduling policy (default {DEFAULT_POLICY})")
+    parser.add_argument("--profile", default=None,
+                        help="emulated GPU and model, e.g. h100-llama-3.1-8b, h200-llama-3.1-8b, "
+                        "a100-llama-3.1-8b, h100x8-llama-3.1-70b, or a measured table JSON "
+                        f"(default {DEFAULT_PROFILE} when no --model)")
+    parser.add_argument("--model", default=None, help="a real model folder (needs a CUDA GPU)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
+                        help="after --: extra arguments passed to `vllm serve` unchanged")
+
+
+def run(args: argparse.Namespace) -> int:
+    extra = [a for a in args.vllm_args if a != "--"]
+    command = build_command(policy=args.policy, profile=args.profile, model=args.model,
+                            host=args.host, port=args.port, seed=args.seed,
+                            max_model_len=args.max_model_len, extra=extra)
+    env = {**os.environ, **command.env}
+    print(f"harness serve: policy={args.policy} model={command.served_model_name} "
+          f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)
+    sys.stdout.flush()
+    if shutil.which(command.argv[0]) is None and not Path(command.argv[0]).exists():
+        raise ServeError(f"python interpreter {command.argv[0]} not found")
+    os.execvpe(command.argv[0], command.argv, env)
+    return 0  # not reached

@@ -1,0 +1,228 @@
+"""`EmulatedExecutor`: a vLLM `Executor` that stands in for the GPU.
+
+Loaded with `--distributed-executor-backend server.emulated_executor.EmulatedExecutor`, it lets
+the real engine (API server, engine core, scheduler, KV-cache manager, prefix cache, output
+processing) run on a machine without a GPU. For every scheduled batch it
+
+* prices the step with the performance model (`server.perf_model`): a roofline from published
+  GPU figures, or a fit to a table measured on a real GPU;
+* lets that time pass on the process clock (`server.clock`): real time sleeps, virtual time
+  advances without sleeping;
+* returns sampled tokens: random ids, or the tokens of a text given with the request
+  (`vllm_xargs={"emulate_text": ...}`, used to replay a recorded agent through the server),
+  or random ids ending in EOS after `emulate_output_tokens` tokens (used by trace replay).
+
+The KV cache it reports is the profile's capacity (GPU memory minus weights and a reserve), so
+block counts, preemption and prefix caching behave as on the emulated GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.v1.executor.abstract import Executor
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.outputs import ModelRunnerOutput
+
+from server.clock import clock
+from server.settings import ServeSettings
+
+logger = logging.getLogger("harness.emulated_executor")
+
+#: Ids below this are the tokenizer's special tokens (see server/tokenizer/README.md).
+FIRST_ORDINARY_TOKEN = 8
+
+
+class _Sequence:
+    """What the emulator tracks per request: how far it has got and what it will say."""
+
+    __slots__ = ("prompt_len", "emitted", "script", "budget")
+
+    def __init__(self, prompt_len: int, script: list[int] | None, budget: int | None) -> None:
+        self.prompt_len = prompt_len
+        self.emitted = 0
+        self.script = script  # exact tokens to emit (ends with EOS), or None for random
+        self.budget = budget  # random tokens to emit before EOS, or None for until max_tokens
+
+
+class EmulatedExecutor(Executor):
+    uses_ray = False
+    supports_pp = False
+
+    def _init_executor(self) -> None:
+        from server.perf_model import load_profile
+
+        settings = ServeSettings.from_env()
+        self.profile = load_profile(settings.profile)
+        self._rng = np.random.default_rng(settings.seed)
+        hf = self.model_config.hf_config
+        self._num_layers = int(hf.num_hidden_layers)
+        self._num_kv_heads = int(hf.num_key_value_heads)
+        self._head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        eos = self.model_config.hf_config.eos_token_id
+        self._eos = int(eos[0] if isinstance(eos, list) else eos)
+        self._tokenizer = None
+        self._vocab_limit = int(hf.vocab_size)
+        self._seqs: dict[str, _Sequence] = {}
+        self._computed_before: dict[str, int] = {}
+        self.steps = 0
+        self.busy_seconds = 0.0
+
+    # -- engine start-up ---------------------------------------------------------------
+    def _block_size(self) -> int:
+        return int(self.cache_config.block_size or 16)
+
+    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
+        spec = FullAttentionSpec(block_size=self._block_size(), num_kv_heads=self._num_kv_heads,
+                                 head_size=self._head_dim, dtype=torch.bfloat16)
+        return [{f"model.layers.{i}.self_attn.attn": spec for i in range(self._num_layers)}]
+
+    def determine_available_memory(self) -> list[int]:
+        util = float(self.cache_config.gpu_memory_utilization or 0.9)
+        tokens = self.profile.kv_capacity_tokens(util)
+        return [int(tokens * self.profile.kv_bytes_per_token)]
+
+    def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
+        blocks = kv_cache_configs[0].num_blocks
+        logger.info("emulated %s: %d KV blocks of %d tokens", self.profile.name, blocks,
+                    self._block_size())
+
+    def compile_or_warm_up_model(self) -> None:
+        return None
+
+    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        return [["NHD"]]
+
+    def set_kv_cache_layout(self, layout_name: str) -> None:
+        return None
+
+    def register_failure_callback(self, callback: Any) -> None:
+        return None
+
+    def check_health(self) -> None:
+        return None
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        return 1
+
+    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
+                       kwargs: dict | None = None, non_block: bool = False) -> Any:
+        """Answer the few worker RPCs the engine makes; there are no workers."""
+        name = method if isinstance(method, str) else getattr(method, "__name__", "callable")
+        answers: dict[str, Any] = {
+            "get_supported_tasks": ("generate",),
+            "supports_draft_weight_updates": False,
+            "list_loras": set(),
+        }
+        result = [answers.get(name)]
+        if non_block:
+            future: Future = Future()
+            future.set_result(result)
+            return future
+        return result
+
+    def shutdown(self) -> None:
+        self._seqs.clear()
+
+    # -- the step ----------------------------------------------------------------------
+    def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
+        started = time.perf_counter()
+        output, prefill, decode = self._step(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            seconds = float(self.profile.step_seconds(prefill, decode))
+            self.busy_seconds += seconds
+            self.steps += 1
+            elapsed = time.perf_counter() - started
+            the_clock = clock()
+            the_clock.sleep(seconds if the_clock.virtual else seconds - elapsed)
+        if non_block:
+            future: Future = Future()
+            future.set_result(output)
+            return future
+        return output
+
+    def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
+        raise RuntimeError("EmulatedExecutor returns tokens from execute_model")
+
+    def _step(self, so: Any) -> tuple[ModelRunnerOutput, list[tuple[int, int]], list[int]]:
+        """Advance every scheduled sequence; also return the batch shape the step is priced by:
+        prefill chunks as (new tokens, tokens computed before) and decodes as context length."""
+        for req_id in so.finished_req_ids:
+            self._seqs.pop(req_id, None)
+        self._computed_before = {}
+        for new in so.scheduled_new_reqs:
+            if new.req_id not in self._seqs:
+                self._seqs[new.req_id] = self._new_sequence(new)
+            self._computed_before[new.req_id] = new.num_computed_tokens
+        cached = so.scheduled_cached_reqs
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
+            self._computed_before[req_id] = computed
+
+        req_ids = list(so.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        prefill: list[tuple[int, int]] = []
+        decode: list[int] = []
+        for req_id in req_ids:
+            seq = self._seqs.get(req_id)
+            n = so.num_scheduled_tokens[req_id]
+            if seq is None:
+                sampled.append([])
+                continue
+            before = self._computed_before.get(req_id, 0)
+            if n == 1 and seq.emitted > 0 and before + 1 == seq.prompt_len + seq.emitted:
+                decode.append(before + 1)
+            else:
+                prefill.append((n, before))
+            # A token is sampled only when this step reaches the end of what is known.
+            if before + n >= seq.prompt_len + seq.emitted:
+                sampled.append([self._next_token(seq)])
+            else:
+                sampled.append([])
+        output = ModelRunnerOutput(req_ids=req_ids,
+                                   req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                   sampled_token_ids=sampled)
+        return output, prefill, decode
+
+    def _new_sequence(self, new: Any) -> _Sequence:
+        extra = (new.sampling_params.extra_args or {}) if new.sampling_params else {}
+        prompt_len = len(new.prompt_token_ids or [])
+        script = None
+        text = extra.get("emulate_text")
+        if isinstance(text, str):
+            script = self._encode(text) + [self._eos]
+        budget = extra.get("emulate_output_tokens")
+        try:
+            budget = int(budget) if budget is not None else None
+        except (TypeError, ValueError):
+            budget = None
+        return _Sequence(prompt_len, script, budget)
+
+    def _next_token(self, seq: _Sequence) -> int:
+        index = seq.emitted
+        seq.emitted += 1
+        if seq.script is not None:
+            return seq.script[index] if index < len(seq.script) else self._eos
+        if seq.budget is not None and index >= seq.budget - 1:
+            return self._eos
+        return int(self._rng.integers(FIRST_ORDINARY_TOKEN, self._random_limit()))
+
+    def _random_limit(self) -> int:
+        tokenizer = self._get_tokenizer()
+        return min(self._vocab_limit, len(tokenizer)) if tokenizer is not None else 1000
+
+    def _get_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            path = self.model_config.tokenizer
+            self._tokenizer = AutoTokenizer.from_pretrained(path)
+        return self._tokenizer
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._get_tokenizer().encode(text, add_special_tokens=False))

@@ -1,0 +1,254 @@
+"""`PolicyScheduler`: vLLM's v1 scheduler with our retention and ordering policies.
+
+Loaded by vLLM with `--scheduler-cls server.scheduler.PolicyScheduler`. This is the only module
+that touches vLLM scheduler internals; every decision is delegated to a `server.policies`
+object. The mechanisms added here:
+
+* Pinning. When a turn finishes and the policy says so, its KV blocks are taken out of the
+  request with `pop_blocks_for_free` instead of being freed: the references keep them
+  resident (and findable by the prefix cache), so the program's next turn hits them.
+* Release. A pin ends by hand-off (the program's next turn was admitted and now holds its own
+  references), expiry (policy TTL; the policy may hold it while the program waits), program
+  end, memory pressure (an allocation would fail: the policy's victim is unpinned and the
+  allocation retried, so pins can never deadlock the engine), `reset_prefix_cache` and
+  shutdown. Blocks are freed in reverse order so tail blocks are evicted first.
+* Ordering. For policies that reorder, the FCFS waiting deque is sorted by the policy's key once
+  per step, before vLLM's own admission loop runs over it.
+* Events. Agent events drained from the side channel (`server.events`) at the top of each step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from server.clock import clock
+from server.events import ENV_EVENTS_IPC, EventReceiver
+from server.policies import Hints, RequestView, make_policy
+from server.settings import ServeSettings
+
+logger = logging.getLogger("harness.scheduler")
+
+_VIEW_ATTR = "_harness_view"
+_NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+@dataclass
+class Pin:
+    program_id: str
+    request_id: str
+    blocks: list[Any]
+    tokens: int
+    pinned_at: float
+
+
+@dataclass
+class PinStats:
+    """Counters the benchmark reads (`PolicyScheduler.pin_stats`)."""
+
+    pinned: int = 0
+    handoff: int = 0
+    expired: int = 0
+    program_end: int = 0
+    pressure: int = 0
+    reset: int = 0
+    replaced: int = 0
+    shutdown: int = 0
+    # integral of pinned blocks over clock time, for the time-weighted share of memory
+    block_seconds: float = 0.0
+    _last_t: float | None = field(default=None, repr=False)
+
+
+def hints_from(extra_args: dict[str, Any] | None) -> Hints:
+    """Hints from `vllm_xargs`; wrong types are ignored rather than failing the request."""
+    if not extra_args:
+        return Hints()
+
+    def number(key: str, kind: type) -> Any:
+        value = extra_args.get(key)
+        try:
+            return kind(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    tool = extra_args.get("tool")
+    last = extra_args.get("last")
+    return Hints(
+        turn=number("turn", int),
+        tool=str(tool) if tool not in (None, "") else None,
+        predicted_s=number("predicted_s", float),
+        last=last in (True, 1, "1", "true", "True"),
+    )
+
+
+class PolicyScheduler(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = ServeSettings.from_env()
+        self.agent_policy = make_policy(settings.policy, cost_model=_cost_model(settings))
+        self.pins: dict[str, Pin] = {}
+        self.pin_stats = PinStats()
+        self.sched_cpu_seconds = 0.0
+        self.sched_steps = 0
+        self._events: EventReceiver | None = None
+        address = _env(ENV_EVENTS_IPC)
+        if address:
+            self._events = EventReceiver(address)
+        self._allocate_slots = self.kv_cache_manager.allocate_slots
+        self.kv_cache_manager.allocate_slots = self._allocate_or_unpin  # type: ignore[method-assign]
+        logger.info("harness policy %s (profile %s, events %s)", settings.policy,
+                    settings.profile, address or "off")
+
+    # -- views -------------------------------------------------------------------------
+    def view(self, request: Request) -> RequestView:
+        view: RequestView | None = getattr(request, _VIEW_ATTR, None)
+        if view is None:
+            params = request.sampling_params
+            view = RequestView(
+                request_id=request.request_id,
+                program_id=request.session_id,
+                arrival_time=request.arrival_time,
+                prompt_tokens=request.num_prompt_tokens,
+                hints=hints_from(params.extra_args if params else None),
+            )
+            setattr(request, _VIEW_ATTR, view)
+        view.num_preemptions = request.num_preemptions
+        view.output_tokens = request.num_output_tokens
+        return view
+
+    # -- the step ----------------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        started = time.process_time()
+        now = clock().now()
+        self._account_pins(now)
+        if self._events is not None:
+            for event in self._events.drain():
+                self.agent_policy.on_event(event, now)
+                if event.kind == "program_end" and event.program_id in self.pins:
+                    self._unpin(event.program_id, "program_end", now)
+        if self.pins:
+            self._expire_pins(now)
+        if self.agent_policy.reorders_queue and len(self.waiting) > 1:
+            self._reorder_waiting(now)
+        output = super().schedule(*args, **kwargs)
+        for new in output.scheduled_new_reqs:
+            request = self.requests.get(new.req_id)
+            if request is None:
+                continue
+            view = self.view(request)
+            if request.num_preemptions == 0:
+                self.agent_policy.on_scheduled(view, now)
+            if view.program_id in self.pins:
+                self._unpin(view.program_id, "handoff", now)
+        self.sched_cpu_seconds += time.process_time() - started
+        self.sched_steps += 1
+        return output
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        self.agent_policy.on_arrival(self.view(request), clock().now())
+
+    def _reorder_waiting(self, now: float) -> None:
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            return  # --scheduling-policy priority: vLLM's heap order stands
+        key = self.agent_policy.queue_key
+        ordered = sorted(self.waiting, key=lambda r: key(self.view(r), now))
+        self.waiting.clear()
+        self.waiting.extend(ordered)
+
+    # -- retention ---------------------------------------------------------------------
+    def _free_request_blocks(self, request: Request) -> None:
+        program = request.session_id
+        if (
+            program is not None
+            and request.status in _NORMAL_FINISH
+            and self._request_blocks_can_be_freed(request)
+            and self.agent_policy.on_finish(self.view(request), clock().now())
+        ):
+            now = clock().now()
+            if program in self.pins:
+                self._unpin(program, "replaced", now)
+            blocks = self.kv_cache_manager.pop_blocks_for_free(request)
+            self._account_pins(now)
+            self.pins[program] = Pin(program, request.request_id, blocks,
+                                     request.num_computed_tokens, now)
+            self.pin_stats.pinned += 1
+            return
+        super()._free_request_blocks(request)
+
+    def _unpin(self, program_id: str, reason: str, now: float) -> None:
+        if program_id not in self.pins:
+            return
+        self._account_pins(now)
+        pin = self.pins.pop(program_id)
+        self.kv_cache_manager.block_pool.free_blocks(reversed(pin.blocks))
+        setattr(self.pin_stats, reason, getattr(self.pin_stats, reason) + 1)
+        self.agent_policy.on_unpin(program_id, reason, now)  # type: ignore[arg-type]
+
+    def _expire_pins(self, now: float) -> None:
+        waiting_programs = {r.session_id for r in self.waiting}
+        waiting_programs.update(r.session_id for r in self.kv_holding_waiting)
+        for program_id in list(self.pins):
+            if self.agent_policy.pin_expired(program_id, now, program_id in waiting_programs):
+                self._unpin(program_id, "expired", now)
+
+    def _allocate_or_unpin(self, request: Request, *args: Any, **kwargs: Any):
+        """Allocation that gives up pins before it gives up: a pin never blocks admission."""
+        while True:
+            blocks = self._allocate_slots(request, *args, **kwargs)
+            if blocks is not None or not self.pins:
+                return blocks
+            own = request.session_id
+            others = [p for p in self.pins if p != own]
+            victim = self.agent_policy.pin_victim(others) if others else own
+            self._unpin(victim, "pressure", clock().now())
+
+    def release_all_pins(self, reason: str) -> None:
+        now = clock().now()
+        for program_id in list(self.pins):
+            self._unpin(program_id, reason, now)
+
+    def pinned_blocks(self) -> int:
+        return sum(len(p.blocks) for p in self.pins.values())
+
+    def _account_pins(self, now: float) -> None:
+        stats = self.pin_stats
+        if stats._last_t is not None and self.pins:
+            stats.block_seconds += (now - stats._last_t) * (self.pinned_blocks())
+        stats._last_t = now
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        self.release_all_pins("reset")
+        return super().reset_prefix_cache(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        self.release_all_pins("shutdown")
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+        super().shutdown()
+
+
+def _env(name: str) -> str | None:
+    import os
+
+    return os.environ.get(name) or None
+
+
+def _cost_model(settings: ServeSettings):
+    """The emulator's performance model stands in as the cost model; a real GPU run with a
+    measured table passes that table as the profile."""
+    try:
+        from server.perf_model import load_profile
+
+        return load_profile(settings.profile)
+    except Exception as exc:  # noqa: BLE001 - a policy without costs still works
+        logger.warning("no cost model for profile %s: %s", settings.profile, exc)
+        return None
