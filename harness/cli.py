@@ -16,8 +16,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _sandbox_build(args: argparse.Namespace) -> int:
     from harness.tools import sandbox_image
 
-    argv = ["--name", args.name] + (["--force"] if args.force else [])
-    return sandbox_image.main(argv)
+    return sandbox_image.main(args.sandbox_args)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -38,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sandbox", help="the Docker sandbox image")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
-    b = sandbox_sub.add_parser("build", help="build the sandbox image (offline) if missing")
-    b.add_argument("--name", default="harness-sandbox:bookworm")
-    b.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    b = sandbox_sub.add_parser("build", add_help=False,
+                               help="build the sandbox image (offline) if missing; --help for options")
+    b.add_argument("sandbox_args", nargs=argparse.REMAINDER)
     b.set_defaults(func=_sandbox_build)
 
     p = sub.add_parser("profile", help="measure step times on a real GPU (writes a table)",

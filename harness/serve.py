@@ -20,7 +20,6 @@ from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
 
 SERVER_DIR = Path(__file__).resolve().parent.parent / "server"
 MODELS_DIR = SERVER_DIR / "models"
-TOKENIZER_DIR = SERVER_DIR / "tokenizer"
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
@@ -85,11 +84,11 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--max-model-len", str(max_model_len), "--seed", str(seed),
-            "--disable-uvicorn-access-log"]
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
     if emulate:
-        argv += ["--tokenizer", str(TOKENIZER_DIR), "--distributed-executor-backend", EXECUTOR,
+        argv += ["--distributed-executor-backend", EXECUTOR,
                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         if not has_cuda():

@@ -96,6 +96,7 @@ class PolicyScheduler(Scheduler):
         self.pin_stats = PinStats()
         self.sched_cpu_seconds = 0.0
         self.sched_steps = 0
+        self.events_received = 0
         self._events: EventReceiver | None = None
         address = _env(ENV_EVENTS_IPC)
         if address:
@@ -129,6 +130,7 @@ class PolicyScheduler(Scheduler):
         self._account_pins(now)
         if self._events is not None:
             for event in self._events.drain():
+                self.events_received += 1
                 self.agent_policy.on_event(event, now)
                 if event.kind == "program_end" and event.program_id in self.pins:
                     self._unpin(event.program_id, "program_end", now)

@@ -1,0 +1,96 @@
+"""Start and stop a co-located `harness serve` from Python (tests, `harness demo`, later
+`harness run`), with a readable error when it does not come up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`with ServerProcess(policy="continuum") as server: server.base_url ...`"""
+
+    def __init__(self, policy: str = "continuum", profile: str | None = None,
+                 port: int | None = None, vllm_args: list[str] | None = None,
+                 log_path: str | Path | None = None, startup_timeout_s: float = 240.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.policy = policy
+        self.profile = profile
+        self.port = port or free_port()
+        self.vllm_args = vllm_args or []
+        self.log_path = Path(log_path) if log_path else Path(
+            tempfile.mkstemp(prefix="harness-serve-", suffix=".log")[1])
+        self.startup_timeout_s = startup_timeout_s
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self) -> ServerProcess:
+        argv = [sys.executable, "-m", "harness.cli", "serve", "--policy", self.policy,
+                "--port", str(self.port)]
+        if self.profile:
+            argv += ["--profile", self.profile]
+        if self.vllm_args:
+            argv += ["--", *self.vllm_args]
+        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **self.env},
+                                        start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(f"harness serve exited with {self.process.returncode}:\n"
+                                       f"{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise ServerStartError(f"harness serve did not answer within {self.startup_timeout_s:.0f}"
+                               f" s (log {self.log_path}):\n{self.log_tail()}")
+
+    def stop(self) -> int | None:
+        """Ctrl-C the server's process group, as a user would, then make sure it is gone."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait(timeout=10)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

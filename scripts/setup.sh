@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One idempotent command that makes a fresh machine ready: virtualenv, dependencies, a Docker
+# engine and the offline sandbox image. Safe to run again: finished steps are skipped.
+#
+#   bash scripts/setup.sh            # set up (then the README's main job runs)
+#   HARNESS_SKIP_DOCKER=1 ...        # set up without Docker (serving and policies only)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+VENV=${HARNESS_VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+    || die "Python 3.11 is required (vllm 0.32 / torch 2.13 wheels); found $("$PY" --version)"
+
+# 1. virtualenv -------------------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV"
+    "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+# 2. dependencies (skipped when pyproject.toml has not changed since the last good install) ---
+stamp="$VENV/.harness-deps"
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing dependencies (vllm 0.32.0 and torch 2.13.0: a few minutes the first time)"
+    # torch first and exactly pinned, so the local CPU build is taken instead of a CUDA one
+    "${PIP[@]}" install -q torch==2.13.0
+    "${PIP[@]}" install -q -e ".[dev]"
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        # vllm pulls CUDA builds of these; against CPU torch they break imports
+        say "no CUDA here: removing torchvision/torchaudio/torchcodec"
+        "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
+    echo "$want" > "$stamp"
+else
+    say "dependencies up to date"
+fi
+"$VENV/bin/python" -c "import vllm, server.scheduler" 2>/dev/null \
+    || die "vllm does not import in $VENV; remove $stamp and run again"
+
+# 3. Docker engine and the offline sandbox image --------------------------------------------
+if [ "${HARNESS_SKIP_DOCKER:-0}" = 1 ]; then
+    say "HARNESS_SKIP_DOCKER=1: skipping the Docker engine and sandbox image"
+else
+    bash scripts/docker_engine.sh || die "no Docker engine (see the message above); \
+set HARNESS_SKIP_DOCKER=1 to set up without the bash tool"
+    "$VENV/bin/harness" sandbox build
+fi
+say "ready: $VENV/bin/harness"

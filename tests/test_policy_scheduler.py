@@ -1,0 +1,193 @@
+"""PolicyScheduler on the real vLLM v1 scheduler, block pool and prefix cache (CPU, no GPU).
+
+Each test plays a small agent workload through `vllm_driver.Driver` on a virtual clock and
+checks the retention mechanics the Continuum policy relies on.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from vllm_driver import Driver, make_scheduler
+
+from server.events import EventSender
+from server.policies.continuum import ContinuumPolicy
+
+BLOCK = 16
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(8, 30000) for _ in range(n)]
+
+
+@pytest.fixture
+def events_address(tmp_path, monkeypatch):
+    address = f"ipc://{tmp_path}/events.sock"
+    monkeypatch.setenv("HARNESS_EVENTS_IPC", address)
+    return address
+
+
+def continuum_driver(monkeypatch, t_wait_s: float = 5.0, **kw) -> Driver:
+    """A driver whose policy believes queueing costs `t_wait_s` per evicted turn, and whose
+    tool "ls" always takes 0.5 s: the utility model then pins for exactly 0.5 s."""
+    scheduler = make_scheduler("continuum", monkeypatch=monkeypatch, **kw)
+    policy = ContinuumPolicy(cost_model=scheduler.agent_policy.cost_model,
+                             t_wait_default_s=t_wait_s)
+    for _ in range(10):
+        policy.durations.observe("ls", 0.5)
+    scheduler.agent_policy = policy
+    return Driver(scheduler)
+
+
+def deliver(driver: Driver, address: str, *events: dict) -> None:
+    """Send events over the real side channel and step until the scheduler has taken them."""
+    sender = EventSender(address)
+    before = driver.scheduler.events_received
+    sender.send(list(events))
+    deadline = time.monotonic() + 5
+    while driver.scheduler.events_received < before + len(events):
+        assert time.monotonic() < deadline, "events never reached the scheduler"
+        time.sleep(0.01)
+        driver.scheduler.schedule()  # an empty step drains the channel
+    sender.close()
+
+
+def first_turn(driver: Driver, program: str = "A", n: int = 100, seed: int = 1) -> list[int]:
+    tokens = prompt(seed, n)
+    driver.submit(f"{program}-0", tokens, program, max_tokens=4, tool="ls")
+    driver.run_until_finished(f"{program}-0")
+    return tokens + driver.turns[f"{program}-0"].output
+
+
+def test_pin_on_tool_call_then_reuse_and_handoff(monkeypatch):
+    d = continuum_driver(monkeypatch)
+    context = first_turn(d)
+    pin = d.scheduler.pins["A"]
+    assert len(pin.blocks) == -(-103 // BLOCK)  # 100 prompt + 3 computed output tokens
+    assert d.free_blocks == d.total_blocks - len(pin.blocks)
+    assert d.scheduler.agent_policy.deadline("A") == pytest.approx(pin.pinned_at + 0.5)
+
+    d.advance(0.3)  # the tool returns inside its TTL
+    d.submit("A-1", context + prompt(2, 40), "A", max_tokens=4)
+    out = d.step()
+    new = {n.req_id: n for n in out.scheduled_new_reqs}
+    # every full block of the first turn's context is reused, not recomputed
+    assert new["A-1"].num_computed_tokens == (len(context) - 1) // BLOCK * BLOCK
+    assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.handoff == 1
+
+
+def test_ttl_expiry_releases_blocks(monkeypatch):
+    d = continuum_driver(monkeypatch)
+    first_turn(d)
+    d.advance(0.4)
+    d.scheduler.schedule()
+    assert "A" in d.scheduler.pins
+    d.advance(0.2)  # past pinned_at + 0.5
+    d.scheduler.schedule()
+    assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.expired == 1
+    assert d.free_blocks == d.total_blocks
+
+
+def test_expiry_held_back_while_program_waits(monkeypatch):
+    d = continuum_driver(monkeypatch, max_num_seqs=2)
+    context = first_turn(d)
+    # two long requests of other programs take both running slots
+    d.submit("X-0", prompt(5, 20), "X", max_tokens=40)
+    d.submit("Y-0", prompt(6, 20), "Y", max_tokens=40)
+    d.step()
+    d.submit("A-1", context + prompt(2, 10), "A", max_tokens=4)
+    d.advance(2.0)  # far past the TTL, but A's next turn is waiting
+    for _ in range(5):
+        d.step()
+        assert "A" in d.scheduler.pins
+    assert d.scheduler.pin_stats.expired == 0
+    d.run_until_finished("A-1")
+    assert d.scheduler.pin_stats.handoff == 1
+
+
+def test_unpin_on_program_end(monkeypatch, events_address):
+    d = continuum_driver(monkeypatch)
+    first_turn(d)
+    deliver(d, events_address, {"type": "program_end", "program_id": "A"})
+    assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.program_end == 1
+    assert d.free_blocks == d.total_blocks
+
+
+def test_tool_start_event_recomputes_ttl(monkeypatch, events_address):
+    d = continuum_driver(monkeypatch)
+    policy = d.scheduler.agent_policy
+    for _ in range(10):
+        policy.durations.observe("pytest", 30.0)  # far longer than pinning is worth
+    first_turn(d)
+    assert "A" in d.scheduler.pins
+    deliver(d, events_address, {"type": "tool_start", "program_id": "A", "tool": "pytest"})
+    d.scheduler.schedule()
+    assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.expired == 1
+
+
+def test_memory_pressure_releases_latest_program_pin(monkeypatch):
+    d = continuum_driver(monkeypatch, num_blocks=24)
+    first_turn(d, "A", n=100, seed=1)  # 7 blocks
+    d.advance(0.01)
+    first_turn(d, "B", n=100, seed=3)  # 7 blocks, program B arrived later
+    assert set(d.scheduler.pins) == {"A", "B"}
+    # C needs 10 blocks; only 23 - 14 = 9 are free: one pin must go, and it is B's
+    d.submit("C-0", prompt(4, 150), "C", max_tokens=2)
+    d.run_until_finished("C-0")
+    assert d.scheduler.pin_stats.pressure == 1
+    assert set(d.scheduler.pins) == {"A", "C"} or set(d.scheduler.pins) == {"A"}
+
+
+def test_pinned_program_goes_before_older_unpinned_program(monkeypatch):
+    d = continuum_driver(monkeypatch, max_num_seqs=1)
+    d.submit("OLD-0", prompt(9, 30), "OLD", max_tokens=2)  # program OLD arrived first...
+    d.run_until_finished("OLD-0")
+    d.scheduler.release_all_pins("reset")
+    context = first_turn(d, "A")
+    d.submit("OLD-1", prompt(10, 30), "OLD", max_tokens=2)
+    d.submit("A-1", context + prompt(2, 10), "A", max_tokens=2)
+    out = d.step()
+    assert [n.req_id for n in out.scheduled_new_reqs] == ["A-1"]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "continuum"])
+def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, policy):
+    rng = random.Random(7)
+    if policy == "continuum":
+        d = continuum_driver(monkeypatch, t_wait_s=2.0, num_blocks=96, max_num_seqs=8)
+    else:
+        d = Driver(make_scheduler("vllm", monkeypatch=monkeypatch, num_blocks=96,
+                                  max_num_seqs=8))
+    programs = {f"P{i}": {"turns": rng.randint(1, 5), "done": 0, "ctx": prompt(100 + i,
+                rng.randint(20, 300)), "ready_at": rng.uniform(0, 2), "inflight": None}
+                for i in range(24)}
+    steps = 0
+    while any(p["done"] < p["turns"] for p in programs.values()):
+        steps += 1
+        assert steps < 20000, "the engine stopped making progress"
+        now = d.clock.now() - 1000.0
+        for name, p in programs.items():
+            rid = p["inflight"]
+            if rid is not None and rid in d.finished:
+                p["ctx"] = p["ctx"] + d.turns[rid].output + prompt(rng.random(), 16)
+                p["done"] += 1
+                p["inflight"] = None
+                p["ready_at"] = now + rng.choice([0.1, 0.5, 0.5, 3.0])
+            if rid is None and p["done"] < p["turns"] and now >= p["ready_at"]:
+                rid = f"{name}-{p['done']}"
+                d.submit(rid, p["ctx"], name, max_tokens=rng.randint(1, 12), tool="ls")
+                p["inflight"] = rid
+        if d.scheduler.has_requests():
+            d.step()
+        else:
+            d.advance(0.05)
+    # drain: every pin ends by expiry or hand-off, and every block comes back
+    d.advance(60.0)
+    d.scheduler.schedule()
+    assert not d.scheduler.pins
+    assert d.free_blocks == d.total_blocks
+    if policy == "continuum":
+        assert d.scheduler.pin_stats.pinned > 0 and d.scheduler.pin_stats.handoff > 0
