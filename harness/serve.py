@@ -88,7 +88,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
     if emulate:
-        argv += ["--distributed-executor-backend", EXECUTOR,
+        # vLLM's CPU platform would pick 128-token blocks; the emulated GPU uses the GPU default
+        argv += ["--distributed-executor-backend", EXECUTOR, "--block-size", "16",
                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         if not has_cuda():

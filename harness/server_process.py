@@ -29,13 +29,15 @@ class ServerProcess:
     """`with ServerProcess(policy="continuum") as server: server.base_url ...`"""
 
     def __init__(self, policy: str = "continuum", profile: str | None = None,
-                 port: int | None = None, vllm_args: list[str] | None = None,
+                 port: int | None = None, serve_args: list[str] | None = None,
+                 vllm_args: list[str] | None = None,
                  log_path: str | Path | None = None, startup_timeout_s: float = 240.0,
                  env: dict[str, str] | None = None) -> None:
         self.policy = policy
         self.profile = profile
         self.port = port or free_port()
-        self.vllm_args = vllm_args or []
+        self.serve_args = serve_args or []  # more `harness serve` options
+        self.vllm_args = vllm_args or []  # passed on to `vllm serve` after --
         self.log_path = Path(log_path) if log_path else Path(
             tempfile.mkstemp(prefix="harness-serve-", suffix=".log")[1])
         self.startup_timeout_s = startup_timeout_s
@@ -57,6 +59,7 @@ class ServerProcess:
                 "--port", str(self.port)]
         if self.profile:
             argv += ["--profile", self.profile]
+        argv += self.serve_args
         if self.vllm_args:
             argv += ["--", *self.vllm_args]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child

@@ -1,0 +1,91 @@
+"""`harness serve` end to end: the real vLLM OpenAI server, our scheduler, the emulated GPU.
+
+Driven with the `openai` package as a user would. Each server takes ~40 s to start on these
+2-core machines, so one server per policy serves all tests of that policy.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from harness.server_process import ServerProcess
+
+pytestmark = pytest.mark.server
+MODEL = "llama-3.1-8b"
+PARAGRAPH = ("The repository keeps its parser in a single module, and the failing test shows "
+             "that nested brackets are closed in the wrong order when a quote appears inside. ")
+
+
+@pytest.fixture(scope="module")
+def continuum_server():
+    with ServerProcess(policy="continuum") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vllm_small_cache_server():
+    # 96 blocks of 16 tokens: a few thousand tokens of other traffic evict everything unpinned
+    with ServerProcess(policy="vllm", serve_args=["--max-model-len", "1024"],
+                       vllm_args=["--num-gpu-blocks-override", "96"]) as server:
+        yield server
+
+
+def chat(server: ServerProcess, messages: list[dict], program: str, turn: int,
+         max_tokens: int = 16, **xargs):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens,
+        extra_body={"session_id": program, "vllm_xargs": {"turn": turn, **xargs}})
+
+
+def two_turns(server: ServerProcess, program: str, filler: int = 0):
+    first = [{"role": "system", "content": "You are a careful software engineer."},
+             {"role": "user", "content": PARAGRAPH * 12 + f" Program {program}."}]
+    r1 = chat(server, first, program, 0, tool="bash")
+    for i in range(filler):  # other programs' traffic between the two turns
+        chat(server, [{"role": "user", "content": f"{i} unrelated request. " + PARAGRAPH * 14}],
+             f"filler-{program}-{i}", 0)
+    second = first + [{"role": "assistant", "content": "Thought: run the tests.\n"},
+                      {"role": "user", "content": "Observation: 3 passed, 1 failed."}]
+    r2 = chat(server, second, program, 1)
+    return r1, r2
+
+
+def cached(response) -> int:
+    details = response.usage.prompt_tokens_details
+    return int(details.cached_tokens or 0) if details else 0
+
+
+def test_second_turn_reuses_first_turn_context(continuum_server):
+    r1, r2 = two_turns(continuum_server, "prog-c")
+    assert r1.usage.prompt_tokens > 300
+    # the first turn's whole prompt, to the last full 16-token block, comes from the cache
+    assert cached(r2) >= r1.usage.prompt_tokens // 16 * 16
+
+
+def test_without_retention_pressure_evicts_the_context(vllm_small_cache_server):
+    r1, r2 = two_turns(vllm_small_cache_server, "prog-v", filler=6)
+    assert r1.usage.prompt_tokens > 300
+    assert cached(r2) < r1.usage.prompt_tokens // 2
+
+
+def test_replayed_text_comes_back_verbatim(continuum_server):
+    text = "Thought: list the files.\n```bash\nls -la /testbed\n```"
+    r = chat(continuum_server, [{"role": "user", "content": "go"}], "prog-r", 0,
+             max_tokens=200, emulate_text=text)
+    assert r.choices[0].message.content == text
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_events_endpoint_validates(continuum_server):
+    url = continuum_server.base_url + "/v1/agent/events"
+    ok = httpx.post(url, content=b'{"type":"tool_start","program_id":"nobody","tool":"bash",'
+                    b'"predicted_s":1.5}\n{"type":"tool_end","program_id":"nobody",'
+                    b'"seconds":1.2,"return_tokens":40}')
+    assert ok.status_code == 200 and ok.json()["accepted"] == 2
+    bad = httpx.post(url, json={"type": "tool_start", "program_id": "p", "predicted_s": -1})
+    assert bad.status_code == 400 and "predicted_s" in bad.json()["error"]
+    typo = httpx.post(url, json={"type": "tool_stop", "program_id": "p"})
+    assert typo.status_code == 400 and "type" in typo.json()["error"]
