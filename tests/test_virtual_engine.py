@@ -1,0 +1,51 @@
+"""The in-process engine on a virtual clock: the real EngineCore, no sleeping, exact results."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.engine import VirtualEngine
+from server.perf_model import load_profile
+
+PROFILE = "h100-llama-3.1-8b"
+
+
+def two_turn_program(policy: str) -> list:
+    engine = VirtualEngine(policy=policy, profile=PROFILE)
+    try:
+        first = list(range(8, 2008))
+        engine.add_request("a0", first, program_id="A", output_tokens=50, tool="bash")
+        done = []
+        while engine.has_work():
+            done += engine.step()
+        engine.advance_to(engine.clock.now() + 0.5)  # the tool runs for 0.5 s
+        engine.add_request("a1", first + list(range(100, 250)), program_id="A",
+                           output_tokens=20)
+        while engine.has_work():
+            done += engine.step()
+        return done
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return two_turn_program("continuum"), two_turn_program("continuum")
+
+
+def test_identical_runs_give_identical_times(runs):
+    first, second = runs
+    assert first == second
+
+
+def test_time_is_the_modelled_step_time(runs):
+    a0, a1 = runs[0]
+    profile = load_profile(PROFILE)
+    # the whole 2000-token prompt is one prefill step, which also samples the first token
+    assert a0.first_token - a0.arrival == pytest.approx(profile.step_seconds([(2000, 0)], []))
+    # 49 more single-sequence decode steps follow
+    decodes = sum(profile.step_seconds([], [2000 + i]) for i in range(1, 50))
+    assert a0.finished - a0.first_token == pytest.approx(decodes, rel=1e-6)
+    assert a0.output_tokens == 50 and a0.finish_reason == "stop"
+    # the second turn reuses the first turn's prompt from the prefix cache
+    assert a1.cached_tokens == 2000 and a1.arrival == pytest.approx(a0.finished + 0.5)
