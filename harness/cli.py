@@ -13,6 +13,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve.run(args)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from harness import demo
+
+    return demo.run(args)
+
+
 def _sandbox_build(args: argparse.Namespace) -> int:
     from harness.tools import sandbox_image
 
@@ -34,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="start the vLLM server with a policy (emulated GPU if none)")
     serve.add_arguments(p)
     p.set_defaults(func=_serve)
+
+    from harness import demo
+
+    p = sub.add_parser("demo", help="run a batch of agent programs through a co-located server")
+    demo.add_arguments(p)
+    p.set_defaults(func=_demo)
 
     p = sub.add_parser("sandbox", help="the Docker sandbox image")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")

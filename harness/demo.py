@@ -1,0 +1,126 @@
+"""`harness demo`: the README's main job until the benchmarks land.
+
+Starts the co-located server (emulated GPU, chosen policy), runs a batch of small agent programs
+concurrently through it (real HTTP, program ids, hints and interception events; the "tools"
+wait for sampled durations), and prints per-program job completion time and how much of each
+turn's prompt came from the KV cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.events_client import EventClient
+from harness.model_client import ChatClient
+from harness.server_process import ServerProcess
+
+TOOLS = {"ls": (0.05, 0.3), "grep": (0.1, 0.5), "pytest": (1.0, 3.0), "pip": (2.0, 4.0)}
+WORDS = ("module parser token branch commit test failure fixture import value return index "
+         "buffer config handler request schema migration cache worker queue").split()
+
+
+@dataclass
+class ProgramResult:
+    program_id: str
+    turns: int = 0
+    jct_s: float = 0.0
+    prompt_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+
+
+async def run_program(client: ChatClient, events: EventClient, program_id: str,
+                      turns: int, rng: random.Random) -> ProgramResult:
+    result = ProgramResult(program_id)
+    started = time.monotonic()
+    events.emit("program_start", program_id)
+    messages = [{"role": "system", "content": "You are a software agent. Think, then act."},
+                {"role": "user", "content": f"Task {program_id}: " +
+                 " ".join(rng.choice(WORDS) for _ in range(400))}]
+    for turn in range(turns):
+        last = turn == turns - 1
+        tool = rng.choice(list(TOOLS))
+        action = "submit" if last else f"{tool} {rng.choice(WORDS)}"
+        text = f"Thought: step {turn}, I will check the {rng.choice(WORDS)}.\nAction: {action}"
+        completion = await client.complete(
+            messages, program_id=program_id, max_tokens=64,
+            hints={"turn": turn, "tool": None if last else tool, "last": last,
+                   "emulate_text": text})
+        result.turns += 1
+        result.prompt_tokens.append(completion.prompt_tokens)
+        result.cached_tokens.append(completion.cached_tokens)
+        if last:
+            break
+        low, high = TOOLS[tool]
+        seconds = rng.uniform(low, high)
+        events.emit("tool_start", program_id, tool=tool, summary=action)
+        await asyncio.sleep(seconds)
+        output = " ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 300)))
+        events.emit("tool_end", program_id, tool=tool, seconds=round(seconds, 4),
+                    return_tokens=len(output) // 4)
+        messages += [{"role": "assistant", "content": completion.text},
+                     {"role": "user", "content": f"Observation: {output}"}]
+    events.emit("program_end", program_id)
+    result.jct_s = time.monotonic() - started
+    return result
+
+
+async def run_all(base_url: str, model: str, programs: int, seed: int) -> tuple[list, EventClient]:
+    rng = random.Random(seed)
+    client = ChatClient(base_url, model)
+    async with EventClient(base_url) as events:
+        jobs = [run_program(client, events, f"demo-{i}", rng.randint(3, 6),
+                            random.Random(rng.random())) for i in range(programs)]
+        results = await asyncio.gather(*jobs)
+    await client.aclose()
+    return results, events
+
+
+def report(console: Console, policy: str, results: list[ProgramResult], events: EventClient,
+           wall_s: float) -> None:
+    table = Table(title=f"harness demo: {len(results)} programs, policy {policy}")
+    for column in ("program", "turns", "JCT (s)", "prompt tokens", "cached (later turns)"):
+        table.add_column(column, justify="right")
+    for r in results:
+        later_prompt = sum(r.prompt_tokens[1:]) or 1
+        table.add_row(r.program_id, str(r.turns), f"{r.jct_s:.2f}", str(sum(r.prompt_tokens)),
+                      f"{100 * sum(r.cached_tokens[1:]) / later_prompt:.0f}%")
+    console.print(table)
+    jcts = [r.jct_s for r in results]
+    console.print(f"mean JCT {statistics.mean(jcts):.2f} s, max {max(jcts):.2f} s, wall "
+                  f"{wall_s:.1f} s; events sent {events.sent}, dropped {events.dropped}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", default="continuum")
+    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL (see harness serve)")
+    parser.add_argument("--programs", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server", default=None,
+                        help="use a running server at this URL instead of starting one")
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    if args.programs < 1:
+        console.print("[red]--programs must be at least 1[/red]")
+        return 2
+    started = time.monotonic()
+    if args.server:
+        results, events = asyncio.run(run_all(args.server, "llama-3.1-8b", args.programs,
+                                              args.seed))
+    else:
+        console.print(f"starting harness serve --policy {args.policy} (emulated GPU) ...")
+        with ServerProcess(policy=args.policy, profile=args.profile) as server:
+            console.print(f"server up at {server.base_url} (log {server.log_path})")
+            results, events = asyncio.run(run_all(server.base_url, "llama-3.1-8b",
+                                                  args.programs, args.seed))
+    report(console, args.policy, results, events, time.monotonic() - started)
+    return 0
