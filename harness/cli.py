@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sandbox", help="the Docker sandbox image")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
     b = sandbox_sub.add_parser("build", add_help=False,
-                               help="build the sandbox image (offline) if missing; --help for options")
+                               help="build the sandbox image offline if missing (--help: options)")
     b.add_argument("sandbox_args", nargs=argparse.REMAINDER)
     b.set_defaults(func=_sandbox_build)
 

@@ -63,7 +63,8 @@ class EmulatedExecutor(Executor):
         hf = self.model_config.hf_config
         self._num_layers = int(hf.num_hidden_layers)
         self._num_kv_heads = int(hf.num_key_value_heads)
-        self._head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        self._head_dim = int(head_dim)
         eos = self.model_config.hf_config.eos_token_id
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
         self._tokenizer = None

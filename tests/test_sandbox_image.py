@@ -24,7 +24,7 @@ IMAGE = os.environ.get("HARNESS_SANDBOX_IMAGE", si.DEFAULT_IMAGE)
 
 @pytest.fixture(scope="module")
 def image(docker_client: Any) -> str:
-    """The sandbox image, built offline if missing (skip/fail like docker_client when impossible)."""
+    """The sandbox image, built offline if missing (skips/fails like docker_client)."""
     try:
         return si.build_offline_image(
             IMAGE, client=docker_client, progress=lambda _m: None

@@ -361,7 +361,8 @@ RUN set -eux; \\
     apt-get install -y --no-install-recommends git ca-certificates procps $NEED_PY; \\
     rm -rf /var/lib/apt/lists/*; \\
     python3 -m pytest --version >/dev/null 2>&1 || python3 -m pip install --no-cache-dir pytest; \\
-    id -u {user} >/dev/null 2>&1 || useradd --create-home --home-dir {home} --uid {uid} --user-group --shell /bin/bash {user}; \\
+    id -u {user} >/dev/null 2>&1 || useradd --create-home --home-dir {home} --uid {uid} \\
+        --user-group --shell /bin/bash {user}; \\
     mkdir -p {testbed}; chown {uid}:{uid} {testbed}
 ENV PYTHONDONTWRITEBYTECODE=1
 WORKDIR {home}
