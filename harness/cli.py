@@ -13,6 +13,12 @@ def _serve(args: argparse.Namespace) -> int:
     return serve.run(args)
 
 
+def _run(args: argparse.Namespace) -> int:
+    from harness import run
+
+    return run.run(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from harness import demo
 
@@ -41,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_arguments(p)
     p.set_defaults(func=_serve)
 
-    from harness import demo
+    from harness import demo, run
+
+    p = sub.add_parser("run", help="run a benchmark's agent programs and score them")
+    run.add_arguments(p)
+    p.set_defaults(func=_run)
 
     p = sub.add_parser("demo", help="run a batch of agent programs through a co-located server")
     demo.add_arguments(p)
@@ -64,11 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from harness.run import RunError
     from harness.serve import ServeError
+    from harness.server_process import ServerStartError
 
     try:
         return int(args.func(args) or 0)
-    except ServeError as exc:
+    except (ServeError, RunError, ServerStartError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

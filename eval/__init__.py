@@ -1,0 +1,1 @@
+"""Benchmarks, scoring and metrics: pass rate beside job completion time."""

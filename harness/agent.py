@@ -1,0 +1,167 @@
+"""The ReAct loop of one agent program.
+
+Each program has its own message history, tools, step limit and time limit. Every LLM call
+carries the program id and hints; every tool call is bracketed by `tool_start` / `tool_end`
+events so the server knows the program is intercepted, for how long it probably will be, and
+when it is back. The trajectory is saved after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.actions import FormatError, parse_action
+from harness.events_client import EventClient
+from harness.model_client import ChatClient, ModelError
+from harness.tools.base import Observation, Tool
+from harness.trajectory import Step, Trajectory, save
+from predictor.durations import ToolDurationModel
+
+ToolFn = Callable[[str], Awaitable[Observation]]
+
+
+@dataclass
+class ToolBox:
+    """The actions a program may take (`name -> async fn(argument)`) and what to close."""
+
+    actions: dict[str, ToolFn]
+    owned: list[Tool] = field(default_factory=list)
+
+    async def aclose(self) -> None:
+        for tool in self.owned:
+            try:
+                await tool.aclose()
+            except Exception:  # noqa: BLE001 - closing one tool must not stop the others
+                pass
+
+
+@dataclass
+class Limits:
+    max_steps: int = 30
+    time_limit_s: float = 1800.0
+    max_format_errors: int = 3
+    max_tokens: int = 1024
+    observation_chars: int = 10_000
+
+
+@dataclass
+class Replay:
+    """Recorded assistant messages the emulated server must say, in order."""
+
+    texts: list[str]
+
+    def text_for(self, step: int) -> str | None:
+        return self.texts[step] if step < len(self.texts) else None
+
+
+def approx_tokens(text: str) -> int:
+    """Our tokenizer averages ~3.8 characters per token (server/tokenizer/README.md)."""
+    return max(1, round(len(text) / 3.8))
+
+
+class Agent:
+    def __init__(self, client: ChatClient, events: EventClient, durations: ToolDurationModel,
+                 out_dir: Path, limits: Limits | None = None) -> None:
+        self.client = client
+        self.events = events
+        self.durations = durations
+        self.out_dir = out_dir
+        self.limits = limits or Limits()
+
+    async def run(self, task_id: str, program_id: str, benchmark: str,
+                  messages: list[dict[str, Any]], toolbox: ToolBox,
+                  replay: Replay | None = None) -> Trajectory:
+        traj = Trajectory(task_id, program_id, benchmark, messages=list(messages),
+                          started_at=time.time())
+        self.events.emit("program_start", program_id)
+        try:
+            await asyncio.wait_for(self._loop(traj, toolbox, replay), self.limits.time_limit_s)
+        except TimeoutError:
+            traj.status = "time_limit"
+        except ModelError as exc:
+            traj.status = "model_error"
+            traj.info["error"] = str(exc)
+        finally:
+            self.events.emit("program_end", program_id)
+            traj.finished_at = time.time()
+            save(traj, self.out_dir)
+        return traj
+
+    async def _loop(self, traj: Trajectory, toolbox: ToolBox, replay: Replay | None) -> None:
+        format_errors = 0
+        for step in range(self.limits.max_steps):
+            hints: dict[str, Any] = {"turn": step}
+            if replay is not None:
+                text = replay.text_for(step)
+                if text is None:
+                    traj.status = "replay_exhausted"
+                    return
+                hints["emulate_text"] = text
+            completion = await self.client.complete(traj.messages, program_id=traj.program_id,
+                                                    max_tokens=self.limits.max_tokens,
+                                                    hints=hints)
+            message = completion.raw["choices"][0]["message"]
+            record = Step(llm_s=completion.seconds, prompt_tokens=completion.prompt_tokens,
+                          output_tokens=completion.completion_tokens,
+                          cached_tokens=completion.cached_tokens)
+            traj.steps.append(record)
+            traj.messages.append({"role": "assistant", "content": completion.text})
+            try:
+                action = parse_action(completion.text, message.get("tool_calls"))
+            except FormatError as exc:
+                format_errors += 1
+                record.ok = False
+                if format_errors > self.limits.max_format_errors:
+                    traj.status = "format_error"
+                    save(traj, self.out_dir)
+                    return
+                traj.messages.append({"role": "user", "content": f"Format error: {exc.message}"})
+                save(traj, self.out_dir)
+                continue
+            format_errors = 0
+            observation = await self._call_tool(traj, record, toolbox, action.tool,
+                                                action.argument)
+            traj.messages.append({"role": "user", "content": self._render(observation)})
+            save(traj, self.out_dir)
+            if observation.done:
+                traj.status = "submitted"
+                traj.answer = observation.answer
+                return
+        traj.status = "step_limit"
+
+    async def _call_tool(self, traj: Trajectory, record: Step, toolbox: ToolBox, tool: str,
+                         argument: str) -> Observation:
+        record.tool, record.argument = tool, argument[:500]
+        fn = toolbox.actions.get(tool)
+        if fn is None:
+            record.ok = False
+            return Observation(f"Unknown action {tool!r}; available: "
+                               f"{', '.join(sorted(toolbox.actions))}", ok=False)
+        predicted = self.durations.mean(tool) if self.durations.count(tool) else None
+        self.events.emit("tool_start", traj.program_id, tool=tool, predicted_s=predicted,
+                         summary=argument[:200])
+        started = time.monotonic()
+        try:
+            observation = await fn(argument)
+        except Exception as exc:  # noqa: BLE001 - a broken tool is an observation, not a crash
+            observation = Observation(f"Tool {tool} failed: {exc}", ok=False)
+        record.tool_s = time.monotonic() - started
+        record.ok = observation.ok
+        record.return_tokens = approx_tokens(observation.text)
+        self.durations.observe(tool, record.tool_s)
+        self.events.emit("tool_end", traj.program_id, tool=tool, seconds=round(record.tool_s, 4),
+                         return_tokens=record.return_tokens)
+        return observation
+
+    def _render(self, observation: Observation) -> str:
+        text = observation.text
+        limit = self.limits.observation_chars
+        if len(text) > limit:
+            text = text[: limit // 2] + f"\n[... {len(text) - limit} characters elided ...]\n" \
+                + text[-limit // 2:]
+        return f"Observation: {text}"

@@ -1,0 +1,69 @@
+"""What a benchmark supplies to `harness run`: tasks, the first messages, a program's tools,
+recorded trajectories for the replay model, and scoring."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.agent import ToolBox
+from harness.tools.base import Observation
+from harness.trajectory import Trajectory
+
+DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+
+
+class BenchmarkError(ValueError):
+    """Bad benchmark input (unknown name, unreadable task file); printed without traceback."""
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    data: dict[str, Any]
+
+
+def load_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise BenchmarkError(f"task file {path} does not exist")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise BenchmarkError(f"{path}:{number}: not JSON ({exc.msg})") from None
+    return rows
+
+
+async def finish(argument: str) -> Observation:
+    """The `finish[answer]` action: ends the program with its answer."""
+    return Observation(f"Episode finished with answer: {argument}", done=True, answer=argument)
+
+
+class Benchmark:
+    name = "benchmark"
+    tasks_file: Path = DATASETS
+    replay_dir: Path = DATASETS
+
+    def load_tasks(self, path: Path | None = None) -> list[Task]:
+        rows = load_jsonl(Path(path) if path else self.tasks_file)
+        tasks = []
+        for number, row in enumerate(rows, start=1):
+            if "id" not in row:
+                raise BenchmarkError(f"task {number} has no 'id' field")
+            tasks.append(Task(str(row["id"]), row))
+        return tasks
+
+    def messages(self, task: Task) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
+        raise NotImplementedError
+
+    def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+        """At least `passed: bool`; more fields go into the per-task result."""
+        raise NotImplementedError

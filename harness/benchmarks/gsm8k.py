@@ -1,0 +1,38 @@
+"""GSM8K-style math word problems with a calculator (ReAct actions).
+
+Pass = the number in `finish[...]` equals the reference answer (`eval.scoring.numeric_match`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eval.scoring import numeric_match
+from harness.agent import ToolBox
+from harness.benchmarks.base import DATASETS, Benchmark, Task, finish
+from harness.tools.calculator import Calculator
+from harness.trajectory import Trajectory
+
+SYSTEM = (
+    "Solve the math word problem step by step. Use the calculator for every computation.\n"
+    "Each reply: a line `Thought: ...` then one line `Action: calculator[expression]` or "
+    "`Action: finish[number]` with the final numeric answer."
+)
+
+
+class Gsm8k(Benchmark):
+    name = "gsm8k"
+    tasks_file = DATASETS / "gsm8k" / "tasks.jsonl"
+    replay_dir = DATASETS / "gsm8k" / "trajectories"
+
+    def messages(self, task: Task) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Question: {task.data['question']}"}]
+
+    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
+        calculator = Calculator()
+        return ToolBox({"calculator": calculator.run, "finish": finish}, owned=[calculator])
+
+    def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+        return {"passed": numeric_match(trajectory.answer, task.data["answer"]),
+                "reference": task.data["answer"], "prediction": trajectory.answer}

@@ -1,0 +1,237 @@
+"""`harness run BENCH`: many agent programs at once against a co-located server, scored.
+
+Starts `harness serve` (emulated GPU unless `--model PATH` on a GPU) unless `--server` is given,
+runs every task as an agent program with live progress, scores it as its benchmark does, and
+writes `OUT/summary.json` beside the trajectories. Each finished program's result is written
+the moment it finishes (`OUT/results/<task>.json`), so an interrupted run loses nothing that
+finished, and `--resume` skips those tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from eval.metrics import summarize
+from harness.agent import Agent, Limits, Replay
+from harness.benchmarks import Benchmark, BenchmarkError, Task, get_benchmark
+from harness.events_client import EventClient
+from harness.model_client import ChatClient
+from harness.server_process import ServerProcess
+from harness.trajectory import write_json_atomic
+from predictor.durations import ToolDurationModel
+
+EMULATED_MODEL = "llama-3.1-8b"
+
+
+class RunError(ValueError):
+    """Bad `harness run` input; printed without a traceback."""
+
+
+@dataclass
+class ModelSpec:
+    kind: str  # "replay" | "name" | "path"
+    value: str
+
+    @classmethod
+    def parse(cls, text: str | None) -> ModelSpec:
+        if not text:
+            return cls("replay", "")
+        if text.startswith("replay:"):
+            return cls("replay", text[len("replay:"):])
+        if Path(text).exists():
+            return cls("path", text)
+        return cls("name", text)
+
+
+def load_replay(directory: Path, task_id: str) -> Replay:
+    path = directory / f"{task_id}.traj.json"
+    if not path.is_file():
+        raise RunError(f"no recorded trajectory for task {task_id} in {directory} "
+                       f"(expected {path.name})")
+    try:
+        messages = json.loads(path.read_text())["messages"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RunError(f"{path} is not a trajectory with a 'messages' list: {exc}") from None
+    return Replay([m.get("content") or "" for m in messages if m.get("role") == "assistant"])
+
+
+def result_path(out: Path, task_id: str) -> Path:
+    return out / "results" / f"{task_id}.json"
+
+
+async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | None,
+                   out: Path, run_id: str) -> dict[str, Any]:
+    program_id = f"{run_id}-{task.id}"
+    toolbox = await bench.toolbox(task, program_id)
+    try:
+        trajectory = await agent.run(task.id, program_id, bench.name, bench.messages(task),
+                                     toolbox, replay)
+    finally:
+        await toolbox.aclose()
+    score = bench.score(task, trajectory)
+    result = {"task_id": task.id, "program_id": program_id, "status": trajectory.status,
+              "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
+              "steps": len(trajectory.steps), "llm_s": sum(s.llm_s for s in trajectory.steps),
+              "tool_s": sum(s.tool_s for s in trajectory.steps), **score}
+    write_json_atomic(result_path(out, task.id), result)
+    return result
+
+
+async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
+                  spec: ModelSpec, out: Path, concurrency: int, limits: Limits,
+                  console: Console) -> dict[str, int]:
+    client = ChatClient(base_url, model)
+    semaphore = asyncio.Semaphore(concurrency)
+    run_id = f"r{int(time.time())}"
+    replay_dir = Path(spec.value) if spec.kind == "replay" and spec.value else bench.replay_dir
+    replays = {t.id: load_replay(replay_dir, t.id) for t in tasks} if spec.kind == "replay" \
+        else {}
+    async with EventClient(base_url) as events:
+        agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits)
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("passed {task.fields[passed]}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            bar = progress.add_task(bench.name, total=len(tasks), passed=0)
+            passed = 0
+
+            async def one(task: Task) -> None:
+                nonlocal passed
+                async with semaphore:
+                    result = await run_task(bench, task, agent, replays.get(task.id), out,
+                                            run_id)
+                passed += bool(result["passed"])
+                progress.update(bar, advance=1, passed=passed)
+
+            jobs = [asyncio.create_task(one(t)) for t in tasks]
+            try:
+                await asyncio.gather(*jobs)
+            finally:
+                for job in jobs:
+                    job.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.gather(*jobs, return_exceptions=True)
+    await client.aclose()
+    return {"sent": events.sent, "dropped": events.dropped}
+
+
+def server_events_received(base_url: str) -> int | None:
+    try:
+        return int(httpx.get(base_url.rstrip("/") + "/v1/agent/events", timeout=5)
+                   .json()["received"])
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+
+
+def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
+                  events: dict[str, int], model: str, wall_s: float,
+                  received: int | None) -> dict[str, Any]:
+    results = []
+    for task in tasks:
+        path = result_path(out, task.id)
+        if path.is_file():
+            results.append(json.loads(path.read_text()))
+    passed = sum(bool(r["passed"]) for r in results)
+    jct = summarize([r["jct_s"] for r in results], "jct")
+    return {"benchmark": bench.name, "policy": policy, "model": model, "tasks": len(results),
+            "passed": passed, "pass_rate": passed / len(results) if results else 0.0,
+            "jct_mean_s": jct["jct_mean_s"], "jct_p95_s": jct["jct_p95_s"],
+            "events_sent": events["sent"], "events_dropped": events["dropped"],
+            "events_received_by_server": received, "wall_s": wall_s,
+            "statuses": _count(r["status"] for r in results)}
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
+    table = Table(title=f"harness run {summary['benchmark']} --policy {summary['policy']}")
+    for key in ("tasks", "passed", "pass_rate", "jct_mean_s", "jct_p95_s", "events_sent",
+                "events_dropped"):
+        value = summary[key]
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    console.print(f"summary: {out / 'summary.json'}; trajectories: {out / 'trajectories'}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("benchmark", help="gsm8k, hotpotqa or alfworld")
+    parser.add_argument("--policy", default="continuum")
+    parser.add_argument("--model", default=None,
+                        help="replay:DIR (recorded trajectories; default: the benchmark's own), "
+                        "a served model NAME (with --server) or a model PATH (real GPU)")
+    parser.add_argument("--server", default=None, help="URL of a running server to use")
+    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
+    parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--tasks", default=None, help="a task file instead of the shipped one")
+    parser.add_argument("--out", default=None, help="output folder (default runs/BENCH-POLICY)")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip tasks already finished in --out")
+    parser.add_argument("--max-steps", type=int, default=30)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        bench = get_benchmark(args.benchmark)
+        tasks = bench.load_tasks(Path(args.tasks) if args.tasks else None)
+    except BenchmarkError as exc:
+        raise RunError(str(exc)) from None
+    if args.limit is not None:
+        if args.limit < 1:
+            raise RunError("--limit must be at least 1")
+        tasks = tasks[: args.limit]
+    if args.concurrency < 1:
+        raise RunError("--concurrency must be at least 1")
+    out = Path(args.out or f"runs/{bench.name}-{args.policy}")
+    if not args.resume and (out / "results").is_dir() and any((out / "results").iterdir()):
+        raise RunError(f"{out} already holds results: pass --resume to continue that run, or "
+                       "choose another --out")
+    todo = [t for t in tasks if not (args.resume and result_path(out, t.id).is_file())]
+    if len(todo) < len(tasks):
+        console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done")
+    spec = ModelSpec.parse(args.model)
+    if spec.kind == "name" and not args.server:
+        raise RunError(f"--model {spec.value}: a model name needs --server URL (or give a "
+                       "replay:DIR or a model PATH)")
+    model = spec.value if spec.kind == "name" else EMULATED_MODEL
+    started = time.monotonic()
+    limits = Limits(max_steps=args.max_steps)
+    with contextlib.ExitStack() as stack:
+        if args.server:
+            base_url = args.server.rstrip("/")
+            if base_url.endswith("/v1"):
+                base_url = base_url[:-3]
+        else:
+            serve_args = ["--model", spec.value] if spec.kind == "path" else []
+            console.print(f"starting harness serve --policy {args.policy} ...")
+            server = stack.enter_context(ServerProcess(policy=args.policy, profile=args.profile,
+                                                       serve_args=serve_args))
+            base_url = server.base_url
+            if spec.kind == "path":
+                model = Path(spec.value).name
+        events = asyncio.run(run_all(bench, todo, base_url, model, spec, out,
+                                     args.concurrency, limits, console)) if todo \
+            else {"sent": 0, "dropped": 0}
+        received = server_events_received(base_url)
+    summary = build_summary(bench, args.policy, tasks, out, events, model,
+                            time.monotonic() - started, received)
+    write_json_atomic(out / "summary.json", summary)
+    print_summary(console, summary, out)
+    return 0
