@@ -1,0 +1,77 @@
+"""`harness run` end to end: real tools, the real server (emulated GPU), the replay model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.server_process import ServerProcess
+
+pytestmark = pytest.mark.server
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(policy="continuum") as s:
+        yield s
+
+
+def received(server: ServerProcess) -> int:
+    return int(httpx.get(server.base_url + "/v1/agent/events", timeout=5).json()["received"])
+
+
+def harness_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness.cli", "run", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_gsm8k_end_to_end_with_resume(server, tmp_path):
+    out = tmp_path / "gsm8k"
+    before = received(server)
+    first = harness_run("gsm8k", "--server", server.base_url, "--out", str(out), "--limit", "3")
+    assert first.returncode == 0, first.stderr
+    done = {p.name: p.stat().st_mtime_ns for p in (out / "results").iterdir()}
+    assert len(done) == 3
+
+    again = harness_run("gsm8k", "--server", server.base_url, "--out", str(out))
+    assert again.returncode == 2 and "--resume" in again.stderr  # never overwrite silently
+
+    rest = harness_run("gsm8k", "--server", server.base_url, "--out", str(out), "--resume")
+    assert rest.returncode == 0, rest.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"] == 10 and summary["passed"] == 10 and summary["pass_rate"] == 1.0
+    assert summary["jct_mean_s"] > 0 and summary["events_dropped"] == 0
+    # the first three were not run again
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "results").iterdir()
+            if p.name in done} == done
+    trajectory = json.loads((out / "trajectories" / "gsm-001.traj.json").read_text())
+    assert trajectory["info"]["exit_status"] == "submitted"
+    assert [s["tool"] for s in trajectory["steps"]] == ["calculator"] * 3 + ["finish"]
+    # program_start + (tool_start, tool_end) per step + program_end, all reached the server
+    results = [json.loads(p.read_text()) for p in (out / "results").iterdir()]
+    assert received(server) - before == sum(2 + 2 * r["steps"] for r in results)
+
+
+def test_wrong_answer_is_detected(server, tmp_path):
+    tasks = tmp_path / "one.jsonl"
+    tasks.write_text(next(line for line in (ROOT / "datasets/gsm8k/tasks.jsonl").read_text()
+                          .splitlines() if '"gsm-004"' in line) + "\n")
+    out = tmp_path / "wrong"
+    run = harness_run("gsm8k", "--server", server.base_url, "--out", str(out), "--tasks",
+                      str(tasks), "--model", "replay:datasets/gsm8k/trajectories-wrong")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"] == 1 and summary["passed"] == 0
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    bad = harness_run("nosuchbench")
+    assert bad.returncode == 2 and "choose one of" in bad.stderr
+    missing = harness_run("gsm8k", "--tasks", str(tmp_path / "none.jsonl"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
