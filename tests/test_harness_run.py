@@ -75,3 +75,18 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert bad.returncode == 2 and "choose one of" in bad.stderr
     missing = harness_run("gsm8k", "--tasks", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.parametrize("benchmark", ["hotpotqa", "alfworld"])
+def test_benchmark_end_to_end(server, tmp_path, benchmark):
+    out = tmp_path / benchmark
+    before = received(server)
+    run = harness_run(benchmark, "--server", server.base_url, "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["benchmark"] == benchmark and summary["tasks"] >= 6
+    assert summary["passed"] == summary["tasks"], summary  # the recorded agents are competent
+    results = [json.loads(p.read_text()) for p in (out / "results").iterdir()]
+    assert {r["task_id"] for r in results} == {p.name.removesuffix(".traj.json")
+                                               for p in (out / "trajectories").iterdir()}
+    assert received(server) - before == sum(2 + 2 * r["steps"] for r in results)
