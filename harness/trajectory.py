@@ -58,6 +58,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
