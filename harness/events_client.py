@@ -28,6 +28,7 @@ class EventClient:
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.dropped = 0
+        self._inflight = 0  # events taken off the queue and not yet accounted for
 
     async def __aenter__(self) -> EventClient:
         self._client = httpx.AsyncClient(timeout=self._timeout)
@@ -52,6 +53,7 @@ class EventClient:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            self._inflight = len(batch)
             body = "\n".join(json.dumps(e) for e in batch).encode()
             try:
                 response = await self._client.post(
@@ -64,16 +66,18 @@ class EventClient:
                     self.dropped += len(batch)
             except (httpx.HTTPError, ValueError):
                 self.dropped += len(batch)
+            self._inflight = 0
 
     async def aclose(self, flush_timeout_s: float = 2.0) -> None:
         """Give queued events a moment to go out, then stop; what is left counts as dropped."""
         deadline = time.monotonic() + flush_timeout_s
-        while not self._queue.empty() and time.monotonic() < deadline:
+        while (not self._queue.empty() or self._inflight) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self.dropped += self._queue.qsize()
+        self.dropped += self._queue.qsize() + self._inflight
+        self._inflight = 0
         if self._client is not None:
             await self._client.aclose()

@@ -1,0 +1,59 @@
+"""What interception events cost an agent per tool call.
+
+Prints (1) the time `EventClient.emit` takes on the agent's path (it only queues), and (2) the
+end-to-end time for a tool call's two events (tool_start + tool_end) to be accepted by a real
+`harness serve` (the background sender's cost, off the agent's path).
+
+    .venv/bin/python eval/event_overhead.py [--server URL] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import httpx
+
+from harness.events_client import EventClient
+from harness.server_process import ServerProcess
+
+
+async def measure(base_url: str, calls: int) -> None:
+    async with EventClient(base_url) as events:
+        started = time.perf_counter()
+        for i in range(calls):
+            events.emit("tool_start", f"overhead-{i % 16}", tool="bash", predicted_s=1.0)
+            events.emit("tool_end", f"overhead-{i % 16}", tool="bash", seconds=1.0,
+                        return_tokens=100)
+        emit_us = (time.perf_counter() - started) / calls * 1e6
+    async with httpx.AsyncClient() as client:
+        body = (b'{"type":"tool_start","program_id":"overhead","tool":"bash"}\n'
+                b'{"type":"tool_end","program_id":"overhead","tool":"bash","seconds":1.0}')
+        samples = []
+        for _ in range(200):
+            t = time.perf_counter()
+            response = await client.post(base_url + "/v1/agent/events", content=body)
+            samples.append((time.perf_counter() - t) * 1e3)
+            assert response.status_code == 200
+    print(f"emit() on the agent's path: {emit_us:.1f} us per tool call (2 events), "
+          f"sent {events.sent}, dropped {events.dropped}")
+    print(f"POST of one tool call's 2 events to the server: median "
+          f"{statistics.median(samples):.2f} ms, p95 {sorted(samples)[189]:.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--server", default=None)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    if args.server:
+        asyncio.run(measure(args.server.rstrip("/"), args.calls))
+    else:
+        with ServerProcess(policy="continuum") as server:
+            asyncio.run(measure(server.base_url, args.calls))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The agent-side event client never blocks an agent and never loses count."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from harness.events_client import EventClient
+from harness.server_process import free_port
+
+
+def test_server_gone_events_are_dropped_and_counted():
+    async def scenario() -> tuple[EventClient, float]:
+        async with EventClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5) as events:
+            started = time.perf_counter()
+            for i in range(50):
+                events.emit("tool_start", f"p{i}", tool="bash")
+            emit_s = time.perf_counter() - started
+            await asyncio.sleep(0.2)
+        return events, emit_s
+
+    events, emit_s = asyncio.run(scenario())
+    assert emit_s < 0.05  # queued, not sent, on the agent's path
+    assert events.sent == 0 and events.dropped == 50
+
+
+def test_full_queue_drops_instead_of_blocking():
+    async def scenario() -> EventClient:
+        events = EventClient(f"http://127.0.0.1:{free_port()}", max_queue=5)
+        for i in range(8):  # no sender task running: the queue fills
+            events.emit("tool_end", "p", seconds=float(i))
+        await events.aclose(flush_timeout_s=0)
+        return events
+
+    events = asyncio.run(scenario())
+    assert events.dropped == 8 and events.sent == 0
