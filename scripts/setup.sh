@@ -31,7 +31,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing dependencies (vllm 0.32.0 and torch 2.13.0: a few minutes the first time)"
     # torch first and exactly pinned, so the local CPU build is taken instead of a CUDA one
     "${PIP[@]}" install -q torch==2.13.0
-    "${PIP[@]}" install -q -e ".[dev]"
+    # alfworld builds fast-downward with `python build.py`: the venv must be first on PATH
+    PATH="$VENV/bin:$PATH" "${PIP[@]}" install -q -e ".[dev]"
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         # vllm pulls CUDA builds of these; against CPU torch they break imports
         say "no CUDA here: removing torchvision/torchaudio/torchcodec"
