@@ -180,7 +180,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--tasks", default=None, help="a task file instead of the shipped one")
-    parser.add_argument("--out", default=None, help="output folder (default runs/BENCH-POLICY)")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default runs/BENCH-POLICY-TIMESTAMP)")
     parser.add_argument("--resume", action="store_true",
                         help="skip tasks already finished in --out")
     parser.add_argument("--max-steps", type=int, default=30)
@@ -199,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
         tasks = tasks[: args.limit]
     if args.concurrency < 1:
         raise RunError("--concurrency must be at least 1")
-    out = Path(args.out or f"runs/{bench.name}-{args.policy}")
+    if args.resume and not args.out:
+        raise RunError("--resume needs --out: the folder of the run to continue")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or f"runs/{bench.name}-{args.policy}-{stamp}")
     if not args.resume and (out / "results").is_dir() and any((out / "results").iterdir()):
         raise RunError(f"{out} already holds results: pass --resume to continue that run, or "
                        "choose another --out")
