@@ -108,7 +108,7 @@ class Agent:
             message = completion.raw["choices"][0]["message"]
             record = Step(llm_s=completion.seconds, prompt_tokens=completion.prompt_tokens,
                           output_tokens=completion.completion_tokens,
-                          cached_tokens=completion.cached_tokens)
+                          cached_tokens=completion.cached_tokens, ttft_s=completion.ttft_s)
             traj.steps.append(record)
             traj.messages.append({"role": "assistant", "content": completion.text})
             try:

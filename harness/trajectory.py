@@ -22,6 +22,7 @@ class Step:
     prompt_tokens: int
     output_tokens: int
     cached_tokens: int
+    ttft_s: float | None = None
     tool: str | None = None
     argument: str | None = None
     tool_s: float = 0.0
