@@ -153,13 +153,13 @@ def test_pinned_program_goes_before_older_unpinned_program(monkeypatch):
     assert [n.req_id for n in out.scheduled_new_reqs] == ["A-1"]
 
 
-@pytest.mark.parametrize("policy", ["vllm", "continuum"])
+@pytest.mark.parametrize("policy", ["vllm", "continuum", "discard", "preserve", "autellix"])
 def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, policy):
     rng = random.Random(7)
     if policy == "continuum":
         d = continuum_driver(monkeypatch, t_wait_s=2.0, num_blocks=96, max_num_seqs=8)
     else:
-        d = Driver(make_scheduler("vllm", monkeypatch=monkeypatch, num_blocks=96,
+        d = Driver(make_scheduler(policy, monkeypatch=monkeypatch, num_blocks=96,
                                   max_num_seqs=8))
     programs = {f"P{i}": {"turns": rng.randint(1, 5), "done": 0, "ctx": prompt(100 + i,
                 rng.randint(20, 300)), "ready_at": rng.uniform(0, 2), "inflight": None}
@@ -178,7 +178,8 @@ def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, polic
                 p["ready_at"] = now + rng.choice([0.1, 0.5, 0.5, 3.0])
             if rid is None and p["done"] < p["turns"] and now >= p["ready_at"]:
                 rid = f"{name}-{p['done']}"
-                d.submit(rid, p["ctx"], name, max_tokens=rng.randint(1, 12), tool="ls")
+                d.submit(rid, p["ctx"], name, max_tokens=rng.randint(1, 12), tool="ls",
+                         last=p["done"] == p["turns"] - 1)
                 p["inflight"] = rid
         if d.scheduler.has_requests():
             d.step()
@@ -189,5 +190,5 @@ def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, polic
     d.scheduler.schedule()
     assert not d.scheduler.pins
     assert d.free_blocks == d.total_blocks
-    if policy == "continuum":
+    if policy in ("continuum", "preserve"):
         assert d.scheduler.pin_stats.pinned > 0 and d.scheduler.pin_stats.handoff > 0

@@ -14,6 +14,9 @@ from server.policies.base import AgentEvent, CostModel, Hints, Policy, RequestVi
 POLICIES: dict[str, str] = {
     "vllm": "server.policies.vllm:VllmPolicy",
     "continuum": "server.policies.continuum:ContinuumPolicy",
+    "discard": "server.policies.discard:DiscardPolicy",
+    "preserve": "server.policies.preserve:PreservePolicy",
+    "autellix": "server.policies.autellix:AutellixPolicy",
 }
 
 
