@@ -267,3 +267,41 @@ def test_remove_leftovers_after_a_crash(docker_client: Any, image: str) -> None:
         all=True, filters={"label": [f"{bt.OWNER_LABEL}={crashed_owner}"]}
     )
     run(t.aclose())  # the tool copes with its container being gone
+
+
+def test_unkillable_command_is_abandoned(
+    docker_client: Any, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If no kill works, the tool gives the stream up rather than hang the agent."""
+    monkeypatch.setattr(bt, "KILL_GRACE", 0.3)
+
+    async def go() -> tuple[Any, Any, float]:
+        async with make_tool(docker_client, program_id="unkillable", host_slack=0.5) as t:
+            t.__dict__["_kill"] = lambda cmd: None  # every kill fails
+            t0 = time.monotonic()
+            obs = await t.run("kill -STOP $(ps -o ppid= -p $PPID); sleep 100", timeout=1)
+            took = time.monotonic() - t0
+            return obs, await t.run("echo next"), took
+
+    obs, after, took = run(go())
+    assert obs.info["host_killed"] == "abandoned" and obs.info["timed_out"] and not obs.ok
+    assert "abandoned" in obs.text
+    assert took < 1 + 0.5 + 3 * 0.3 + 1.5, took
+    assert body(after.text) == "next\n"
+
+
+def test_cancelled_run_kills_the_command(tool: bt.BashTool) -> None:
+    async def go() -> None:
+        task = asyncio.create_task(tool.run("sleep 100; echo never"))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(go())
+    for _ in range(20):
+        obs = run(tool.run("pgrep -u agent -x sleep || echo none"))
+        if body(obs.text) == "none\n":
+            break
+        time.sleep(0.1)
+    assert body(obs.text) == "none\n"

@@ -15,11 +15,11 @@ Containment, from the inside out:
   kernel's OOM killer ends the biggest process inside), a pids limit (a fork
   bomb hits it and stalls instead of taking the host down; the next command
   finds the container near the limit and first kills what earlier commands
-  left running), a CPU quota, ``no-new-privileges`` and an init process (``init=True``) that
-  reaps orphaned processes, whose zombies would otherwise count against the
-  pids limit forever.  Its main process (``sleep infinity``) runs as root, so
-  the agent cannot stop the container by killing its own processes
-  (``kill -9 -1``);
+  left running), a CPU quota, ``no-new-privileges`` and an init process
+  (``init=True``) that reaps orphaned processes, whose zombies would
+  otherwise count against the pids limit forever.  Its main process
+  (``sleep infinity``) runs as root, so the agent cannot stop the container
+  by killing its own processes (``kill -9 -1``);
 * a command whose main process has ended while a background process still
   holds its output is cut off by Docker itself two seconds later (the
   background process lives on, as it would in a terminal);
@@ -588,18 +588,12 @@ class BashTool(Tool):
         reader = _Exec(api, exec_id, capture)
         reader.start()
 
-        host_killed = ""
-        if not await _wait_done(reader.done, limit + self.host_slack):
-            # Still open past the deadline: something left timeout's process group.
-            host_killed = "tagged"
-            await asyncio.to_thread(self._kill, ["sh", KILLER, tag])
-            if not await _wait_done(reader.done, KILL_GRACE):
-                host_killed = "all"
-                await asyncio.to_thread(self._kill, ["pkill", "-KILL", "-u", AGENT_USER])
-                if not await _wait_done(reader.done, KILL_GRACE):
-                    host_killed = "abandoned"
-                    reader.shutdown()
-                    await _wait_done(reader.done, KILL_GRACE)
+        try:
+            host_killed = await self._wait_or_kill(reader, limit, tag)
+        except asyncio.CancelledError:  # the program was interrupted: stop the command too
+            reader.shutdown()
+            threading.Thread(target=self._kill, args=(["sh", KILLER, tag],), daemon=True).start()
+            raise
         if reader.error is not None:
             raise reader.error
 
@@ -628,6 +622,24 @@ class BashTool(Tool):
                 "host_killed": host_killed or None,
             },
         )
+
+    async def _wait_or_kill(self, reader: _Exec, limit: float, tag: str) -> str:
+        """Wait for the command's stream to end, escalating past the host-side deadline.
+
+        Returns "" (ended by itself), "tagged", "all" or "abandoned" (the last step taken).
+        """
+        if await _wait_done(reader.done, limit + self.host_slack):
+            return ""
+        # Still open past the deadline: the wrapper could not end the command.
+        await asyncio.to_thread(self._kill, ["sh", KILLER, tag])
+        if await _wait_done(reader.done, KILL_GRACE):
+            return "tagged"
+        await asyncio.to_thread(self._kill, ["pkill", "-KILL", "-u", AGENT_USER])
+        if await _wait_done(reader.done, KILL_GRACE):
+            return "all"
+        reader.shutdown()
+        await _wait_done(reader.done, KILL_GRACE)
+        return "abandoned"
 
     def _exec_create(self, container: Any, cmd: list[str], tag: str) -> str:
         """Create the command's exec; start the container again if it has stopped."""

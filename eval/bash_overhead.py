@@ -1,0 +1,91 @@
+"""How much one BashTool.run costs compared with a bare `docker exec`.
+
+    .venv/bin/python -m eval.bash_overhead [-n 30]
+
+Runs `true` N times through BashTool.run (runner script, `timeout`, `bash -lc`,
+output capture, exit-code lookup) and N times as `docker exec CONTAINER true`
+(a subprocess of the docker CLI) in the same container, after a few warm-up
+runs each, and prints the mean, median and p90 of both in milliseconds.  A third
+line runs the tool's in-container wrapper through the CLI, to split the difference
+into in-container work and the Python side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+
+from harness.tools.bash import RUNNER, BashTool, remove_leftovers, shared_client
+from harness.tools.sandbox_image import DEFAULT_IMAGE
+
+WARMUP = 3
+
+
+def summary(name: str, ms: list[float]) -> str:
+    p90 = sorted(ms)[max(0, round(0.9 * len(ms)) - 1)]
+    return (
+        f"{name:<34} mean {statistics.fmean(ms):7.1f} ms   median {statistics.median(ms):7.1f} ms"
+        f"   p90 {p90:7.1f} ms"
+    )
+
+
+async def measure(n: int, image: str) -> tuple[list[float], list[float], list[float]]:
+    owner = f"bash-overhead-{time.time_ns()}"
+    tool = BashTool("overhead", image=image, owner=owner)
+    try:
+        await tool.start()
+        cid = tool.container_id
+        assert cid is not None
+        tool_ms: list[float] = []
+        for i in range(WARMUP + n):
+            t0 = time.perf_counter()
+            obs = await tool.run("true")
+            dt = (time.perf_counter() - t0) * 1000
+            if not obs.ok:
+                raise RuntimeError(f"`true` failed in the tool: {obs.text}")
+            if i >= WARMUP:
+                tool_ms.append(dt)
+        exec_ms: list[float] = []
+        for i in range(WARMUP + n):
+            t0 = time.perf_counter()
+            subprocess.run(["docker", "exec", "-u", "agent", cid, "true"], check=True)
+            dt = (time.perf_counter() - t0) * 1000
+            if i >= WARMUP:
+                exec_ms.append(dt)
+        # the same in-container work as the tool (runner, timeout, bash -lc), through the CLI
+        wrapped = ["docker", "exec", "-u", "agent", "-w", tool.workdir, cid, "sh", RUNNER]
+        wrapped += ["60", "true", "230"]
+        wrapped_ms: list[float] = []
+        for i in range(WARMUP + n):
+            t0 = time.perf_counter()
+            subprocess.run(wrapped, check=True)
+            dt = (time.perf_counter() - t0) * 1000
+            if i >= WARMUP:
+                wrapped_ms.append(dt)
+        return tool_ms, exec_ms, wrapped_ms
+    finally:
+        await tool.aclose()
+        remove_leftovers(shared_client(), owner=owner)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.bash_overhead", description=__doc__)
+    parser.add_argument("-n", type=int, default=30, help="measured runs of each (default 30)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="sandbox image")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    tool_ms, exec_ms, wrapped_ms = asyncio.run(measure(args.n, args.image))
+    print(f"N = {args.n} runs of `true` each (after {WARMUP} warm-up runs)")
+    print(summary("BashTool.run('true')", tool_ms))
+    print(summary("docker exec CONTAINER true (CLI)", exec_ms))
+    extra = statistics.fmean(tool_ms) - statistics.fmean(exec_ms)
+    print(f"BashTool.run - docker exec: {extra:+.1f} ms (mean)")
+    print(summary("docker exec ... sh RUNNER (CLI)", wrapped_ms))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
