@@ -77,16 +77,33 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
-@pytest.mark.parametrize("benchmark", ["hotpotqa", "alfworld"])
-def test_benchmark_end_to_end(server, tmp_path, benchmark):
-    out = tmp_path / benchmark
+# the parameter is not called `benchmark`: pytest-benchmark owns that fixture name
+@pytest.mark.parametrize("bench_name", ["hotpotqa", "alfworld"])
+def test_benchmark_end_to_end(server, tmp_path, bench_name):
+    out = tmp_path / bench_name
     before = received(server)
-    run = harness_run(benchmark, "--server", server.base_url, "--out", str(out))
+    run = harness_run(bench_name, "--server", server.base_url, "--out", str(out))
     assert run.returncode == 0, run.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["benchmark"] == benchmark and summary["tasks"] >= 6
+    assert summary["benchmark"] == bench_name and summary["tasks"] >= 6
     assert summary["passed"] == summary["tasks"], summary  # the recorded agents are competent
     results = [json.loads(p.read_text()) for p in (out / "results").iterdir()]
     assert {r["task_id"] for r in results} == {p.name.removesuffix(".traj.json")
                                                for p in (out / "trajectories").iterdir()}
     assert received(server) - before == sum(2 + 2 * r["steps"] for r in results)
+
+
+def test_unparseable_replies_end_the_program_with_a_clear_status(server, tmp_path):
+    replays = tmp_path / "garbage"
+    replays.mkdir()
+    messages = [{"role": "assistant", "content": f"I am not sure what to do ({i})."}
+                for i in range(6)]
+    (replays / "gsm-001.traj.json").write_text(json.dumps({"messages": messages}))
+    out = tmp_path / "garbage-run"
+    run = harness_run("gsm8k", "--server", server.base_url, "--out", str(out), "--limit", "1",
+                      "--model", f"replay:{replays}")
+    assert run.returncode == 0, run.stderr
+    result = json.loads((out / "results" / "gsm-001.json").read_text())
+    assert result["status"] == "format_error" and not result["passed"]
+    trajectory = json.loads((out / "trajectories" / "gsm-001.traj.json").read_text())
+    assert sum("Format error" in m["content"] for m in trajectory["messages"]) == 3
