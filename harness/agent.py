@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.actions import FormatError, parse_action
-from harness.events_client import EventClient
+from harness.events_client import EventClient, EventSink
 from harness.model_client import ChatClient, ModelError
 from harness.tools.base import Observation, Tool
 from harness.trajectory import Step, Trajectory, save
@@ -31,6 +31,9 @@ class ToolBox:
 
     actions: dict[str, ToolFn]
     owned: list[Tool] = field(default_factory=list)
+    # (action, argument) -> the tool name sent in events and used for duration predictions,
+    # e.g. the command class of a bash command ("pytest", "git", ...); None: the action name
+    event_tool: Callable[[str, str], str] | None = None
 
     async def aclose(self) -> None:
         for tool in self.owned:
@@ -62,6 +65,24 @@ class Replay:
 def approx_tokens(text: str) -> int:
     """Our tokenizer averages ~3.8 characters per token (server/tokenizer/README.md)."""
     return max(1, round(len(text) / 3.8))
+
+
+def tool_started(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
+                 argument: str) -> None:
+    """`tool_start`, with the predicted duration once the tool has samples."""
+    predicted = durations.mean(tool) if durations.count(tool) else None
+    events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
+                summary=argument[:200])
+
+
+def tool_ended(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
+               seconds: float, output: str) -> int:
+    """Record the duration, send `tool_end`; returns the output's approximate token count."""
+    return_tokens = approx_tokens(output)
+    durations.observe(tool, seconds)
+    events.emit("tool_end", program_id, tool=tool, seconds=round(seconds, 4),
+                return_tokens=return_tokens)
+    return return_tokens
 
 
 class Agent:
@@ -142,9 +163,8 @@ class Agent:
             record.ok = False
             return Observation(f"Unknown action {tool!r}; available: "
                                f"{', '.join(sorted(toolbox.actions))}", ok=False)
-        predicted = self.durations.mean(tool) if self.durations.count(tool) else None
-        self.events.emit("tool_start", traj.program_id, tool=tool, predicted_s=predicted,
-                         summary=argument[:200])
+        event_tool = toolbox.event_tool(tool, argument) if toolbox.event_tool else tool
+        tool_started(self.events, self.durations, traj.program_id, event_tool, argument)
         started = time.monotonic()
         try:
             observation = await fn(argument)
@@ -152,10 +172,8 @@ class Agent:
             observation = Observation(f"Tool {tool} failed: {exc}", ok=False)
         record.tool_s = time.monotonic() - started
         record.ok = observation.ok
-        record.return_tokens = approx_tokens(observation.text)
-        self.durations.observe(tool, record.tool_s)
-        self.events.emit("tool_end", traj.program_id, tool=tool, seconds=round(record.tool_s, 4),
-                         return_tokens=record.return_tokens)
+        record.return_tokens = tool_ended(self.events, self.durations, traj.program_id,
+                                          event_tool, record.tool_s, observation.text)
         return observation
 
     def _render(self, observation: Observation) -> str:

@@ -11,14 +11,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 
 class ModelError(RuntimeError):
     pass
+
+
+class TransientModelError(ModelError):
+    """A connection error or a 5xx: worth another try."""
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -48,40 +56,24 @@ class ChatClient:
     async def complete(self, messages: list[dict[str, Any]], *, program_id: str | None = None,
                        max_tokens: int = 512, temperature: float = 0.0,
                        hints: dict[str, Any] | None = None, **extra: Any) -> Completion:
-        body: dict[str, Any] = {"model": self.model, "messages": messages,
-                                "max_tokens": max_tokens, "temperature": temperature, **extra}
-        if program_id is not None:
-            body["session_id"] = program_id
-        if hints:
-            body["vllm_xargs"] = {k: v for k, v in hints.items() if v is not None}
-        if self.stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+        body = chat_body(self.model, messages, program_id=program_id, hints=hints,
+                         stream=self.stream, max_tokens=max_tokens, temperature=temperature,
+                         **extra)
         started = time.monotonic()
-        for attempt in range(self.max_retries + 1):
-            try:
-                return await self._send(body, started)
-            except _Retryable as exc:
-                if attempt == self.max_retries:
-                    raise ModelError(str(exc)) from exc
-            await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+        return await aretrying(lambda: self._send(body, started), self.max_retries,
+                               self.backoff_s)
 
     async def _send(self, body: dict[str, Any], started: float) -> Completion:
         try:
             async with self._client.stream("POST", self.url, json=body) as response:
-                if response.status_code >= 500:
-                    text = (await response.aread()).decode(errors="replace")
-                    raise _Retryable(f"model server error {response.status_code}: {text[:500]}")
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
-                    raise ModelError(f"model request rejected ({response.status_code}): "
-                                     f"{text[:500]}")
+                    raise status_error(response.status_code, text)
                 if body.get("stream"):
                     return await self._read_stream(response, started)
                 data = json.loads(await response.aread())
         except httpx.TransportError as exc:
-            raise _Retryable(f"model server unreachable at {self.url}: {exc}") from exc
+            raise unreachable(self.url, exc) from exc
         return _completion(data, time.monotonic() - started)
 
     async def _read_stream(self, response: httpx.Response, started: float) -> Completion:
@@ -91,13 +83,7 @@ class ChatClient:
         finish: str | None = None
         usage: dict[str, Any] = {}
         ttft: float | None = None
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                break
-            chunk = json.loads(payload)
+        async for chunk in aiter_sse(response.aiter_lines()):
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or []:
                 delta = choice.get("delta") or {}
@@ -126,17 +112,102 @@ class ChatClient:
         await self._client.aclose()
 
 
-class _Retryable(Exception):
-    """A connection error or a 5xx: worth another try."""
+def chat_body(model: str, messages: list[dict[str, Any]], *, program_id: str | None = None,
+              hints: dict[str, Any] | None = None, stream: bool = False,
+              **params: Any) -> dict[str, Any]:
+    """A chat-completions body carrying the program id (`session_id`) and the hints
+    (`vllm_xargs`, None values left out); a streamed body asks for the usage chunk."""
+    body: dict[str, Any] = {"model": model, "messages": messages, **params}
+    if program_id is not None:
+        body["session_id"] = program_id
+    if hints:
+        body["vllm_xargs"] = {k: v for k, v in hints.items() if v is not None}
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def status_error(status_code: int, text: str) -> ModelError:
+    """The error for a non-200 answer: a 5xx is worth a retry, anything else is not."""
+    if status_code >= 500:
+        return TransientModelError(f"model server error {status_code}: {text[:500]}")
+    return ModelError(f"model request rejected ({status_code}): {text[:500]}")
+
+
+def unreachable(url: str, exc: Exception) -> TransientModelError:
+    return TransientModelError(f"model server unreachable at {url}: "
+                               f"{type(exc).__name__}: {exc}")
+
+
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int, int]:
+    """(prompt, completion, cached prompt) tokens from an OpenAI `usage` object."""
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+            int(details.get("cached_tokens") or 0))
+
+
+_DONE: Any = object()
+
+
+def _sse_json(line: str) -> Any:
+    """One server-sent-events line: its JSON, None (not a data line) or `_DONE`."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    return _DONE if payload == "[DONE]" else json.loads(payload)
+
+
+def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI stream, up to `data: [DONE]`."""
+    for line in lines:
+        chunk = _sse_json(line)
+        if chunk is _DONE:
+            return
+        if chunk is not None:
+            yield chunk
+
+
+async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
+    """`iter_sse` over an async line iterator."""
+    async for line in lines:
+        chunk = _sse_json(line)
+        if chunk is _DONE:
+            return
+        if chunk is not None:
+            yield chunk
+
+
+def retrying(send: Callable[[], T], max_retries: int, backoff_s: float) -> T:
+    """Call `send`, retrying a `TransientModelError` with exponential backoff; after the last
+    try it is raised as a plain `ModelError`."""
+    for attempt in range(max_retries + 1):
+        try:
+            return send()
+        except TransientModelError as exc:
+            if attempt == max_retries:
+                raise ModelError(str(exc)) from exc
+        time.sleep(backoff_s * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+async def aretrying(send: Callable[[], Awaitable[T]], max_retries: int, backoff_s: float) -> T:
+    """`retrying` for a coroutine function."""
+    for attempt in range(max_retries + 1):
+        try:
+            return await send()
+        except TransientModelError as exc:
+            if attempt == max_retries:
+                raise ModelError(str(exc)) from exc
+        await asyncio.sleep(backoff_s * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _completion(data: dict[str, Any], seconds: float) -> Completion:
-    usage = data.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
+    prompt, completion, cached = usage_counts(data.get("usage"))
     choice = data["choices"][0]
     return Completion(text=choice["message"].get("content") or "",
                       finish_reason=choice.get("finish_reason"),
-                      prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                      completion_tokens=int(usage.get("completion_tokens", 0)),
-                      cached_tokens=int(details.get("cached_tokens") or 0),
-                      seconds=seconds, raw=data)
+                      prompt_tokens=prompt, completion_tokens=completion,
+                      cached_tokens=cached, seconds=seconds, raw=data)
