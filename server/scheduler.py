@@ -20,6 +20,7 @@ object. The mechanisms added here:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,7 +99,7 @@ class PolicyScheduler(Scheduler):
         self.sched_steps = 0
         self.events_received = 0
         self._events: EventReceiver | None = None
-        address = _env(ENV_EVENTS_IPC)
+        address = os.environ.get(ENV_EVENTS_IPC) or None
         if address:
             self._events = EventReceiver(address)
         self._allocate_slots = self.kv_cache_manager.allocate_slots
@@ -236,12 +237,6 @@ class PolicyScheduler(Scheduler):
             self._events.close()
             self._events = None
         super().shutdown()
-
-
-def _env(name: str) -> str | None:
-    import os
-
-    return os.environ.get(name) or None
 
 
 def _cost_model(settings: ServeSettings):
