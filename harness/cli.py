@@ -31,6 +31,12 @@ def _sandbox_build(args: argparse.Namespace) -> int:
     return sandbox_image.main(args.sandbox_args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from eval import bench
+
+    return bench.run(args)
+
+
 def _profile(args: argparse.Namespace) -> int:
     from server import profile_gpu
 
@@ -57,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(p)
     p.set_defaults(func=_demo)
 
+    from eval import bench
+
+    p = sub.add_parser("bench", help="compare policies on a trace in virtual time (JCT vs load)")
+    bench.add_arguments(p)
+    p.set_defaults(func=_bench)
+
     p = sub.add_parser("sandbox", help="the Docker sandbox image")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
     b = sandbox_sub.add_parser("build", add_help=False,
@@ -74,13 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from eval.bench import BenchError
     from harness.run import RunError
     from harness.serve import ServeError
     from harness.server_process import ServerStartError
 
     try:
         return int(args.func(args) or 0)
-    except (ServeError, RunError, ServerStartError) as exc:
+    except (ServeError, RunError, ServerStartError, BenchError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,6 +32,7 @@ class Finished:
     output_tokens: int
     cached_tokens: int
     finish_reason: str
+    token_ids: list[int] = field(default_factory=list)  # what the emulated model answered
 
 
 @dataclass
@@ -42,6 +43,7 @@ class _Pending:
     first_token: float | None = None
     output_tokens: int = 0
     cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +130,7 @@ class VirtualEngine:
                 if out.new_token_ids and pending.first_token is None:
                     pending.first_token = now
                 pending.output_tokens += len(out.new_token_ids)
+                pending.token_ids.extend(out.new_token_ids)
                 if out.prefill_stats is not None:
                     pending.cached_tokens = out.prefill_stats.num_cached_tokens
                 if out.finish_reason is not None:
@@ -135,7 +138,7 @@ class VirtualEngine:
                     done.append(Finished(out.request_id, pending.program_id, pending.arrival,
                                          pending.first_token, now, pending.prompt_tokens,
                                          pending.output_tokens, pending.cached_tokens,
-                                         str(out.finish_reason)))
+                                         str(out.finish_reason), pending.token_ids))
         return done
 
     def advance_to(self, t: float) -> None:

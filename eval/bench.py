@@ -1,0 +1,364 @@
+"""`harness bench`: compare policies on a trace, in virtual time, over a sweep of loads.
+
+For every policy and load (jobs/s) the trace's programs are replayed through one fresh
+in-process engine (`eval.replay`), and the metrics of `eval.metrics.replay_metrics` are
+computed against each program's isolated JCT (alone on a `vllm`-policy engine, once per trace
+contents and profile, cached in the output folder). Writes ``summary.json`` (``results``: one
+row per policy and load), ``report.md``, ``jct_vs_load.png`` (mean and P95 JCT against load),
+``jct_cdf.png`` (JCT CDF per policy at the highest load) and ``runs/<policy>-jps<x>.json``
+(per-program and per-turn records). Same trace, seed and profile: identical results, apart from
+the CPU-time figures (``eval.metrics.MACHINE_DEPENDENT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from eval.metrics import replay_metrics
+from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge
+
+#: Default loads (jobs/s) per generated trace, if --jps is not given.
+DEFAULT_JPS = {"swe": "0.5,1,2", "bfcl": "0.5,1,2", "mix": "0.5,1,2", "merge": "0.5,1,2"}
+TRACE_NAMES = (*sorted(TRACES), "merge")
+
+
+class BenchError(ValueError):
+    """A user mistake in `harness bench` arguments (printed without a traceback)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True,
+                   help=f"{', '.join(TRACE_NAMES)} (generated) or a trace file (JSONL)")
+    p.add_argument("--policies", default="vllm,continuum",
+                   help="comma-separated policies (default: vllm,continuum)")
+    p.add_argument("--programs", type=int, default=None,
+                   help="programs to replay (default: 100 generated; all of a file)")
+    p.add_argument("--jps", default=None,
+                   help="comma-separated loads in jobs/s (default: 0.5,1,2; a file keeps its "
+                   "own arrivals unless given)")
+    p.add_argument("--profile", default="h100-llama-3.1-8b", help="emulated GPU-MODEL profile")
+    p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
+    p.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help="override the KV cache size in 16-token blocks (default: the profile's)")
+    p.add_argument("--out", default=None, help="output folder (default runs/bench-TRACE)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bar readable
+    console = Console(stderr=True)
+    out = Path(args.out or f"runs/bench-{Path(args.trace).stem}")
+    summary = bench(args.trace, _policies(args.policies), programs=args.programs,
+                    jps=_loads(args.jps, args.trace), profile=args.profile, seed=args.seed,
+                    out=out, num_gpu_blocks=args.num_gpu_blocks, console=console)
+    print_table(summary, console)
+    console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
+                  f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
+    return 0
+
+
+# -- arguments ---------------------------------------------------------------------------------
+def _policies(text: str) -> list[str]:
+    from server.policies import POLICIES
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise BenchError("--policies is empty; give e.g. vllm,continuum")
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise BenchError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: "
+                         f"{', '.join(sorted(POLICIES))}")
+    return list(dict.fromkeys(names))
+
+
+def _loads(text: str | None, trace: str) -> list[float | None]:
+    if text is None:
+        text = DEFAULT_JPS.get(trace)
+        if text is None:
+            return [None]  # a file, replayed with its own arrivals
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"--jps {text!r}: give numbers separated by commas, e.g. 0.5,1,2") \
+            from None
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise BenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
+    return sorted(set(loads))
+
+
+def make_trace(name: str, programs: int | None, jps: float | None, seed: int) -> Trace:
+    """The trace to replay at load ``jps``; same name, programs and seed give the same
+    programs at every load (only arrivals change)."""
+    if name in TRACES or name == "merge":
+        n = programs if programs is not None else 100
+        if n < 1:
+            raise BenchError("--programs must be at least 1")
+        assert jps is not None
+        if name == "merge":  # half SWE-like, half BFCL-like, each at half the load
+            n_swe = (n + 1) // 2
+            parts = [load_or_generate("swe", n_swe, jps / 2, seed)]
+            if n - n_swe:
+                parts.append(load_or_generate("bfcl", n - n_swe, jps / 2, seed + 1))
+            return merge(*parts, name=f"merge-{n}")
+        return load_or_generate(name, n, jps, seed)
+    path = Path(name)
+    if not path.exists():
+        raise BenchError(f"--trace {name!r} is neither a trace name ({', '.join(TRACE_NAMES)}) "
+                         "nor an existing trace file")
+    if programs is not None and programs < 1:
+        raise BenchError("--programs must be at least 1")
+    try:
+        return load_or_generate(path, programs, jps, seed)
+    except TraceFormatError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def _fingerprint(trace: Trace, profile: str, seed: int) -> str:
+    """Identifies the programs' contents (not their arrivals) and the engine."""
+    body = [p.model_dump(exclude={"arrival_s"}) for p in trace.programs]
+    text = json.dumps({"programs": body, "profile": profile, "seed": seed}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- the sweep ---------------------------------------------------------------------------------
+def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
+          jps: Sequence[float | None], profile: str, seed: int, out: Path,
+          num_gpu_blocks: int | None = None, console: Any = None) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from server.perf_model import load_profile
+
+    try:
+        load_profile(profile)
+    except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
+        raise BenchError(f"--profile {profile!r}: {exc}") from None
+    traces = {x: make_trace(trace_name, programs, x, seed) for x in jps}
+    first = next(iter(traces.values()))
+    n = len(first)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs").mkdir(exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        iso_task = progress.add_task("isolated JCTs", total=n)
+        isolated = _isolated(first, profile, seed, out, num_gpu_blocks,
+                             lambda k: progress.update(iso_task, completed=k))
+        progress.update(iso_task, completed=n)
+        for policy in policies:
+            for x, trace in traces.items():
+                label = f"{policy} @ {_jps_label(x)} jobs/s"
+                task = progress.add_task(label, total=n)
+                row = _one_run(trace, policy, x, profile, seed, num_gpu_blocks, isolated, out,
+                               lambda k, t=task: progress.update(t, completed=k))
+                progress.update(task, completed=n)
+                rows.append(row)
+    summary = {
+        "trace": trace_name,
+        "trace_name": first.name,
+        "programs": n,
+        "profile": profile,
+        "seed": seed,
+        "num_gpu_blocks": num_gpu_blocks,
+        "policies": list(policies),
+        "jps": [x for x in jps],
+        "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
+        "wall_s": time.perf_counter() - started,
+        "results": rows,
+    }
+    _write_json(out / "summary.json", summary)
+    _write_text(out / "report.md", report_markdown(summary))
+    plot(summary, out)
+    return summary
+
+
+def _jps_label(x: float | None) -> str:
+    return "trace" if x is None else f"{x:g}"
+
+
+def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None) -> Any:
+    """A fresh virtual-time engine; a small --num-gpu-blocks also caps the context length
+    (vLLM refuses a max_model_len that the KV cache cannot hold)."""
+    from server.engine import VirtualEngine
+
+    max_len = 32768 if num_gpu_blocks is None else min(32768, 16 * (num_gpu_blocks - 1))
+    return VirtualEngine(policy=policy, profile=profile, seed=seed, max_model_len=max_len,
+                         num_gpu_blocks=num_gpu_blocks)
+
+
+def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: int | None,
+              progress: Callable[[int], None]) -> dict[str, float]:
+    from eval.replay import isolated_jcts
+
+    path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed)}.json"
+    if path.exists():
+        cached = json.loads(path.read_text())
+        if set(cached) == {p.id for p in trace.programs}:
+            return {k: float(v) for k, v in cached.items()}
+    engine = make_engine("vllm", profile, seed, num_gpu_blocks)
+    try:
+        isolated = isolated_jcts(trace, engine, progress=progress)
+    finally:
+        engine.close()
+    _write_json(path, isolated)
+    return isolated
+
+
+def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
+             num_gpu_blocks: int | None, isolated: dict[str, float], out: Path,
+             progress: Callable[[int], None]) -> dict[str, Any]:
+    from eval.replay import replay
+
+    wall = time.perf_counter()
+    engine = make_engine(policy, profile, seed, num_gpu_blocks)
+    try:
+        result = replay(trace, engine, progress=progress)
+    finally:
+        engine.close()
+    row: dict[str, Any] = {"policy": policy, "jps": x}
+    row.update(replay_metrics(result, isolated))
+    row["wall_s"] = time.perf_counter() - wall
+    records = {
+        "policy": policy, "jps": x,
+        "programs": [
+            {"id": p.program_id, "arrival_s": p.arrival, "finished_s": p.finished,
+             "jct_s": p.jct, "isolated_jct_s": isolated.get(p.program_id),
+             "turns": [asdict(t) for t in p.turns]}
+            for p in result.programs.values()
+        ],
+    }
+    _write_json(out / "runs" / f"{policy}-jps{_jps_label(x)}.json", records)
+    return row
+
+
+# -- outputs -----------------------------------------------------------------------------------
+_COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
+            ("jct_mean_s", "JCT mean s", "{:.2f}"), ("jct_p50_s", "P50", "{:.2f}"),
+            ("jct_p95_s", "P95", "{:.2f}"), ("jct_p99_s", "P99", "{:.2f}"),
+            ("normalised_latency_mean", "JCT/isolated", "{:.2f}"),
+            ("makespan_s", "makespan s", "{:.1f}"),
+            ("throughput_programs_per_min", "programs/min", "{:.2f}"),
+            ("ttft_mean_s", "TTFT mean s", "{:.3f}"), ("queue_mean_s", "queue mean s", "{:.3f}"),
+            ("prefix_hit_rate", "hit rate", "{:.3f}"),
+            ("recomputed_tokens", "recomputed tok", "{}"),
+            ("preemptions", "preemptions", "{}"), ("pin_memory_share", "pin mem share", "{:.4f}"),
+            ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}")]
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "trace" if key == "jps" else "-"
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    return fmt.format(value)
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# Policy benchmark: {summary['trace_name']}", "",
+             f"{summary['programs']} programs, profile `{summary['profile']}`, seed "
+             f"{summary['seed']}; isolated JCT mean {summary['isolated_jct_mean_s']:.2f} s "
+             "(each program alone on the engine: the lower bound). Virtual time; "
+             f"wall time {summary['wall_s']:.1f} s.", "",
+             "| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
+             "|" + "---|" * len(_COLUMNS)]
+    for row in summary["results"]:
+        lines.append("| " + " | ".join(_cell(row, k, f) for k, _, f in _COLUMNS) + " |")
+    lines += ["", "![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
+    return "\n".join(lines)
+
+
+def print_table(summary: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{summary['trace_name']} on {summary['profile']}")
+    wanted = ("policy", "jps", "jct_mean_s", "jct_p95_s", "normalised_latency_mean",
+              "throughput_programs_per_min", "prefix_hit_rate", "preemptions",
+              "pin_memory_share")
+    keys = [c for c in _COLUMNS if c[0] in wanted]
+    for _, header, _ in keys:
+        table.add_column(header, justify="right", overflow="fold")
+    for row in summary["results"]:
+        table.add_row(*[_cell(row, k, f) for k, _, f in keys])
+    console.print(table)
+
+
+def plot(summary: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["results"]
+    policies = summary["policies"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in policies:
+        mine = [r for r in rows if r["policy"] == policy]
+        xs = [r["jps"] if r["jps"] is not None else 0.0 for r in mine]
+        line = ax.plot(xs, [r["jct_mean_s"] for r in mine], marker="o", label=f"{policy} mean")
+        ax.plot(xs, [r["jct_p95_s"] for r in mine], marker="x", linestyle="--",
+                color=line[0].get_color(), label=f"{policy} P95")
+    ax.axhline(summary["isolated_jct_mean_s"], color="grey", linestyle=":",
+               label="isolated mean")
+    ax.set_xlabel("load (jobs/s)")
+    ax.set_ylabel("JCT (s)")
+    ax.set_title(f"JCT against load: {summary['trace_name']}")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    _save_fig(fig, out / "jct_vs_load.png")
+    plt.close(fig)
+
+    loads = [r["jps"] for r in rows]
+    top = max((x for x in loads if x is not None), default=None)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in policies:
+        path = out / "runs" / f"{policy}-jps{_jps_label(top)}.json"
+        jcts = sorted(p["jct_s"] for p in json.loads(path.read_text())["programs"])
+        ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
+        ax.step(jcts, ys, where="post", label=policy)
+    ax.set_xlabel("JCT (s)")
+    ax.set_ylabel("fraction of programs")
+    ax.set_title(f"JCT CDF at {_jps_label(top)} jobs/s")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    _save_fig(fig, out / "jct_cdf.png")
+    plt.close(fig)
+
+
+def _save_fig(fig: Any, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    _write_text(path, json.dumps(obj, indent=1, allow_nan=True) + "\n")

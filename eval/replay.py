@@ -1,0 +1,239 @@
+"""Replay a trace through the in-process engine on a virtual clock (a discrete-event driver).
+
+Programs arrive at ``arrival_s`` (``program_start`` event, then turn 0's request). When a turn
+finishes, the driver sends ``tool_start`` (tool name), lets the tool run for ``tool_seconds`` of
+virtual time, then sends ``tool_end`` (seconds, return tokens) and the next turn's request; after
+the last turn it sends ``program_end``. Requests carry the hints a client would send
+(``turn``, ``tool``, ``last``). Between engine steps the clock jumps to the next arrival or tool
+return when the engine is idle; while it is busy, arrivals and tool returns that fall inside a
+step are delivered at the end of that step (as a request reaching a busy server waits for the
+step in flight) and their *intended* time is what latencies are measured from.
+
+Token ids. Every prompt is rendered deterministically so that the prefix cache and pins work as
+with a real agent: turn ``i+1``'s prompt is turn ``i``'s prompt, then the tokens the model
+actually answered in turn ``i`` (the engine returns them; the emulated model's ids are random
+but seeded), then stand-in ids for the tool return and the new input. So a kept (pinned or still
+cached) KV cache covers the previous prompt *and* its output, as in an agent that appends the
+assistant message verbatim. Stand-in ids come from a generator seeded by the program id (and the
+shared-prefix id for the first ``shared_prefix_tokens``, so programs sharing a system prompt hit
+each other's cache). Same trace, policy, profile and seed: identical results.
+
+Recorded per turn: when it was due, admitted (the start of the engine step that first scheduled
+it), its first token and finish, prompt / output / cached tokens, preemptions, and recomputed
+tokens: the part of the previous turn's conversation (prompt + output, minus the last sampled
+token, whose KV is never computed) that the cache did not supply. Even with everything kept,
+this includes the partial last block (under 16 tokens), since the prefix cache hits whole
+blocks only. ``tool_start`` carries no ``predicted_s`` (a trace has no predictor); policies that
+need one learn durations from ``tool_end``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from eval.traces import Program, Trace
+
+#: Stand-in ids are drawn from [FIRST_ID, LAST_ID): ordinary tokens of every emulated model.
+FIRST_ID = 8
+LAST_ID = 1000
+
+
+@dataclass
+class TurnRecord:
+    program_id: str
+    turn: int
+    arrival: float  # when the request was due (program arrival, or tool return)
+    admitted: float | None = None  # start of the step that first scheduled it
+    first_token: float | None = None
+    finished: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    recomputed_tokens: int = 0  # computed for an earlier turn, not found in the cache now
+    preemptions: int = 0
+
+
+@dataclass
+class ProgramRecord:
+    program_id: str
+    arrival: float
+    finished: float | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def jct(self) -> float:
+        assert self.finished is not None
+        return self.finished - self.arrival
+
+
+@dataclass
+class ReplayResult:
+    programs: dict[str, ProgramRecord]
+    makespan: float  # last finish minus first arrival
+    total_blocks: int
+    pin_stats: dict[str, float]
+    sched_cpu_seconds: float
+    sched_steps: int
+    engine_steps: int
+
+
+def _rng(*keys: str) -> np.random.Generator:
+    return np.random.default_rng([zlib.crc32(k.encode()) for k in keys])
+
+
+def _ids(rng: np.random.Generator, n: int) -> list[int]:
+    return [int(x) for x in rng.integers(FIRST_ID, LAST_ID, size=n)] if n > 0 else []
+
+
+class _ProgramState:
+    """A program's conversation as token ids, grown turn by turn."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.rng = _rng("program", program.id)
+        first = program.turns[0].input_tokens
+        shared = program.shared_prefix_tokens if program.shared_prefix_id else 0
+        prefix = _ids(_rng("shared", program.shared_prefix_id or ""), shared)
+        self.tokens: list[int] = prefix + _ids(self.rng, first - shared)
+        self.computed = 0  # tokens of the conversation the engine computed in the last turn
+
+    def extend(self, i: int, answered: list[int]) -> None:
+        """After turn ``i``: append its answer (padded/cut to the trace's count), the tool
+        return and turn ``i+1``'s input."""
+        want = self.program.turns[i].output_tokens
+        answer = list(answered[:want]) + _ids(self.rng, want - len(answered))
+        # the last sampled token is never fed back, so its KV was never computed
+        self.computed = len(self.tokens) + want - 1
+        self.tokens += answer
+        self.tokens += _ids(self.rng, self.program.new_tokens(i + 1))
+
+
+def replay(trace: Trace, engine: Any, *, progress: Any = None) -> ReplayResult:
+    """Run every program of ``trace`` through ``engine`` (a fresh ``VirtualEngine``); the
+    engine is left open (the caller closes it). ``progress(n_done)`` is called as programs
+    end."""
+    clock = engine.clock
+    start = clock.now()
+    states = {p.id: _ProgramState(p) for p in trace.programs}
+    records = {p.id: ProgramRecord(p.id, start + p.arrival_s) for p in trace.programs}
+    # (time, sequence, program id, turn): turn 0 = arrival, turn i > 0 = tool i-1 returned
+    agenda: list[tuple[float, int, str, int]] = [
+        (start + p.arrival_s, n, p.id, 0) for n, p in enumerate(trace.programs)
+    ]
+    heapq.heapify(agenda)
+    seq = len(agenda)
+    live: dict[str, TurnRecord] = {}  # request id -> record, until it finishes
+    done = 0
+    engine_steps = 0
+
+    def submit(pid: str, i: int, due: float) -> None:
+        state = states[pid]
+        program = state.program
+        turn = program.turns[i]
+        if i == 0:
+            engine.event("program_start", pid)
+        else:
+            prev = program.turns[i - 1]
+            engine.event("tool_end", pid, tool=prev.tool, seconds=prev.tool_seconds,
+                          return_tokens=prev.tool_return_tokens)
+        last = i == program.n_turns - 1
+        rid = f"{pid}#{i}"
+        record = TurnRecord(pid, i, due, prompt_tokens=len(state.tokens))
+        records[pid].turns.append(record)
+        live[rid] = record
+        engine.add_request(rid, state.tokens, program_id=pid, output_tokens=turn.output_tokens,
+                           turn=i, tool=turn.tool, last=1 if last else None)
+
+    def finish(fin: Any, now: float) -> None:
+        nonlocal seq, done
+        record = live.pop(fin.request_id)
+        record.first_token = fin.first_token
+        record.finished = fin.finished
+        record.output_tokens = fin.output_tokens
+        record.cached_tokens = fin.cached_tokens
+        if record.admitted is None:
+            record.admitted = record.first_token if record.first_token is not None else now
+        state = states[record.program_id]
+        program = state.program
+        i = record.turn
+        if i > 0:
+            record.recomputed_tokens = max(0, min(state.computed, record.prompt_tokens)
+                                           - record.cached_tokens)
+        if i == program.n_turns - 1:
+            engine.event("program_end", program.id)
+            records[program.id].finished = fin.finished
+            done += 1
+            if progress is not None:
+                progress(done)
+            return
+        turn = program.turns[i]
+        state.extend(i, fin.token_ids)
+        engine.event("tool_start", program.id, tool=turn.tool)
+        seq += 1
+        heapq.heappush(agenda, (fin.finished + turn.tool_seconds, seq, program.id, i + 1))
+
+    while agenda or engine.has_work():
+        now = clock.now()
+        while agenda and agenda[0][0] <= now:
+            due, _, pid, i = heapq.heappop(agenda)
+            submit(pid, i, due)
+        if not engine.has_work():
+            if agenda:
+                engine.advance_to(agenda[0][0])
+            continue
+        step_start = clock.now()
+        finished = engine.step()
+        engine_steps += 1
+        now = clock.now()
+        requests = engine.scheduler.requests
+        for rid, record in live.items():
+            request = requests.get(rid)
+            if request is None:
+                continue
+            if record.admitted is None and request.num_computed_tokens > 0:
+                record.admitted = step_start
+            record.preemptions = max(record.preemptions, int(request.num_preemptions))
+        for fin in finished:
+            if fin.request_id in live and live[fin.request_id].admitted is None:
+                live[fin.request_id].admitted = step_start
+            finish(fin, now)
+
+    scheduler = engine.scheduler
+    scheduler._account_pins(clock.now())
+    stats = scheduler.pin_stats
+    pin_stats = {k: getattr(stats, k) for k in ("pinned", "handoff", "expired", "program_end",
+                                                "pressure", "reset", "replaced", "shutdown",
+                                                "block_seconds")}
+    finishes = [r.finished for r in records.values() if r.finished is not None]
+    first_arrival = min((r.arrival for r in records.values()), default=start)
+    makespan = (max(finishes) - first_arrival) if finishes else 0.0
+    return ReplayResult(
+        programs=records,
+        makespan=makespan,
+        total_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
+        pin_stats=pin_stats,
+        sched_cpu_seconds=float(scheduler.sched_cpu_seconds),
+        sched_steps=int(scheduler.sched_steps),
+        engine_steps=engine_steps,
+    )
+
+
+def isolated_jcts(trace: Trace, engine: Any, *, progress: Any = None) -> dict[str, float]:
+    """Each program alone on ``engine`` (one after another, pins released in between): its
+    JCT with no other load, the lower bound of its JCT in any replay. The shared prefix stays
+    in the prefix cache across programs (as it would under load), so this is a true bound."""
+    out: dict[str, float] = {}
+    for n, program in enumerate(trace.programs):
+        alone = Trace(name=f"{trace.name}:{program.id}",
+                      programs=[program.model_copy(update={"arrival_s": 0.0})])
+        result = replay(alone, engine)
+        out[program.id] = result.programs[program.id].jct
+        engine.scheduler.release_all_pins("reset")
+        if progress is not None:
+            progress(n + 1)
+    return out

@@ -1,0 +1,124 @@
+"""The trace-replay benchmark: deterministic, sane metrics, and the `harness bench` outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.bench import BenchError, bench, make_engine, make_trace
+from eval.metrics import MACHINE_DEPENDENT, replay_metrics
+from eval.replay import isolated_jcts, replay
+from harness.cli import main
+
+PROFILE = "h100-llama-3.1-8b"
+# a small KV cache (~1.1k blocks = 18k tokens) so that six programs contend for memory
+BLOCKS = 1100
+
+
+def _replay(policy: str, trace):
+    engine = make_engine(policy, PROFILE, 0, BLOCKS)
+    try:
+        return replay(trace, engine)
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return make_trace("swe", 6, 2.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def isolated(trace):
+    engine = make_engine("vllm", PROFILE, 0, BLOCKS)
+    try:
+        return isolated_jcts(trace, engine)
+    finally:
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def results(trace):
+    return {policy: _replay(policy, trace) for policy in ("vllm", "continuum")}
+
+
+def test_every_program_and_turn_completes(trace, results):
+    for result in results.values():
+        assert set(result.programs) == {p.id for p in trace.programs}
+        for program in trace.programs:
+            record = result.programs[program.id]
+            assert record.finished is not None
+            assert [t.turn for t in record.turns] == list(range(program.n_turns))
+            for i, turn in enumerate(record.turns):
+                assert turn.prompt_tokens == program.context_before(i)
+                assert turn.output_tokens == program.turns[i].output_tokens
+
+
+def test_metrics_are_sane(trace, results, isolated):
+    for policy, result in results.items():
+        metrics = replay_metrics(result, isolated)
+        for pid, record in result.programs.items():
+            assert record.jct >= isolated[pid] - 1e-9, (policy, pid)
+            for turn in record.turns:
+                assert turn.admitted is not None and turn.admitted >= turn.arrival - 1e-12
+                assert turn.first_token >= turn.admitted
+                assert turn.finished >= turn.first_token
+                assert 0 <= turn.cached_tokens <= turn.prompt_tokens
+        assert metrics["makespan_s"] >= max(r.jct for r in result.programs.values())
+        assert metrics["queue_mean_s"] >= 0 and metrics["normalised_latency_mean"] >= 1.0
+        assert 0.0 <= metrics["pin_memory_share"] <= 1.0
+        assert metrics["sched_steps"] > 0
+    # later turns extend earlier prompts, so the prefix cache hits even without pins
+    assert replay_metrics(results["vllm"])["prefix_hit_tokens"] > 0
+    assert results["continuum"].pin_stats["pinned"] > 0
+    assert results["vllm"].pin_stats["pinned"] == 0
+
+
+def test_same_seed_gives_identical_replay(trace, results):
+    again = _replay("continuum", trace)
+    first = replay_metrics(results["continuum"])
+    second = replay_metrics(again)
+    for key in MACHINE_DEPENDENT:
+        first.pop(key, None)
+        second.pop(key, None)
+    assert first == second
+    assert results["continuum"].programs == again.programs
+
+
+def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
+    out = tmp_path / "bench"
+    args = ["bench", "--trace", "swe", "--programs", "4", "--policies", "vllm,continuum",
+            "--jps", "3", "--out", str(out), "--num-gpu-blocks", str(BLOCKS)]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["policy"], r["jps"]) for r in summary["results"]] == [
+        ("vllm", 3.0), ("continuum", 3.0)]
+    for row in summary["results"]:
+        for key in ("jct_mean_s", "jct_p95_s", "throughput_programs_per_min", "ttft_mean_s",
+                    "queue_mean_s", "prefix_hit_tokens", "recomputed_tokens", "preemptions",
+                    "pin_memory_share", "sched_cpu_ms_per_step", "normalised_latency_mean"):
+            assert key in row
+    assert "| vllm |" in (out / "report.md").read_text()
+    for name in ("jct_vs_load.png", "jct_cdf.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # isolated JCTs are cached: a second sweep reuses them and gives the same JCTs
+    assert list(out.glob("isolated-*.json"))
+    again = bench("swe", ["vllm"], programs=4, jps=[3.0], profile=PROFILE, seed=0,
+                  out=out, num_gpu_blocks=BLOCKS)
+    assert again["results"][0]["jct_mean_s"] == summary["results"][0]["jct_mean_s"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace", "nope"], "neither a trace name"),
+    (["--trace", "swe", "--policies", "vllm,bogus"], "unknown policy 'bogus'"),
+    (["--trace", "swe", "--jps", "fast"], "--jps"),
+])
+def test_bench_cli_reports_bad_input_clearly(tmp_path, capsys, args, message):
+    assert main(["bench", *args, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_trace_is_a_bench_error():
+    with pytest.raises(BenchError, match="neither a trace name"):
+        make_trace("no-such-trace", 3, 1.0, 0)
