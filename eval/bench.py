@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -26,6 +25,7 @@ from typing import Any
 
 from eval.metrics import replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge
+from harness.atomic import atomic_path, write_text_atomic
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {"swe": "0.5,1,2", "bfcl": "0.5,1,2", "mix": "0.5,1,2", "merge": "0.5,1,2"}
@@ -339,25 +339,12 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 
 
 def _save_fig(fig: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
 
 
 def _write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
 
 
 def _write_json(path: Path, obj: Any) -> None:

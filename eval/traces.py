@@ -55,7 +55,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -67,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from scipy import optimize, stats
 
 from eval.metrics import percentile
+from harness.atomic import atomic_write
 
 FORMAT_NAME = "harness-trace"
 FORMAT_VERSION = 1
@@ -297,26 +297,12 @@ class Trace(BaseModel):
 
 def save_trace(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` as JSONL (header line, then one program per line), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(_dumps(trace.header()) + "\n")
-            for program in trace.programs:
-                f.write(_dumps(program.model_dump(mode="json")) + "\n")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    def write(f: Any) -> None:
+        f.write(_dumps(trace.header()) + "\n")
+        for program in trace.programs:
+            f.write(_dumps(program.model_dump(mode="json")) + "\n")
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return atomic_write(path, write)
 
 
 def _dumps(obj: Any) -> str:

@@ -8,12 +8,11 @@ temporary file that is renamed over the old one, so an interrupted run never lea
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.atomic import write_json_atomic
 
 
 @dataclass
@@ -51,19 +50,6 @@ class Trajectory:
 
 def trajectory_path(out_dir: Path, task_id: str) -> Path:
     return out_dir / f"{task_id}.traj.json"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save(trajectory: Trajectory, out_dir: Path) -> Path:
