@@ -19,6 +19,12 @@ def _run(args: argparse.Namespace) -> int:
     return run.run(args)
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from harness import compare
+
+    return compare.run(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from harness import demo
 
@@ -58,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a benchmark's agent programs and score them")
     run.add_arguments(p)
     p.set_defaults(func=_run)
+
+    from harness import compare
+
+    p = sub.add_parser("compare", help="run a benchmark under several policies, side by side")
+    compare.add_arguments(p)
+    p.set_defaults(func=_compare)
 
     p = sub.add_parser("demo", help="run a batch of agent programs through a co-located server")
     demo.add_arguments(p)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import time
 from dataclasses import dataclass
@@ -25,11 +26,11 @@ from rich.table import Table
 
 from eval.metrics import summarize
 from harness.agent import Agent, Limits, Replay
-from harness.benchmarks import Benchmark, BenchmarkError, Task, get_benchmark
+from harness.atomic import write_json_atomic
+from harness.benchmarks import Benchmark, BenchmarkError, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
 from harness.model_client import ChatClient
 from harness.server_process import ServerProcess
-from harness.trajectory import write_json_atomic
 from predictor.durations import ToolDurationModel
 
 EMULATED_MODEL = "llama-3.1-8b"
@@ -74,13 +75,22 @@ def result_path(out: Path, task_id: str) -> Path:
 async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | None,
                    out: Path, run_id: str) -> dict[str, Any]:
     program_id = f"{run_id}-{task.id}"
-    toolbox = await bench.toolbox(task, program_id)
+    try:
+        toolbox = await bench.toolbox(task, program_id)
+    except TaskSetupError as exc:  # this task cannot run (say its repository is missing)
+        result = {"task_id": task.id, "program_id": program_id, "status": "setup_error",
+                  "error": str(exc), "jct_s": 0.0, "steps": 0, "llm_s": 0.0, "tool_s": 0.0,
+                  "passed": False}
+        write_json_atomic(result_path(out, task.id), result)
+        return result
     try:
         trajectory = await agent.run(task.id, program_id, bench.name, bench.messages(task),
                                      toolbox, replay)
     finally:
         await toolbox.aclose()
     score = bench.score(task, trajectory)
+    if inspect.isawaitable(score):  # e.g. grading in a container
+        score = await score
     result = {"task_id": task.id, "program_id": program_id, "status": trajectory.status,
               "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
               "steps": len(trajectory.steps), "llm_s": sum(s.llm_s for s in trajectory.steps),
@@ -98,6 +108,7 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
     replay_dir = Path(spec.value) if spec.kind == "replay" and spec.value else bench.replay_dir
     replays = {t.id: load_replay(replay_dir, t.id) for t in tasks} if spec.kind == "replay" \
         else {}
+    bench.out_dir = out
     async with EventClient(base_url) as events:
         agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits)
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -144,8 +155,10 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
             results.append(json.loads(path.read_text()))
     passed = sum(bool(r["passed"]) for r in results)
     jct = summarize([r["jct_s"] for r in results], "jct")
+    extra = {"resolved": sum(bool(r.get("resolved")) for r in results)} \
+        if any("resolved" in r for r in results) else {}
     return {"benchmark": bench.name, "policy": policy, "model": model, "tasks": len(results),
-            "passed": passed, "pass_rate": passed / len(results) if results else 0.0,
+            "passed": passed, **extra, "pass_rate": passed / len(results) if results else 0.0,
             "jct_mean_s": jct["jct_mean_s"], "jct_p95_s": jct["jct_p95_s"],
             "events_sent": events["sent"], "events_dropped": events["dropped"],
             "events_received_by_server": received, "wall_s": wall_s,
@@ -161,17 +174,20 @@ def _count(items: Any) -> dict[str, int]:
 
 def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     table = Table(title=f"harness run {summary['benchmark']} --policy {summary['policy']}")
-    for key in ("tasks", "passed", "pass_rate", "jct_mean_s", "jct_p95_s", "events_sent",
-                "events_dropped"):
+    for key in ("tasks", "passed", "resolved", "pass_rate", "jct_mean_s", "jct_p95_s",
+                "events_sent", "events_dropped"):
+        if key not in summary:
+            continue
         value = summary[key]
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
     console.print(f"summary: {out / 'summary.json'}; trajectories: {out / 'trajectories'}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("benchmark", help="gsm8k, hotpotqa or alfworld")
-    parser.add_argument("--policy", default="continuum")
+def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
+    parser.add_argument("benchmark", help="gsm8k, hotpotqa, alfworld or swe-bench")
+    if policy:
+        parser.add_argument("--policy", default="continuum")
     parser.add_argument("--model", default=None,
                         help="replay:DIR (recorded trajectories; default: the benchmark's own), "
                         "a served model NAME (with --server) or a model PATH (real GPU)")

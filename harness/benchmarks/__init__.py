@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from harness.benchmarks.base import Benchmark, BenchmarkError, Task
+from harness.benchmarks.base import Benchmark, BenchmarkError, Task, TaskSetupError
 
 BENCHMARKS: dict[str, str] = {
     "gsm8k": "harness.benchmarks.gsm8k:Gsm8k",
     "hotpotqa": "harness.benchmarks.hotpotqa:HotpotQA",
     "alfworld": "harness.benchmarks.alfworld:AlfWorld",
+    "swe-bench": "harness.benchmarks.swebench:SweBench",
 }
 
 
@@ -23,4 +24,4 @@ def get_benchmark(name: str) -> Benchmark:
     return getattr(import_module(module), cls)()
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkError", "Task", "get_benchmark"]
+__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkError", "Task", "TaskSetupError", "get_benchmark"]

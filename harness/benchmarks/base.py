@@ -19,6 +19,11 @@ class BenchmarkError(ValueError):
     """Bad benchmark input (unknown name, unreadable task file); printed without traceback."""
 
 
+class TaskSetupError(RuntimeError):
+    """One task cannot be set up (say its repository is missing): that task fails, the run
+    goes on."""
+
+
 @dataclass(frozen=True)
 class Task:
     id: str
@@ -48,6 +53,7 @@ class Benchmark:
     name = "benchmark"
     tasks_file: Path = DATASETS
     replay_dir: Path = DATASETS
+    out_dir: Path | None = None  # the run's output folder (`harness run` sets it)
 
     def load_tasks(self, path: Path | None = None) -> list[Task]:
         rows = load_jsonl(Path(path) if path else self.tasks_file)
@@ -65,5 +71,6 @@ class Benchmark:
         raise NotImplementedError
 
     def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
-        """At least `passed: bool`; more fields go into the per-task result."""
+        """At least `passed: bool`; more fields go into the per-task result. May be an
+        `async def` (awaited by `harness run`)."""
         raise NotImplementedError
