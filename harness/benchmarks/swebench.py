@@ -25,7 +25,14 @@ from typing import Any
 
 from eval import swebench_grading as grading
 from harness.agent import ToolBox
-from harness.benchmarks.base import DATASETS, Benchmark, BenchmarkError, Task, TaskSetupError
+from harness.benchmarks.base import (
+    DATASETS,
+    Benchmark,
+    BenchmarkError,
+    Task,
+    TaskSetupError,
+    load_jsonl,
+)
 from harness.tools.base import Observation
 from harness.tools.bash import BashTool, shared_client
 from harness.tools.sandbox_image import SandboxImageError
@@ -239,15 +246,7 @@ def load_instances(path: Path) -> list[dict[str, Any]]:
         if not isinstance(data, list):
             raise BenchmarkError(f"{path}: expected a list of instances")
         return data
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise BenchmarkError(f"{path}:{number}: not JSON ({exc.msg})") from None
-    return rows
+    return load_jsonl(path)
 
 
 def load_hf(name: str, split: str) -> list[dict[str, Any]]:
