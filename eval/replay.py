@@ -204,7 +204,7 @@ def replay(trace: Trace, engine: Any, *, progress: Any = None) -> ReplayResult:
             finish(fin, now)
 
     scheduler = engine.scheduler
-    scheduler._account_pins(clock.now())
+    scheduler.account_pins(clock.now())
     stats = scheduler.pin_stats
     pin_stats = {k: getattr(stats, k) for k in ("pinned", "handoff", "expired", "program_end",
                                                 "pressure", "reset", "replaced", "shutdown",

@@ -65,14 +65,11 @@ class EmulatedExecutor(Executor):
         self._num_kv_heads = int(hf.num_key_value_heads)
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self._head_dim = int(head_dim)
-        eos = self.model_config.hf_config.eos_token_id
+        eos = hf.eos_token_id
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
-        self._tokenizer = None
-        self._vocab_limit = int(hf.vocab_size)
+        self._tokenizer: Any = None
+        self._token_limit: int | None = None  # random ids stay below this (see _next_token)
         self._seqs: dict[str, _Sequence] = {}
-        self._computed_before: dict[str, int] = {}
-        self.steps = 0
-        self.busy_seconds = 0.0
 
     # -- engine start-up ---------------------------------------------------------------
     def _block_size(self) -> int:
@@ -137,8 +134,6 @@ class EmulatedExecutor(Executor):
         output, prefill, decode = self._step(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens > 0:
             seconds = float(self.profile.step_seconds(prefill, decode))
-            self.busy_seconds += seconds
-            self.steps += 1
             elapsed = time.perf_counter() - started
             the_clock = clock()
             the_clock.sleep(seconds if the_clock.virtual else seconds - elapsed)
@@ -156,14 +151,13 @@ class EmulatedExecutor(Executor):
         prefill chunks as (new tokens, tokens computed before) and decodes as context length."""
         for req_id in so.finished_req_ids:
             self._seqs.pop(req_id, None)
-        self._computed_before = {}
+        computed_before: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
             if new.req_id not in self._seqs:
                 self._seqs[new.req_id] = self._new_sequence(new)
-            self._computed_before[new.req_id] = new.num_computed_tokens
+            computed_before[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
-        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=False):
-            self._computed_before[req_id] = computed
+        computed_before.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
 
         req_ids = list(so.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -175,7 +169,7 @@ class EmulatedExecutor(Executor):
             if seq is None:
                 sampled.append([])
                 continue
-            before = self._computed_before.get(req_id, 0)
+            before = computed_before.get(req_id, 0)
             if n == 1 and seq.emitted > 0 and before + 1 == seq.prompt_len + seq.emitted:
                 decode.append(before + 1)
             else:
@@ -211,11 +205,12 @@ class EmulatedExecutor(Executor):
             return seq.script[index] if index < len(seq.script) else self._eos
         if seq.budget is not None and index >= seq.budget - 1:
             return self._eos
-        return int(self._rng.integers(FIRST_ORDINARY_TOKEN, self._random_limit()))
-
-    def _random_limit(self) -> int:
-        tokenizer = self._get_tokenizer()
-        return min(self._vocab_limit, len(tokenizer)) if tokenizer is not None else 1000
+        if self._token_limit is None:
+            # the config's vocabulary (128256) is larger than our tokenizer's (32000); ids past
+            # the tokenizer would decode to nothing
+            vocab = int(self.model_config.hf_config.vocab_size)
+            self._token_limit = min(vocab, len(self._get_tokenizer()))
+        return int(self._rng.integers(FIRST_ORDINARY_TOKEN, self._token_limit))
 
     def _get_tokenizer(self) -> Any:
         if self._tokenizer is None:

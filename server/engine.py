@@ -109,9 +109,7 @@ class VirtualEngine:
         from server.policies import AgentEvent
 
         event = AgentEvent(kind=kind, program_id=program_id, **fields)  # type: ignore[arg-type]
-        self.scheduler.agent_policy.on_event(event, self.clock.now())
-        if kind == "program_end" and program_id in self.scheduler.pins:
-            self.scheduler._unpin(program_id, "program_end", self.clock.now())
+        self.scheduler.handle_event(event, self.clock.now())
 
     # -- time --------------------------------------------------------------------------
     def has_work(self) -> bool:

@@ -85,14 +85,6 @@ def default_ipc_path() -> str:
     return f"ipc://{tempfile.gettempdir()}/harness-events-{uuid.uuid4().hex[:12]}.sock"
 
 
-def ensure_ipc_env() -> str:
-    """The IPC address for this server, created once and inherited by child processes."""
-    address = os.environ.get(ENV_EVENTS_IPC)
-    if not address:
-        address = os.environ[ENV_EVENTS_IPC] = default_ipc_path()
-    return address
-
-
 class EventSender:
     """API-server side: push validated events; never blocks a request handler."""
 

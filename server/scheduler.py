@@ -31,7 +31,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
 from server.events import ENV_EVENTS_IPC, EventReceiver
-from server.policies import Hints, RequestView, make_policy
+from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.settings import ServeSettings
 
 logger = logging.getLogger("harness.scheduler")
@@ -94,6 +94,7 @@ class PolicyScheduler(Scheduler):
         settings = ServeSettings.from_env()
         self.agent_policy = make_policy(settings.policy, cost_model=_cost_model(settings))
         self.pins: dict[str, Pin] = {}
+        self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
         self.pin_stats = PinStats()
         self.sched_cpu_seconds = 0.0
         self.sched_steps = 0
@@ -128,13 +129,11 @@ class PolicyScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[override]
         started = time.process_time()
         now = clock().now()
-        self._account_pins(now)
+        self.account_pins(now)
         if self._events is not None:
             for event in self._events.drain():
                 self.events_received += 1
-                self.agent_policy.on_event(event, now)
-                if event.kind == "program_end" and event.program_id in self.pins:
-                    self._unpin(event.program_id, "program_end", now)
+                self.handle_event(event, now)
         if self.pins:
             self._expire_pins(now)
         if self.agent_policy.reorders_queue and len(self.waiting) > 1:
@@ -152,6 +151,12 @@ class PolicyScheduler(Scheduler):
         self.sched_cpu_seconds += time.process_time() - started
         self.sched_steps += 1
         return output
+
+    def handle_event(self, event: AgentEvent, now: float) -> None:
+        """An agent event, from the side channel or an in-process driver."""
+        self.agent_policy.on_event(event, now)
+        if event.kind == "program_end" and event.program_id in self.pins:
+            self._unpin(event.program_id, "program_end", now)
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
@@ -172,15 +177,15 @@ class PolicyScheduler(Scheduler):
             program is not None
             and request.status in _NORMAL_FINISH
             and self._request_blocks_can_be_freed(request)
-            and self.agent_policy.on_finish(self.view(request), clock().now())
+            and self.agent_policy.on_finish(self.view(request), now := clock().now())
         ):
-            now = clock().now()
             if program in self.pins:
                 self._unpin(program, "replaced", now)
             blocks = self.kv_cache_manager.pop_blocks_for_free(request)
-            self._account_pins(now)
+            self.account_pins(now)
             self.pins[program] = Pin(program, request.request_id, blocks,
                                      request.num_computed_tokens, now)
+            self._pinned_blocks += len(blocks)
             self.pin_stats.pinned += 1
             return
         super()._free_request_blocks(request)
@@ -188,8 +193,9 @@ class PolicyScheduler(Scheduler):
     def _unpin(self, program_id: str, reason: str, now: float) -> None:
         if program_id not in self.pins:
             return
-        self._account_pins(now)
+        self.account_pins(now)
         pin = self.pins.pop(program_id)
+        self._pinned_blocks -= len(pin.blocks)
         self.kv_cache_manager.block_pool.free_blocks(reversed(pin.blocks))
         setattr(self.pin_stats, reason, getattr(self.pin_stats, reason) + 1)
         self.agent_policy.on_unpin(program_id, reason, now)  # type: ignore[arg-type]
@@ -218,12 +224,13 @@ class PolicyScheduler(Scheduler):
             self._unpin(program_id, reason, now)
 
     def pinned_blocks(self) -> int:
-        return sum(len(p.blocks) for p in self.pins.values())
+        return self._pinned_blocks
 
-    def _account_pins(self, now: float) -> None:
+    def account_pins(self, now: float) -> None:
+        """Bring `pin_stats.block_seconds` (pinned blocks integrated over time) up to `now`."""
         stats = self.pin_stats
-        if stats._last_t is not None and self.pins:
-            stats.block_seconds += (now - stats._last_t) * (self.pinned_blocks())
+        if stats._last_t is not None:
+            stats.block_seconds += (now - stats._last_t) * self._pinned_blocks
         stats._last_t = now
 
     # -- lifecycle ---------------------------------------------------------------------
