@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,15 +100,20 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
     return result
 
 
+def load_replays(bench: Benchmark, tasks: list[Task], spec: ModelSpec) -> dict[str, Replay]:
+    """Every task's recording, read before any server starts so a missing one fails fast."""
+    if spec.kind != "replay":
+        return {}
+    directory = Path(spec.value) if spec.value else bench.replay_dir
+    return {t.id: load_replay(directory, t.id) for t in tasks}
+
+
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
-                  spec: ModelSpec, out: Path, concurrency: int, limits: Limits,
+                  replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
                   console: Console) -> dict[str, int]:
     client = ChatClient(base_url, model)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
-    replay_dir = Path(spec.value) if spec.kind == "replay" and spec.value else bench.replay_dir
-    replays = {t.id: load_replay(replay_dir, t.id) for t in tasks} if spec.kind == "replay" \
-        else {}
     bench.out_dir = out
     async with EventClient(base_url) as events:
         agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits)
@@ -162,14 +168,7 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
             "jct_mean_s": jct["jct_mean_s"], "jct_p95_s": jct["jct_p95_s"],
             "events_sent": events["sent"], "events_dropped": events["dropped"],
             "events_received_by_server": received, "wall_s": wall_s,
-            "statuses": _count(r["status"] for r in results)}
-
-
-def _count(items: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
+            "statuses": dict(Counter(r["status"] for r in results))}
 
 
 def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
@@ -231,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         raise RunError(f"--model {spec.value}: a model name needs --server URL (or give a "
                        "replay:DIR or a model PATH)")
     model = spec.value if spec.kind == "name" else EMULATED_MODEL
+    replays = load_replays(bench, todo, spec)
     started = time.monotonic()
     limits = Limits(max_steps=args.max_steps)
     with contextlib.ExitStack() as stack:
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
             base_url = server.base_url
             if spec.kind == "path":
                 model = Path(spec.value).name
-        events = asyncio.run(run_all(bench, todo, base_url, model, spec, out,
+        events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
                                      args.concurrency, limits, console)) if todo \
             else {"sent": 0, "dropped": 0}
         received = server_events_received(base_url)

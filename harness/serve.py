@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,8 +121,5 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, **command.env}
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)
-    sys.stdout.flush()
-    if shutil.which(command.argv[0]) is None and not Path(command.argv[0]).exists():
-        raise ServeError(f"python interpreter {command.argv[0]} not found")
     os.execvpe(command.argv[0], command.argv, env)
     return 0  # not reached

@@ -75,6 +75,11 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert bad.returncode == 2 and "choose one of" in bad.stderr
     missing = harness_run("gsm8k", "--tasks", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+    # a missing recording is found before any server is started
+    no_replay = harness_run("gsm8k", "--model", f"replay:{tmp_path}", "--out",
+                            str(tmp_path / "out"))
+    assert no_replay.returncode == 2 and "no recorded trajectory" in no_replay.stderr
+    assert "starting harness serve" not in no_replay.stdout
 
 
 # the parameter is not called `benchmark`: pytest-benchmark owns that fixture name
