@@ -311,14 +311,8 @@ def plot(summary: dict[str, Any], out: Path) -> None:
                 color=line[0].get_color(), label=f"{policy} P95")
     ax.axhline(summary["isolated_jct_mean_s"], color="grey", linestyle=":",
                label="isolated mean")
-    ax.set_xlabel("load (jobs/s)")
-    ax.set_ylabel("JCT (s)")
-    ax.set_title(f"JCT against load: {summary['trace_name']}")
-    ax.legend(fontsize="small")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    _save_fig(fig, out / "jct_vs_load.png")
-    plt.close(fig)
+    _finish_plot(plt, fig, ax, "load (jobs/s)", "JCT (s)",
+                 f"JCT against load: {summary['trace_name']}", out / "jct_vs_load.png")
 
     loads = [r["jps"] for r in rows]
     top = max((x for x in loads if x is not None), default=None)
@@ -328,19 +322,22 @@ def plot(summary: dict[str, Any], out: Path) -> None:
         jcts = sorted(p["jct_s"] for p in json.loads(path.read_text())["programs"])
         ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
         ax.step(jcts, ys, where="post", label=policy)
-    ax.set_xlabel("JCT (s)")
-    ax.set_ylabel("fraction of programs")
-    ax.set_title(f"JCT CDF at {_jps_label(top)} jobs/s")
+    _finish_plot(plt, fig, ax, "JCT (s)", "fraction of programs",
+                 f"JCT CDF at {_jps_label(top)} jobs/s", out / "jct_cdf.png")
+
+
+def _finish_plot(plt: Any, fig: Any, ax: Any, xlabel: str, ylabel: str, title: str,
+                 path: Path) -> None:
+    """Labels, legend and grid as every plot here has them; then save atomically and close."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    _save_fig(fig, out / "jct_cdf.png")
-    plt.close(fig)
-
-
-def _save_fig(fig: Any, path: Path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
 
 
 def _write_text(path: Path, text: str) -> None:
