@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.table import Table
 
+from harness.agent import tool_ended, tool_started
 from harness.events_client import EventClient
 from harness.model_client import ChatClient
 from harness.server_process import ServerProcess
+from predictor.durations import ToolDurationModel
 
 TOOLS = {"ls": (0.05, 0.3), "grep": (0.1, 0.5), "pytest": (1.0, 3.0), "pip": (2.0, 4.0)}
 WORDS = ("module parser token branch commit test failure fixture import value return index "
@@ -36,8 +38,8 @@ class ProgramResult:
     cached_tokens: list[int] = field(default_factory=list)
 
 
-async def run_program(client: ChatClient, events: EventClient, program_id: str,
-                      turns: int, rng: random.Random) -> ProgramResult:
+async def run_program(client: ChatClient, events: EventClient, durations: ToolDurationModel,
+                      program_id: str, turns: int, rng: random.Random) -> ProgramResult:
     result = ProgramResult(program_id)
     started = time.monotonic()
     events.emit("program_start", program_id)
@@ -60,11 +62,10 @@ async def run_program(client: ChatClient, events: EventClient, program_id: str,
             break
         low, high = TOOLS[tool]
         seconds = rng.uniform(low, high)
-        events.emit("tool_start", program_id, tool=tool, summary=action)
+        tool_started(events, durations, program_id, tool, action)
         await asyncio.sleep(seconds)
         output = " ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 300)))
-        events.emit("tool_end", program_id, tool=tool, seconds=round(seconds, 4),
-                    return_tokens=len(output) // 4)
+        tool_ended(events, durations, program_id, tool, seconds, output)
         messages += [{"role": "assistant", "content": completion.text},
                      {"role": "user", "content": f"Observation: {output}"}]
     events.emit("program_end", program_id)
@@ -76,7 +77,8 @@ async def run_all(base_url: str, model: str, programs: int, seed: int) -> tuple[
     rng = random.Random(seed)
     client = ChatClient(base_url, model)
     async with EventClient(base_url) as events:
-        jobs = [run_program(client, events, f"demo-{i}", rng.randint(3, 6),
+        durations = ToolDurationModel()
+        jobs = [run_program(client, events, durations, f"demo-{i}", rng.randint(3, 6),
                             random.Random(rng.random())) for i in range(programs)]
         results = await asyncio.gather(*jobs)
     await client.aclose()

@@ -112,3 +112,17 @@ def test_unparseable_replies_end_the_program_with_a_clear_status(server, tmp_pat
     assert result["status"] == "format_error" and not result["passed"]
     trajectory = json.loads((out / "trajectories" / "gsm-001.traj.json").read_text())
     assert sum("Format error" in m["content"] for m in trajectory["messages"]) == 3
+
+
+def test_demo_programs_reuse_their_context(server):
+    before = received(server)
+    demo = subprocess.run([sys.executable, "-m", "harness.cli", "demo", "--server",
+                           server.base_url, "--programs", "2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    assert "dropped 0" in demo.stdout
+    # later turns extend earlier prompts, so the prefix cache serves most of them
+    shares = [int(cell.strip().rstrip("%")) for line in demo.stdout.splitlines()
+              if "demo-" in line for cell in [line.split("│")[-2]]]
+    assert len(shares) == 2 and min(shares) >= 50
+    assert received(server) > before
