@@ -20,7 +20,7 @@ from harness.events_client import EventClient, EventSink
 from harness.model_client import ChatClient, ModelError
 from harness.tools.base import Observation, Tool
 from harness.trajectory import Step, Trajectory, save
-from predictor.durations import ToolDurationModel
+from predictor.durations import Source, ToolDurationModel
 
 ToolFn = Callable[[str], Awaitable[Observation]]
 
@@ -31,8 +31,9 @@ class ToolBox:
 
     actions: dict[str, ToolFn]
     owned: list[Tool] = field(default_factory=list)
-    # (action, argument) -> the tool name sent in events and used for duration predictions,
-    # e.g. the command class of a bash command ("pytest", "git", ...); None: the action name
+    # (action, argument) -> the duration key sent as the events' tool and used for duration
+    # predictions, e.g. "bash:pytest" for a bash command running pytest (a (tool, command
+    # class) key of predictor.durations); None: the action name
     event_tool: Callable[[str, str], str] | None = None
 
     async def aclose(self) -> None:
@@ -67,17 +68,29 @@ def approx_tokens(text: str) -> int:
     return max(1, round(len(text) / 3.8))
 
 
+#: Chain levels whose mean the harness sends as `predicted_s`: data about this very command
+#: class or tool. Not "global" (all tools) nor the prior: the server keeps the same chain over
+#: the same keys and decides from the whole distribution, so a coarse point estimate sent as a
+#: prediction would only replace a better decision.
+PREDICTING_SOURCES: frozenset[Source] = frozenset({"command", "tool"})
+
+
 def tool_started(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
-                 argument: str) -> None:
-    """`tool_start`, with the predicted duration once the tool has samples."""
-    predicted = durations.mean(tool) if durations.count(tool) else None
+                 argument: str) -> Source:
+    """`tool_start` for the duration key `tool` ("bash:pytest", "calculator"), with the mean
+    duration of the chain's chosen level as `predicted_s` when that level is the command class
+    or the tool (at least `min_samples` calls), else none; returns the level."""
+    source, dist = durations.resolve(tool)
+    predicted = dist.mean if dist is not None and source in PREDICTING_SOURCES else None
     events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
                 summary=argument[:200])
+    return source
 
 
 def tool_ended(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
                seconds: float, output: str) -> int:
-    """Record the duration, send `tool_end`; returns the output's approximate token count."""
+    """Record the duration under the key `tool` (every level of its chain), send `tool_end`;
+    returns the output's approximate token count."""
     return_tokens = approx_tokens(output)
     durations.observe(tool, seconds)
     events.emit("tool_end", program_id, tool=tool, seconds=round(seconds, 4),
@@ -163,7 +176,8 @@ class Agent:
             record.ok = False
             return Observation(f"Unknown action {tool!r}; available: "
                                f"{', '.join(sorted(toolbox.actions))}", ok=False)
-        event_tool = toolbox.event_tool(tool, argument) if toolbox.event_tool else tool
+        # the events' schema caps `tool` at 128 characters; a long class keeps its "tool:" head
+        event_tool = (toolbox.event_tool(tool, argument) if toolbox.event_tool else tool)[:128]
         tool_started(self.events, self.durations, traj.program_id, event_tool, argument)
         started = time.monotonic()
         try:

@@ -1,10 +1,33 @@
-"""Tool-call duration estimates: empirical distributions per tool with a cold-start chain.
+"""Tool-call duration estimates: empirical distributions per command class and per tool, with
+a cold-start chain.
 
 Continuum (arXiv:2511.02230) chooses a KV-cache time-to-live from the *distribution* of a tool's
 call durations, not from a point estimate, because agent tools are heavy-tailed and only
 partly predictable. It keeps an empirical CDF per tool and, while a tool has too few samples,
-falls back to the CDF of all tools and, with no data at all, to a fixed prior. This module holds
-those estimators; the TTL decision itself lives in `server.policies.continuum`.
+falls back to the CDF of all tools and, with no data at all, to a fixed prior. One tool can hide
+very different programs, though: a coding agent's `bash` runs `ls` in milliseconds and `pytest`
+in tens of seconds. So the chain here starts one level earlier, at the command class:
+
+    (tool, command class) -> tool -> all tools -> prior         e.g. bash:pytest -> bash -> *
+
+This module holds those estimators; the TTL decision itself lives in `server.policies.continuum`.
+
+Keys. A duration key is a plain tool name (`"calculator"`) or `"<tool>:<class>"`
+(`"bash:pytest"`, built by `duration_key`, split by `split_key` at the first `:`). One string
+rather than a (tool, command) pair because the key has to travel: the harness sends it as the
+`tool` of its `tool_start` / `tool_end` events and the server's policy observes and predicts
+under exactly the string it received, so both ends build the same chain with no change to the
+event schema. `:` is a safe separator: OpenAI function-call names (`^[a-zA-Z0-9_-]+$`) cannot
+contain it, nor do the harness's tools (a name that did would only gain a level, its part
+before the first `:`), while a class may (the split is at the first `:`). Callers that pass a
+plain tool name get the old two-level chain unchanged.
+
+Point estimate. `mean` (and `median`, for reports) of the level the chain chose; the harness
+sends the mean as its `predicted_s`. Pin time and a waiting program's delay add up over calls,
+so the expected duration is the figure they trade against; and tool durations are right-skewed,
+so the mean sits above the median and a pin sized from it returns in time more often: the
+Continuum policy pins a predicted p for 1.2 p, which covers 70% of an exponential tool's calls
+from the mean (1 - e^-1.2) but 56% from the median (1 - e^(-1.2 ln 2)).
 
 Constants (all overridable per instance):
 
@@ -27,13 +50,33 @@ DEFAULT_WINDOW = 1000
 DEFAULT_MIN_SAMPLES = 10
 DEFAULT_PRIOR_MEAN_S = 1.0
 
-#: Where an estimate came from, most specific first. Issue #7 (command classes such as
-#: bash:pytest) adds one more level in front of "tool".
-Source = Literal["tool", "global", "prior"]
+#: Where an estimate came from, most specific first: the (tool, command class) key, the tool,
+#: all tools, the prior.
+Source = Literal["command", "tool", "global", "prior"]
 
 #: The key under which the all-tools distribution is kept (not a valid tool name to collide
 #: with in practice: tool names come from agents' tool registries).
 GLOBAL_KEY = "__global__"
+
+#: Separates the tool from the command class in a duration key (`bash:pytest`).
+COMMAND_SEP = ":"
+
+
+def duration_key(tool: str, command: str | None = None) -> str:
+    """The key for `tool` running `command` (a command class such as `pytest`): `tool:command`,
+    or just `tool` when there is no class (None or empty)."""
+    return f"{tool}{COMMAND_SEP}{command}" if command else tool
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    """(tool, command class or None) of a duration key; the inverse of `duration_key`.
+
+    A key whose tool or class part would be empty (`":x"`, `"bash:"`) is a plain tool name, so
+    every string names some level and nothing a client sends is refused here."""
+    tool, sep, command = key.partition(COMMAND_SEP)
+    if not sep or not tool or not command:
+        return key, None
+    return tool, command
 
 
 class EmpiricalDistribution:
@@ -115,12 +158,15 @@ class EmpiricalDistribution:
 
 
 class ToolDurationModel:
-    """Per-tool duration distributions plus the all-tools one, and the cold-start chain.
+    """Duration distributions per command class, per tool and for all tools; the cold-start
+    chain over them.
 
-    The chain (`chain(tool)`) lists the levels to try, most specific first; `resolve` takes the
-    first level with at least `min_samples` samples, else the prior. `observe` feeds every
-    level of the chain, so a new level (issue #7: a command class in front of the tool) only
-    needs `chain` to return one more (source, key) pair and `Source` to name it.
+    Every method takes a duration key (see the module docstring: `"bash:pytest"` or a plain
+    `"ls"`). The chain (`chain(key)`) lists the levels to try, most specific first; `resolve`
+    takes the first level with at least `min_samples` samples, else the prior. `observe` feeds
+    every level of the chain, so one `bash:pytest` call counts for `bash:pytest`, for `bash` and
+    for all tools: a coarser level always holds at least the samples of the finer ones, and a
+    new class starts from its tool's distribution instead of from nothing.
     """
 
     def __init__(
@@ -139,36 +185,41 @@ class ToolDurationModel:
         self._dists: dict[str, EmpiricalDistribution] = {}
 
     # -- the chain ---------------------------------------------------------------------
-    def chain(self, tool: str) -> list[tuple[Source, str]]:
-        """The levels for `tool`, most specific first, as (source, distribution key)."""
-        return [("tool", tool), ("global", GLOBAL_KEY)]
+    def chain(self, key: str) -> list[tuple[Source, str]]:
+        """The levels for `key`, most specific first, as (source, distribution key):
+        `bash:pytest` -> command `bash:pytest`, tool `bash`, global; `ls` -> tool `ls`, global."""
+        tool, command = split_key(key)
+        levels: list[tuple[Source, str]] = [("tool", tool), ("global", GLOBAL_KEY)]
+        return [("command", key), *levels] if command is not None else levels
 
-    def resolve(self, tool: str) -> tuple[Source, EmpiricalDistribution | None]:
+    def resolve(self, key: str) -> tuple[Source, EmpiricalDistribution | None]:
         """The first level of the chain with enough samples, or ("prior", None)."""
-        for source, key in self.chain(tool):
-            dist = self._dists.get(key)
+        for source, level in self.chain(key):
+            dist = self._dists.get(level)
             if dist is not None and dist.count >= self.min_samples:
                 return source, dist
         return "prior", None
 
-    def source_for(self, tool: str) -> Source:
-        return self.resolve(tool)[0]
+    def source_for(self, key: str) -> Source:
+        return self.resolve(key)[0]
 
     # -- data --------------------------------------------------------------------------
-    def observe(self, tool: str, seconds: float) -> None:
-        """Record one call of `tool` that took `seconds` (finite, >= 0)."""
+    def observe(self, key: str, seconds: float) -> None:
+        """Record one call under `key` that took `seconds` (finite, >= 0), at every level of
+        its chain (each level keeps its own sliding window)."""
         seconds = float(seconds)
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"a tool duration must be a finite number >= 0, got {seconds!r}")
-        for _, key in self.chain(tool):
-            dist = self._dists.get(key)
+        for _, level in self.chain(key):
+            dist = self._dists.get(level)
             if dist is None:
-                dist = self._dists[key] = EmpiricalDistribution(self.window)
+                dist = self._dists[level] = EmpiricalDistribution(self.window)
             dist.add(seconds)
 
-    def count(self, tool: str) -> int:
-        """Samples held for `tool` itself (not the chain)."""
-        dist = self._dists.get(tool)
+    def count(self, key: str) -> int:
+        """Samples held for `key` itself (not the chain): `count("bash:pytest")` is the pytest
+        calls, `count("bash")` all bash calls."""
+        dist = self._dists.get(key)
         return dist.count if dist is not None else 0
 
     @property
@@ -177,38 +228,45 @@ class ToolDurationModel:
         return dist.count if dist is not None else 0
 
     def counts(self) -> dict[str, int]:
-        """Samples per distribution key (tools, and `GLOBAL_KEY` for all tools)."""
+        """Samples per distribution key (command classes, tools, and `GLOBAL_KEY`)."""
         return {key: dist.count for key, dist in sorted(self._dists.items())}
 
     # -- estimates from the chosen level -----------------------------------------------
-    def cdf(self, tool: str, tau: float) -> float:
-        """P(duration <= tau); under the prior, 1 - exp(-tau / prior_mean_s)."""
-        source, dist = self.resolve(tool)
+    def cdf(self, key: str, tau: float) -> float:
+        """P(duration <= tau) at the chosen level; under the prior, 1 - exp(-tau / prior_mean_s)."""
+        _, dist = self.resolve(key)
         if dist is None:
             return 0.0 if tau <= 0 else 1.0 - math.exp(-tau / self.prior_mean_s)
         return dist.cdf(tau)
 
-    def candidates(self, tool: str) -> list[float]:
+    def candidates(self, key: str) -> list[float]:
         """TTL candidates: 0 plus the distinct observed durations of the chosen level.
 
         Empty under the prior: there is no sample to try, and the caller uses the prior's
         closed form instead (`prior_mean_s * ln(B / prior_mean_s)`, see the Continuum policy).
         """
-        _, dist = self.resolve(tool)
+        _, dist = self.resolve(key)
         if dist is None:
             return []
         values = dist.support()
         return values if values and values[0] == 0.0 else [0.0, *values]
 
-    def mean(self, tool: str) -> float:
-        """Mean duration from the chosen level (the prior's mean when it is the prior)."""
-        _, dist = self.resolve(tool)
+    def mean(self, key: str) -> float:
+        """Mean duration from the chosen level (the prior's mean when it is the prior): the
+        point estimate the harness sends, see the module docstring for why the mean."""
+        _, dist = self.resolve(key)
         return self.prior_mean_s if dist is None else dist.mean
 
-    def own(self, tool: str) -> EmpiricalDistribution | None:
-        """The tool's own distribution whatever its size (None: never observed)."""
-        return self._dists.get(tool)
+    def median(self, key: str) -> float:
+        """Median duration from the chosen level (the prior's, m ln 2, under the prior): the
+        typical call, robust to the tail, for reports."""
+        _, dist = self.resolve(key)
+        return self.prior_mean_s * math.log(2) if dist is None else dist.quantile(0.5)
 
-    def distribution(self, tool: str) -> EmpiricalDistribution | None:
+    def own(self, key: str) -> EmpiricalDistribution | None:
+        """The key's own distribution whatever its size (None: never observed)."""
+        return self._dists.get(key)
+
+    def distribution(self, key: str) -> EmpiricalDistribution | None:
         """The chosen level's distribution (None under the prior)."""
-        return self.resolve(tool)[1]
+        return self.resolve(key)[1]

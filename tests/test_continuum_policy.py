@@ -344,4 +344,45 @@ def test_hinted_prediction_lasts_until_a_tool_start_names_another_tool() -> None
     assert p.deadline("p1") == pytest.approx(11.2)
     p.on_event(ev("tool_start", "p1", tool="python"), 10.2)  # another tool: prior, ln 3
     assert p.deadline("p1") == pytest.approx(10.0 + math.log(3.0))
-    assert p.stats()["ttl_sources"] == {"hint": 2, "tool": 0, "global": 0, "prior": 1}
+    assert p.stats()["ttl_sources"] == {"hint": 2, "command": 0, "tool": 0, "global": 0,
+                                        "prior": 1}
+
+
+# -- command classes (tool:class keys) ---------------------------------------------------
+def test_tool_end_events_teach_the_command_class_chain() -> None:
+    # B = 3 s. Durations arrive as tool_end events named the way the harness names them.
+    p = policy()
+    for i in range(10):
+        p.on_event(ev("tool_end", f"ls-{i}", tool="bash:ls", seconds=0.5), float(i))
+    assert p.durations.counts() == {"__global__": 10, "bash": 10, "bash:ls": 10}
+    # pytest never seen: bash's CDF (all 0.5 s), U(0.5) = 3 - 0.5 > 0
+    d = p.ttl_for("bash:pytest", 1000)
+    assert (d.ttl, d.source, d.tool) == (0.5, "tool", "bash:pytest")
+    for i in range(10):
+        p.on_event(ev("tool_end", f"py-{i}", tool="bash:pytest", seconds=30.0), 20.0 + i)
+    # its own 10 samples now: U(30) = 3 - 30 < 0, no pin
+    assert (p.ttl_for("bash:pytest", 1000).ttl, p.ttl_for("bash:pytest", 1000).source) == (
+        0.0, "command")
+    assert p.ttl_for("bash:ls", 1000).ttl == 0.5
+    # plain bash: both classes, P(<= 0.5) = 1/2: U(0.5) = 1.5 - 0.5 = 1 > U(30) < 0
+    assert (p.ttl_for("bash", 1000).ttl, p.ttl_for("bash", 1000).source) == (0.5, "tool")
+    # on_finish counts the decision under its level
+    p.on_event(ev("tool_start", "q", tool="bash:pytest"), 40.0)
+    assert p.on_finish(req("q-0", "q", 40.0), 41.0) is False  # the program's tool is pytest
+    assert p.stats()["ttl_sources"]["command"] == 1
+
+
+def test_a_hint_for_the_tool_holds_for_its_command_class() -> None:
+    p = policy()
+    # a prediction hinted for bash stands when tool_start names bash:pytest without one
+    assert p.on_finish(req("r1", "p1", 0.0, tool="bash", predicted_s=1.0), 10.0)
+    p.on_event(ev("tool_start", "p1", tool="bash:pytest"), 10.1)
+    assert p.deadline("p1") == pytest.approx(11.2)  # 10 + 1.2 * 1
+    # one hinted for another class does not: prior, ln B = ln 3
+    assert p.on_finish(req("r2", "p2", 0.0, tool="bash:ls", predicted_s=1.0), 10.0)
+    p.on_event(ev("tool_start", "p2", tool="bash:pytest"), 10.1)
+    assert p.deadline("p2") == pytest.approx(10.0 + math.log(3.0))
+    # and the other way round: a hint for bash:pytest holds when tool_start says just bash
+    assert p.on_finish(req("r3", "p3", 0.0, tool="bash:pytest", predicted_s=1.0), 10.0)
+    p.on_event(ev("tool_start", "p3", tool="bash"), 10.1)
+    assert p.deadline("p3") == pytest.approx(11.2)

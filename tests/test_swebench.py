@@ -58,7 +58,7 @@ def test_command_class():
     assert command_class("python3 - <<'EOF'\nprint(1)\nEOF") == "python"
     assert command_class("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT") == "submit"
     assert command_class("FOO=1 grep -rn x .") == "grep"
-    assert event_tool("bash", "cat a") == "cat" and event_tool("finish", "x") == "finish"
+    assert event_tool("bash", "cat a") == "bash:cat" and event_tool("finish", "x") == "finish"
 
 
 def test_events_name_the_command_class(tmp_path):
@@ -78,9 +78,9 @@ def test_events_name_the_command_class(tmp_path):
     toolbox = ToolBox({"bash": bash}, event_tool=event_tool)
     asyncio.run(agent._call_tool(Trajectory("t", "p", "swe-bench"), step, toolbox, "bash",
                                  "python3 -m pytest -q"))
-    assert [(k, f["tool"]) for k, f in sink.events] == [("tool_start", "pytest"),
-                                                         ("tool_end", "pytest")]
-    assert durations.count("pytest") == 1 and step.tool == "bash"
+    assert [(k, f["tool"]) for k, f in sink.events] == [("tool_start", "bash:pytest"),
+                                                         ("tool_end", "bash:pytest")]
+    assert durations.count("bash:pytest") == 1 and step.tool == "bash"
 
 
 def test_task_loading(tmp_path):

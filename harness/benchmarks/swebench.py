@@ -9,8 +9,9 @@ return code and the head and tail of the output. A command whose output starts w
 `COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` submits: the patch is the repository's diff against
 `base_commit` (new files included). Scoring grades the patch in a fresh container.
 
-Events name the command class (`pytest`, `git`, `sed`, ...) as the tool, so the duration
-predictor learns per class; the action itself stays `bash`.
+Events name the tool and the command class (`bash:pytest`, `bash:git`, `bash:sed`, ...), so the
+duration predictors of harness and server learn per class and fall back to all bash commands
+(`predictor.durations`); the action itself stays `bash`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from harness.tools.base import Observation
 from harness.tools.bash import BashTool, shared_client
 from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
+from predictor.durations import duration_key
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 HF_DATASETS = ("princeton-nlp/SWE-bench", "princeton-nlp/SWE-bench_Lite",
@@ -113,7 +115,9 @@ def command_class(command: str) -> str:
 
 
 def event_tool(action: str, argument: str) -> str:
-    return command_class(argument) if action == "bash" else action
+    """The duration key of an action: `bash:<class>` for a bash command (`bash:pytest`), so
+    predictions go per command class and fall back to all of bash; the action otherwise."""
+    return duration_key(action, command_class(argument)) if action == "bash" else action
 
 
 def _read_output(text: str) -> str:

@@ -20,6 +20,11 @@ Scheduling with KV Cache Time-to-Live", arXiv:2511.02230. Section names below ar
   in all, from a prior d ~ Exp(mean m = 1 s). Under that prior U(tau) = B (1 - e^(-tau/m)) - tau
   is concave with U'(tau) = (B/m) e^(-tau/m) - 1, so the maximiser is the closed form
   tau* = max(0, m ln(B/m)), i.e. max(0, ln B) for m = 1 s (no pin unless B > 1 s).
+  We put one level in front of the tool (issue #7): a tool name of the form `tool:class`
+  (`bash:pytest`, what the harness's SWE-bench agent sends) is first looked up as that command
+  class, then as the tool `bash`; a plain name takes the paper's chain unchanged. Durations are
+  learnt under the name the events carry (`predictor.durations` holds the key format and the
+  chain), so one `bash:pytest` call counts for `bash:pytest`, for `bash` and for all tools.
 * eta, "memoryfulness": -corr(k, N-k) over the (turn index, remaining turns) pairs of finished
   programs, clipped to [0, 1]. It scales how much of an evicted turn's queueing wait a pin
   saves: when a program's length is unknown from its progress (all programs equally long gives
@@ -44,7 +49,8 @@ Constants (module level, stated once here):
 * `HINT_SLACK = 0.2`: when the client predicted the tool's duration p (hint `predicted_s` or a
   `tool_start` event's `predicted_s`), the prediction replaces the CDF: tau = p (1 + 0.2) if
   B > tau (the pin pays for itself if the prediction holds), else no pin. A harness extension,
-  not in the paper; issue #7 refines it.
+  not in the paper; issue #7 refines it. A hint made for a tool holds until a `tool_start`
+  names another call (a hint for `bash` survives `bash:pytest`, one for `bash:ls` does not).
 * `MIN_SAMPLES = 10`, `DURATION_WINDOW = 1000`: see `predictor.durations`.
 * `UNKNOWN_TOOL = "unknown"`: the tool name used when no hint or event named it.
 * A finish without a tool hint uses the program's previous interception's tool as its guess
@@ -64,7 +70,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from predictor.durations import DEFAULT_MIN_SAMPLES, DEFAULT_WINDOW, ToolDurationModel
+from predictor.durations import DEFAULT_MIN_SAMPLES, DEFAULT_WINDOW, ToolDurationModel, split_key
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView, UnpinReason
 
 T_WAIT_WINDOW = 64
@@ -79,7 +85,7 @@ UNKNOWN_TOOL = "unknown"
 ENDED_MEMORY = 65536
 
 #: Where a TTL came from: the client's prediction, or a level of the cold-start chain.
-TTLSource = Literal["hint", "tool", "global", "prior"]
+TTLSource = Literal["hint", "command", "tool", "global", "prior"]
 
 # queue classes, smallest first
 _PREEMPTED, _PINNED, _OTHER = 0.0, 1.0, 2.0
@@ -123,6 +129,14 @@ class _Program:
     ended: bool = False
     n_recorded: bool = False  # N already fed to eta
     pending: dict[str, str] = field(default_factory=dict)  # waiting request id -> how arrived
+
+
+def _same_call(hinted: str, named: str) -> bool:
+    """Whether a prediction hinted for the tool key `hinted` still holds for a call that a
+    `tool_start` names `named`: the same key, or one refines the other (`bash` and
+    `bash:pytest`); `bash:ls` against `bash:pytest` is another call. For plain tool names this
+    is plain equality."""
+    return hinted == named or hinted == split_key(named)[0] or split_key(hinted)[0] == named
 
 
 class _SlidingMean:
@@ -229,7 +243,9 @@ class ContinuumPolicy(Policy):
         self._t_wait = _SlidingMean(T_WAIT_WINDOW)
         self._eta = _Memoryfulness()
         self.pins_made = 0
-        self.decisions: dict[str, int] = {"hint": 0, "tool": 0, "global": 0, "prior": 0}
+        self.decisions: dict[str, int] = dict.fromkeys(
+            ("hint", "command", "tool", "global", "prior"), 0
+        )
 
     # -- estimates ---------------------------------------------------------------------
     def t_wait(self) -> float:
@@ -349,11 +365,8 @@ class ContinuumPolicy(Policy):
             if (
                 event.predicted_s is None
                 and event.tool
-                and st.predicted_tool
-                not in (
-                    None,
-                    event.tool,
-                )
+                and st.predicted_tool is not None
+                and not _same_call(st.predicted_tool, event.tool)
             ):
                 st.predicted_s = None  # the hinted prediction was for another tool
             if event.tool:

@@ -1,0 +1,99 @@
+"""What the harness predicts in `tool_start`: the command-class level of the duration chain.
+
+The agent knows a bash command before it runs it, so SWE-bench events carry the key
+`bash:<class>`; `predicted_s` is the mean of the chain's chosen level when that level is the
+command class or the tool, and is left out for coarser levels (see docs/events.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness.agent import Agent, ToolBox, tool_ended, tool_started
+from harness.benchmarks.swebench import event_tool
+from harness.tools.base import Observation
+from harness.trajectory import Step, Trajectory
+from predictor.durations import ToolDurationModel
+from server.events import EventIn
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def emit(self, kind: str, program_id: str, **fields: object) -> None:
+        self.events.append({"type": kind, "program_id": program_id, **fields})
+
+
+def test_tool_started_predicts_from_the_command_level() -> None:
+    sink, model = Sink(), ToolDurationModel(min_samples=10)
+    # nothing observed: the prior, no prediction
+    assert tool_started(sink, model, "p", "bash:pytest", "pytest -q") == "prior"
+    # 10 calculator calls: all tools has data, but that is too coarse to send
+    for _ in range(10):
+        model.observe("calculator", 0.001)
+    assert tool_started(sink, model, "p", "bash:pytest", "pytest -q") == "global"
+    # 10 bash calls (ls): bash's mean is sent for a pytest command too
+    for _ in range(10):
+        model.observe("bash:ls", 0.02)
+    assert tool_started(sink, model, "p", "bash:pytest", "pytest -q") == "tool"
+    # 10 pytest calls: its own mean, not bash's (20 calls, mean 2.01)
+    for _ in range(10):
+        model.observe("bash:pytest", 4.0)
+    assert tool_started(sink, model, "p", "bash:pytest", "pytest -q") == "command"
+    assert tool_started(sink, model, "p", "calculator", "1+1") == "tool"  # plain tools too
+    assert [e["predicted_s"] for e in sink.events] == [None, None, pytest.approx(0.02),
+                                                      pytest.approx(4.0),
+                                                      pytest.approx(0.001)]
+    assert {e["tool"] for e in sink.events[:4]} == {"bash:pytest"}
+    # what goes on the wire passes the server's schema
+    for event in sink.events:
+        EventIn(**event)
+
+
+def test_tool_ended_observes_at_every_level() -> None:
+    sink, model = Sink(), ToolDurationModel()
+    tool_ended(sink, model, "p", "bash:pytest", 3.0, "5 passed")
+    assert model.counts() == {"__global__": 1, "bash": 1, "bash:pytest": 1}
+    assert sink.events == [{"type": "tool_end", "program_id": "p", "tool": "bash:pytest",
+                            "seconds": 3.0, "return_tokens": 2}]
+    EventIn(**sink.events[0])
+
+
+def test_agent_sends_the_command_class_prediction(tmp_path) -> None:
+    async def bash(command: str) -> Observation:
+        return Observation("<returncode>0</returncode>")
+
+    sink, model = Sink(), ToolDurationModel(min_samples=10)
+    for _ in range(10):
+        model.observe("bash:pytest", 6.0)
+        model.observe("bash:cat", 0.01)
+    agent = Agent(None, sink, model, tmp_path)  # type: ignore[arg-type]
+    toolbox = ToolBox({"bash": bash}, event_tool=event_tool)
+    traj = Trajectory("t", "prog", "swe-bench")
+    for command in ("cd /testbed && python3 -m pytest -q tests/", "git diff"):
+        asyncio.run(agent._call_tool(traj, Step(0.0, 0, 0, 0), toolbox, "bash", command))
+    starts = [e for e in sink.events if e["type"] == "tool_start"]
+    ends = [e for e in sink.events if e["type"] == "tool_end"]
+    assert [e["tool"] for e in starts] == [e["tool"] for e in ends] == ["bash:pytest",
+                                                                        "bash:git"]
+    assert starts[0]["predicted_s"] == 6.0  # pytest's own mean, not bash's (3.005)
+    # git: no class data, so bash's 21 calls (10 x 6 s, 10 x 0.01 s, the pytest just run)
+    assert starts[1]["predicted_s"] == pytest.approx(60.1 / 21, abs=0.01)
+    assert model.count("bash:pytest") == 11 and model.count("bash:git") == 1
+
+
+def test_a_long_class_is_cut_to_the_schema_limit(tmp_path) -> None:
+    async def bash(command: str) -> Observation:
+        return Observation("")
+
+    sink = Sink()
+    agent = Agent(None, sink, ToolDurationModel(), tmp_path)  # type: ignore[arg-type]
+    toolbox = ToolBox({"bash": bash}, event_tool=event_tool)
+    asyncio.run(agent._call_tool(Trajectory("t", "p", "swe-bench"), Step(0.0, 0, 0, 0),
+                                 toolbox, "bash", "x" * 300 + " --flag"))
+    assert all(len(e["tool"]) == 128 and e["tool"].startswith("bash:x") for e in sink.events)
+    for event in sink.events:
+        EventIn(**event)
