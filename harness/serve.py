@@ -9,6 +9,7 @@ vLLM's own clean shutdown directly.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +23,15 @@ MODELS_DIR = SERVER_DIR / "models"
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
+#: Host memory (GiB) for vLLM's native KV offloading, used by policies with `needs_offload`
+#: (`swap`, `infercept`) unless `--offload-gib` says otherwise. Half the 128 GiB of host RAM of
+#: the lent H100/H200 machines, so a real-GPU run can pin it; for Llama-3.1-8B that is 524k
+#: tokens of KV, more than an H100's 448k-token GPU cache, so host copies are rarely evicted.
+DEFAULT_OFFLOAD_GIB = 64.0
+#: Options of the offloading connector: store the blocks of generated tokens too. vLLM 0.32
+#: offloads prompt blocks only by default (meant for chats that drop earlier answers), but an
+#: agent's next turn appends its answer verbatim, so the answer's KV is part of what a swap keeps.
+OFFLOAD_CONNECTOR_OPTIONS: dict[str, object] = {"offload_prompt_only": False}
 
 
 class ServeError(Exception):
@@ -56,10 +66,32 @@ def emulated_model_dir(profile: str) -> Path:
     return folder
 
 
+def offload_gib(policy: str, requested: float | None = None) -> float | None:
+    """GiB of host memory for KV offloading, or None to leave it off: on when asked for
+    (any policy may run on top of vLLM's offloading) or when the policy needs it."""
+    from server.policies import policy_class
+
+    if requested is not None:
+        if not requested > 0:
+            raise ServeError(f"--offload-gib {requested}: give a positive size in GiB")
+        return float(requested)
+    return DEFAULT_OFFLOAD_GIB if policy_class(policy).needs_offload else None
+
+
+def offload_args(gib: float | None) -> list[str]:
+    """`vllm serve` options that turn on the native offloading connector."""
+    if gib is None:
+        return []
+    options = json.dumps({"kv_connector_extra_config": OFFLOAD_CONNECTOR_OPTIONS})
+    return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
+            "--kv-transfer-config", options]
+
+
 def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
                   seed: int = 0, max_model_len: int = 32768,
-                  extra: list[str] | None = None) -> ServeCommand:
+                  extra: list[str] | None = None,
+                  offload: float | None = None) -> ServeCommand:
     """The `vllm serve` command line and environment for these options (no side effects)."""
     from server.policies import policy_class
 
@@ -85,7 +117,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--max-model-len", str(max_model_len), "--seed", str(seed),
-            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+            *offload_args(offload_gib(policy, offload))]
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
     if emulate:
@@ -111,6 +144,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--offload-gib", type=float, default=None,
+                        help="host memory for vLLM's native KV offloading, GiB (default: "
+                        f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
+                        "the others unless given)")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
                         help="after --: extra arguments passed to `vllm serve` unchanged")
 
@@ -119,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     extra = [a for a in args.vllm_args if a != "--"]
     command = build_command(policy=args.policy, profile=args.profile, model=args.model,
                             host=args.host, port=args.port, seed=args.seed,
-                            max_model_len=args.max_model_len, extra=extra)
+                            max_model_len=args.max_model_len, extra=extra,
+                            offload=args.offload_gib)
     env = {**os.environ, **command.env}
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)

@@ -14,6 +14,10 @@ processing) run on a machine without a GPU. For every scheduled batch it
 
 The KV cache it reports is the profile's capacity (GPU memory minus weights and a reserve), so
 block counts, preemption and prefix caching behave as on the emulated GPU.
+
+With vLLM's native KV offloading on (`--kv-offloading-size`), the copies between GPU and host
+memory that real workers would make are played by `server.emulated_offload` (PCIe time from
+the profile); the connector's scheduler side stays real vLLM.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import ModelRunnerOutput
 
 from server.clock import clock
+from server.emulated_offload import EmulatedOffloadWorker, uses_native_offloading
 from server.settings import ServeSettings
 
 logger = logging.getLogger("harness.emulated_executor")
@@ -70,6 +75,17 @@ class EmulatedExecutor(Executor):
         self._tokenizer: Any = None
         self._token_limit: int | None = None  # random ids stay below this (see _next_token)
         self._seqs: dict[str, _Sequence] = {}
+        self._offload = self._offload_worker()
+
+    def _offload_worker(self) -> EmulatedOffloadWorker | None:
+        """The offloading connector's worker side, when the engine runs that connector: without
+        it nobody would ever finish the connector's copies and its requests would wait forever.
+        An idle step polls at the profile's per-step CPU cost, as an idle engine loop would."""
+        if not uses_native_offloading(self.vllm_config.kv_transfer_config):
+            return None
+        return EmulatedOffloadWorker(self.profile.swap_seconds, self._block_size(),
+                                     self.profile.kv_bytes_per_token,
+                                     idle_poll_s=self.profile.cpu_overhead_seconds(0))
 
     # -- engine start-up ---------------------------------------------------------------
     def _block_size(self) -> int:
@@ -130,6 +146,9 @@ class EmulatedExecutor(Executor):
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
+        offload_meta = getattr(scheduler_output, "kv_connector_metadata", None)
+        if self._offload is not None:
+            self._offload.begin_step(offload_meta)  # may wait for flushed stores first
         started = time.perf_counter()
         output, prefill, decode = self._step(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens > 0:
@@ -137,11 +156,23 @@ class EmulatedExecutor(Executor):
             elapsed = time.perf_counter() - started
             the_clock = clock()
             the_clock.sleep(seconds if the_clock.virtual else seconds - elapsed)
+        if self._offload is not None:
+            output.kv_connector_output = self._finish_offload_step(
+                offload_meta, idle=scheduler_output.total_num_scheduled_tokens == 0)
         if non_block:
             future: Future = Future()
             future.set_result(output)
             return future
         return output
+
+    def _finish_offload_step(self, offload_meta: Any, idle: bool) -> Any:
+        """The connector's end of a step: loads start, then (when nothing was computed) the
+        step lasts until a copy may have finished, then finished copies are reported."""
+        assert self._offload is not None
+        self._offload.after_forward(offload_meta)
+        if idle:
+            clock().sleep(self._offload.idle_seconds())
+        return self._offload.finished()
 
     def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
         raise RuntimeError("EmulatedExecutor returns tokens from execute_model")

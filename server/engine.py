@@ -33,6 +33,7 @@ class Finished:
     cached_tokens: int
     finish_reason: str
     token_ids: list[int] = field(default_factory=list)  # what the emulated model answered
+    external_tokens: int = 0  # of cached_tokens, those loaded from host memory (KV offloading)
 
 
 @dataclass
@@ -44,17 +45,24 @@ class _Pending:
     output_tokens: int = 0
     cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    external_tokens: int = 0
 
 
 @dataclass
 class VirtualEngine:
-    """`EngineCore` + `EmulatedExecutor` + `PolicyScheduler` on a virtual clock."""
+    """`EngineCore` + `EmulatedExecutor` + `PolicyScheduler` on a virtual clock.
+
+    `offload_gib`: host memory for vLLM's native KV offloading. Policies that need it (`swap`)
+    get `harness.serve.DEFAULT_OFFLOAD_GIB` when it is None, as `harness serve` gives them;
+    other policies run without offloading unless it is given.
+    """
 
     policy: str = "continuum"
     profile: str = "h100-llama-3.1-8b"
     seed: int = 0
     max_model_len: int = 32768
     num_gpu_blocks: int | None = None
+    offload_gib: float | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
 
     def __post_init__(self) -> None:
@@ -64,17 +72,24 @@ class VirtualEngine:
         os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
         self._previous_clock = use_clock(self.clock)
 
+        from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
 
-        from harness.serve import emulated_model_dir
+        from harness.serve import OFFLOAD_CONNECTOR_OPTIONS, emulated_model_dir, offload_gib
         from server.emulated_executor import EmulatedExecutor
 
+        self.offload_gib = offload_gib(self.policy, self.offload_gib)
+        connector = None  # our connector options; vLLM names the connector itself
+        if self.offload_gib is not None:
+            connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))
         args = EngineArgs(model=str(emulated_model_dir(self.profile)), seed=self.seed,
                           max_model_len=self.max_model_len, enable_prefix_caching=True,
                           block_size=16, scheduler_cls="server.scheduler.PolicyScheduler",
                           distributed_executor_backend=EmulatedExecutor,
-                          num_gpu_blocks_override=self.num_gpu_blocks)
+                          num_gpu_blocks_override=self.num_gpu_blocks,
+                          kv_offloading_size=self.offload_gib,
+                          kv_offloading_backend="native", kv_transfer_config=connector)
         self.vllm_config = args.create_engine_config()
         self.core = EngineCore(self.vllm_config, EmulatedExecutor, log_stats=True)
         self.scheduler = self.core.scheduler
@@ -131,12 +146,14 @@ class VirtualEngine:
                 pending.token_ids.extend(out.new_token_ids)
                 if out.prefill_stats is not None:
                     pending.cached_tokens = out.prefill_stats.num_cached_tokens
+                    pending.external_tokens = out.prefill_stats.num_external_cached_tokens
                 if out.finish_reason is not None:
                     del self._pending[out.request_id]
                     done.append(Finished(out.request_id, pending.program_id, pending.arrival,
                                          pending.first_token, now, pending.prompt_tokens,
                                          pending.output_tokens, pending.cached_tokens,
-                                         str(out.finish_reason), pending.token_ids))
+                                         str(out.finish_reason), pending.token_ids,
+                                         pending.external_tokens))
         return done
 
     def advance_to(self, t: float) -> None:

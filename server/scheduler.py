@@ -85,6 +85,7 @@ def hints_from(extra_args: dict[str, Any] | None) -> Hints:
         tool=str(tool) if tool not in (None, "") else None,
         predicted_s=number("predicted_s", float),
         last=last in (True, 1, "1", "true", "True"),
+        predicted_output_tokens=number("predicted_output_tokens", int),
     )
 
 
@@ -99,12 +100,19 @@ class PolicyScheduler(Scheduler):
         self.sched_cpu_seconds = 0.0
         self.sched_steps = 0
         self.events_received = 0
+        self.token_budget_sum = 0  # summed per-step budgets of adaptive policies (mean = /steps)
         self._events: EventReceiver | None = None
         address = os.environ.get(ENV_EVENTS_IPC) or None
         if address:
             self._events = EventReceiver(address)
+        self._configured_token_budget = self.max_num_scheduled_tokens
+        self.agent_policy.configure(
+            max_batch_tokens=self.max_num_scheduled_tokens,
+            total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks,
+            block_size=self.block_size)
         self._allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_or_unpin  # type: ignore[method-assign]
+        self._gate_offload_reloads()
         logger.info("harness policy %s (profile %s, events %s)", settings.policy,
                     settings.profile, address or "off")
 
@@ -138,6 +146,8 @@ class PolicyScheduler(Scheduler):
             self._expire_pins(now)
         if self.agent_policy.reorders_queue and len(self.waiting) > 1:
             self._reorder_waiting(now)
+        if self.agent_policy.adapts_token_budget:
+            self._set_token_budget()
         output = super().schedule(*args, **kwargs)
         for new in output.scheduled_new_reqs:
             request = self.requests.get(new.req_id)
@@ -169,6 +179,14 @@ class PolicyScheduler(Scheduler):
         ordered = sorted(self.waiting, key=lambda r: key(self.view(r), now))
         self.waiting.clear()
         self.waiting.extend(ordered)
+
+    def _set_token_budget(self) -> None:
+        """The policy's batch token limit for this step, clamped to what the model runner was
+        sized for (vLLM reads `max_num_scheduled_tokens` afresh in every `schedule()`)."""
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        budget = self.agent_policy.token_budget(free, self._pinned_blocks)
+        self.max_num_scheduled_tokens = max(1, min(int(budget), self._configured_token_budget))
+        self.token_budget_sum += self.max_num_scheduled_tokens
 
     # -- retention ---------------------------------------------------------------------
     def _free_request_blocks(self, request: Request) -> None:
@@ -232,6 +250,30 @@ class PolicyScheduler(Scheduler):
         if stats._last_t is not None:
             stats.block_seconds += (now - stats._last_t) * self._pinned_blocks
         stats._last_t = now
+
+    # -- KV offloading ------------------------------------------------------------------
+    def _gate_offload_reloads(self) -> None:
+        """Put the policy's `reload_from_cpu` in front of the KV connector's prefix lookup.
+
+        vLLM asks `connector.get_num_new_matched_tokens` (inline in `schedule()`, no scheduler
+        hook) how many tokens past the GPU prefix-cache hit it can load; with native offloading
+        that is the host-memory copy. Wrapping the connector's method keeps vLLM's admission
+        code untouched, as `_allocate_or_unpin` does for allocation."""
+        connector = self.connector
+        if connector is None:
+            return
+        self._connector_lookup = connector.get_num_new_matched_tokens
+        connector.get_num_new_matched_tokens = self._lookup_offloaded  # type: ignore[method-assign]
+
+    def _lookup_offloaded(self, request: Request,
+                          num_computed_tokens: int) -> tuple[int | None, bool]:
+        """The connector's answer, unless the policy declines a hit: then 0 tokens and no load,
+        so the request recomputes. The connector's own lookup always runs (it keeps per-request
+        state for the step), and "not known yet" (None) passes through unchanged."""
+        tokens, load_async = self._connector_lookup(request, num_computed_tokens)
+        if not tokens or self.agent_policy.reload_from_cpu(self.view(request)):
+            return tokens, load_async
+        return 0, False
 
     # -- lifecycle ---------------------------------------------------------------------
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:

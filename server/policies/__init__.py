@@ -15,8 +15,11 @@ POLICIES: dict[str, str] = {
     "vllm": "server.policies.vllm:VllmPolicy",
     "continuum": "server.policies.continuum:ContinuumPolicy",
     "discard": "server.policies.discard:DiscardPolicy",
+    "swap": "server.policies.swap:SwapPolicy",
     "preserve": "server.policies.preserve:PreservePolicy",
     "autellix": "server.policies.autellix:AutellixPolicy",
+    "infercept": "server.policies.infercept:InferCeptPolicy",
+    "augserve": "server.policies.augserve:AugServePolicy",
 }
 
 

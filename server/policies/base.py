@@ -31,12 +31,15 @@ class Hints:
         a single tool); the authoritative name arrives later in a `tool_start` event.
     predicted_s: the client's prediction of that tool call's duration in seconds.
     last: this is the program's last LLM call, so nothing is worth keeping afterwards.
+    predicted_output_tokens: the client's prediction of this turn's output length in tokens
+        (AugServe's stage-I input; `predictor.lengths` makes it from the request text).
     """
 
     turn: int | None = None
     tool: str | None = None
     predicted_s: float | None = None
     last: bool = False
+    predicted_output_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -92,8 +95,25 @@ class Policy:
     #: When False the scheduler leaves vLLM's own queue order untouched (and pays nothing).
     reorders_queue = False
 
+    #: When True the scheduler asks `token_budget` for each step's batch token limit.
+    adapts_token_budget = False
+
+    #: When True the engine turns on vLLM's native KV offloading (a write-through host-memory
+    #: copy of computed blocks), so a turn can reload its context over PCIe (`reload_from_cpu`).
+    needs_offload = False
+
     def __init__(self, cost_model: CostModel | None = None) -> None:
         self.cost_model = cost_model
+        #: The engine's limits, set by the scheduler through `configure` (defaults: vLLM's).
+        self.max_batch_tokens = 8192
+        self.total_blocks = 0
+        self.block_size = 16
+
+    def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int) -> None:
+        """The engine's shape, known only once vLLM has sized its KV cache."""
+        self.max_batch_tokens = max_batch_tokens
+        self.total_blocks = total_blocks
+        self.block_size = block_size
 
     # -- lifecycle notifications -------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:
@@ -124,6 +144,18 @@ class Policy:
 
     def on_unpin(self, program_id: str, reason: UnpinReason, now: float) -> None:
         """The scheduler released a pin (for bookkeeping)."""
+
+    # -- offloading --------------------------------------------------------------------
+    def reload_from_cpu(self, req: RequestView) -> bool:
+        """Asked when the engine offloads and a waiting turn's context (past what the GPU
+        prefix cache holds) is in host memory: True loads it over PCIe, False recomputes it."""
+        return True
+
+    # -- batching ----------------------------------------------------------------------
+    def token_budget(self, free_blocks: int, paused_blocks: int) -> int:
+        """This step's limit on scheduled tokens (used when adapts_token_budget); never above
+        `max_batch_tokens`, which sizes the model runner's buffers."""
+        return self.max_batch_tokens
 
     # -- ordering ----------------------------------------------------------------------
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
