@@ -19,7 +19,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpu-blocks", type=int, default=None,
                    help="override the KV cache size in 16-token blocks (default: the profile's)")
     p.add_argument("--out", default=None, help="output folder (default runs/bench-TRACE)")
+    p.add_argument("--url", default=None,
+                   help="replay in wall-clock time over HTTP against this running `harness "
+                   "serve` (emulated or a GPU) instead of in virtual time; --policies then "
+                   "names the one policy the server runs (a label)")
+    p.add_argument("--model", default=None, help="with --url: the served model name "
+                   "(default: the server's first)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival gaps and tool durations by this (e.g. 0.1 for short "
+                   "wall-clock runs); it changes the workload, not only the run time")
+    p.add_argument("--isolated-over-http", action="store_true",
+                   help="with --url: measure isolated JCTs on the server (costs their sum in "
+                   "wall time) instead of on the emulated profile")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,9 +71,19 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bar readable
     console = Console(stderr=True)
     out = Path(args.out or f"runs/bench-{Path(args.trace).stem}")
-    summary = bench(args.trace, _policies(args.policies), programs=args.programs,
+    policies = _policies(args.policies)
+    http = None
+    if args.url:
+        if len(policies) != 1:
+            raise BenchError("--url replays against one running server: give --policies the "
+                             "one policy it runs (a label for the results)")
+        http = HttpTarget(args.url, args.model, args.isolated_over_http)
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise BenchError(f"--time-scale must be a positive number, not {args.time_scale}")
+    summary = bench(args.trace, policies, programs=args.programs,
                     jps=_loads(args.jps, args.trace), profile=args.profile, seed=args.seed,
-                    out=out, num_gpu_blocks=args.num_gpu_blocks, console=console)
+                    out=out, num_gpu_blocks=args.num_gpu_blocks, console=console, http=http,
+                    time_scale=args.time_scale)
     print_table(summary, console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
                   f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
@@ -70,16 +92,29 @@ def run(args: argparse.Namespace) -> int:
 
 # -- arguments ---------------------------------------------------------------------------------
 def _policies(text: str) -> list[str]:
+    """Policy names, each optionally ``NAME@HINTS`` (``eval.replay.HINT_MODES``: what the
+    replayed client predicts about tool calls), e.g. ``continuum,continuum@oracle``."""
+    from eval.replay import HINT_MODES
     from server.policies import POLICIES
 
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise BenchError("--policies is empty; give e.g. vllm,continuum")
-    unknown = [p for p in names if p not in POLICIES]
+    unknown = [p for p in names if split_policy(p)[0] not in POLICIES]
     if unknown:
         raise BenchError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: "
                          f"{', '.join(sorted(POLICIES))}")
+    bad = [p for p in names if split_policy(p)[1] not in HINT_MODES]
+    if bad:
+        raise BenchError(f"unknown hints in {', '.join(map(repr, bad))}; after @ give one of: "
+                         f"{', '.join(HINT_MODES)}")
     return list(dict.fromkeys(names))
+
+
+def split_policy(spec: str) -> tuple[str, str]:
+    """``continuum@online`` -> (``continuum``, ``online``); no @ -> hints ``none``."""
+    name, _, hints = spec.partition("@")
+    return name, hints or "none"
 
 
 def _loads(text: str | None, trace: str) -> list[float | None]:
@@ -132,9 +167,19 @@ def _fingerprint(trace: Trace, profile: str, seed: int) -> str:
 
 
 # -- the sweep ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HttpTarget:
+    """Where a wall-clock replay goes (`eval.http_replay`)."""
+
+    url: str
+    model: str | None = None
+    isolated_over_http: bool = False
+
+
 def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
           jps: Sequence[float | None], profile: str, seed: int, out: Path,
-          num_gpu_blocks: int | None = None, console: Any = None) -> dict[str, Any]:
+          num_gpu_blocks: int | None = None, console: Any = None,
+          http: HttpTarget | None = None, time_scale: float = 1.0) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server.perf_model import load_profile
@@ -143,7 +188,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         load_profile(profile)
     except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
         raise BenchError(f"--profile {profile!r}: {exc}") from None
-    traces = {x: make_trace(trace_name, programs, x, seed) for x in jps}
+    from eval.http_replay import scale_trace
+
+    traces = {x: scale_trace(make_trace(trace_name, programs, x, seed), time_scale) for x in jps}
     first = next(iter(traces.values()))
     n = len(first)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,15 +200,21 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         iso_task = progress.add_task("isolated JCTs", total=n)
-        isolated = _isolated(first, profile, seed, out, num_gpu_blocks,
-                             lambda k: progress.update(iso_task, completed=k))
+        iso_progress = lambda k: progress.update(iso_task, completed=k)  # noqa: E731
+        if http is not None and http.isolated_over_http:
+            from eval.http_replay import isolated_jcts_over_http
+
+            isolated = isolated_jcts_over_http(first, http.url, model=http.model,
+                                               progress=iso_progress)
+        else:
+            isolated = _isolated(first, profile, seed, out, num_gpu_blocks, iso_progress)
         progress.update(iso_task, completed=n)
         for policy in policies:
             for x, trace in traces.items():
                 label = f"{policy} @ {_jps_label(x)} jobs/s"
                 task = progress.add_task(label, total=n)
                 row = _one_run(trace, policy, x, profile, seed, num_gpu_blocks, isolated, out,
-                               lambda k, t=task: progress.update(t, completed=k))
+                               lambda k, t=task: progress.update(t, completed=k), http)
                 progress.update(task, completed=n)
                 rows.append(row)
     summary = {
@@ -171,6 +224,8 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "profile": profile,
         "seed": seed,
         "num_gpu_blocks": num_gpu_blocks,
+        "time_scale": time_scale,
+        "mode": "virtual" if http is None else f"http {http.url}",
         "policies": list(policies),
         "jps": [x for x in jps],
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
@@ -217,17 +272,29 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
              num_gpu_blocks: int | None, isolated: dict[str, float], out: Path,
-             progress: Callable[[int], None]) -> dict[str, Any]:
+             progress: Callable[[int], None], http: HttpTarget | None = None) -> dict[str, Any]:
     from eval.replay import replay
 
     wall = time.perf_counter()
-    engine = make_engine(policy, profile, seed, num_gpu_blocks)
-    try:
-        result = replay(trace, engine, progress=progress)
-    finally:
-        engine.close()
+    name, hints = split_policy(policy)
     row: dict[str, Any] = {"policy": policy, "jps": x}
-    row.update(replay_metrics(result, isolated))
+    if http is not None:
+        from eval.http_replay import HttpReplayError, http_replay_metrics, replay_over_http
+
+        if hints != "none":
+            raise BenchError("--url: client hints (@...) are only replayed in virtual time")
+        try:
+            result = replay_over_http(trace, http.url, model=http.model, progress=progress)
+        except HttpReplayError as exc:
+            raise BenchError(str(exc)) from None
+        row.update(http_replay_metrics(result, isolated))
+    else:
+        engine = make_engine(name, profile, seed, num_gpu_blocks)
+        try:
+            result = replay(trace, engine, progress=progress, hints=hints)
+        finally:
+            engine.close()
+        row.update(replay_metrics(result, isolated))
     row["wall_s"] = time.perf_counter() - wall
     records = {
         "policy": policy, "jps": x,
@@ -251,6 +318,7 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("throughput_programs_per_min", "programs/min", "{:.2f}"),
             ("ttft_mean_s", "TTFT mean s", "{:.3f}"), ("queue_mean_s", "queue mean s", "{:.3f}"),
             ("prefix_hit_rate", "hit rate", "{:.3f}"),
+            ("pin_hit_rate", "pin hit rate", "{:.2f}"),
             ("recomputed_tokens", "recomputed tok", "{}"),
             ("preemptions", "preemptions", "{}"), ("pin_memory_share", "pin mem share", "{:.4f}"),
             ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}")]
@@ -269,14 +337,49 @@ def report_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# Policy benchmark: {summary['trace_name']}", "",
              f"{summary['programs']} programs, profile `{summary['profile']}`, seed "
              f"{summary['seed']}; isolated JCT mean {summary['isolated_jct_mean_s']:.2f} s "
-             "(each program alone on the engine: the lower bound). Virtual time; "
-             f"wall time {summary['wall_s']:.1f} s.", "",
+             "(each program alone on the engine: the lower bound). "
+             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s.", "",
              "| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
              "|" + "---|" * len(_COLUMNS)]
     for row in summary["results"]:
         lines.append("| " + " | ".join(_cell(row, k, f) for k, _, f in _COLUMNS) + " |")
-    lines += ["", "![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
+    lines += ["", "## Which is fastest, and why", "", *reading(summary["results"]), ""]
+    lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def _mode_text(summary: dict[str, Any]) -> str:
+    mode = summary.get("mode", "virtual")
+    text = "Virtual time" if mode == "virtual" else f"Wall-clock replay over HTTP ({mode[5:]})"
+    scale = summary.get("time_scale", 1.0)
+    return text if scale == 1.0 else f"{text}, arrivals and tool times x{scale:g}"
+
+
+def reading(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Per load, the fastest policy by mean JCT, its ratios to `vllm`, and the mechanisms
+    that explain the gap (cache hits, recomputation, queueing, preemptions, pinned memory)."""
+    out = []
+    for x in dict.fromkeys(r["jps"] for r in rows):
+        at = [r for r in rows if r["jps"] == x]
+        best = min(at, key=lambda r: r.get("jct_mean_s", math.inf))
+        base = next((r for r in at if r["policy"] == "vllm"), None)
+        line = (f"- **{_jps_label(x)} jobs/s**: fastest `{best['policy']}`, mean JCT "
+                f"{best['jct_mean_s']:.1f} s")
+        if base is not None and best is not base and base.get("jct_mean_s"):
+            line += (f" ({best['jct_mean_s'] / base['jct_mean_s']:.2f}x `vllm`'s mean, "
+                     f"{best['jct_p95_s'] / base['jct_p95_s']:.2f}x its P95). Against `vllm`: "
+                     f"prefix hit rate {best['prefix_hit_rate']:.2f} vs "
+                     f"{base['prefix_hit_rate']:.2f}, recomputed tokens "
+                     f"{best['recomputed_tokens']:,} vs {base['recomputed_tokens']:,}, mean "
+                     f"queueing {best['queue_mean_s']:.2f} vs {base['queue_mean_s']:.2f} s, "
+                     f"preemptions {best['preemptions']} vs {base['preemptions']}, pins held "
+                     f"{best['pin_memory_share']:.1%} of KV memory")
+        elif base is not None:
+            line += (f"; the policies differ by at most "
+                     f"{max(r['jct_mean_s'] for r in at) / best['jct_mean_s'] - 1:.1%} in mean "
+                     f"JCT (JCT / isolated {best.get('normalised_latency_mean', math.nan):.2f})")
+        out.append(line + ".")
+    return out
 
 
 def print_table(summary: dict[str, Any], console: Any) -> None:

@@ -72,6 +72,8 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None) -> dic
     denominator = makespan * result.total_blocks
     out["pin_memory_share"] = pins["block_seconds"] / denominator if denominator > 0 else 0.0
     out["pins"] = {k: v for k, v in pins.items() if k != "block_seconds"}
+    # a pin "hits" when the program's next turn is admitted while it is held (hand-off)
+    out["pin_hit_rate"] = pins["handoff"] / pins["pinned"] if pins.get("pinned") else math.nan
     out["engine_steps"] = result.engine_steps
     out["sched_steps"] = result.sched_steps
     steps = result.sched_steps

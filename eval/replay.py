@@ -23,8 +23,8 @@ it), its first token and finish, prompt / output / cached tokens, preemptions, a
 tokens: the part of the previous turn's conversation (prompt + output, minus the last sampled
 token, whose KV is never computed) that the cache did not supply. Even with everything kept,
 this includes the partial last block (under 16 tokens), since the prefix cache hits whole
-blocks only. ``tool_start`` carries no ``predicted_s`` (a trace has no predictor); policies that
-need one learn durations from ``tool_end``.
+blocks only. ``tool_start`` carries a ``predicted_s`` only if asked (``hints``, see
+``HINT_MODES``); otherwise policies that need one learn durations from ``tool_end``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from eval.traces import Program, Trace
+from predictor.durations import ToolDurationModel
 
 #: Stand-in ids are drawn from [FIRST_ID, LAST_ID): ordinary tokens of every emulated model.
 FIRST_ID = 8
@@ -90,8 +91,13 @@ def _ids(rng: np.random.Generator, n: int) -> list[int]:
     return [int(x) for x in rng.integers(FIRST_ID, LAST_ID, size=n)] if n > 0 else []
 
 
-class _ProgramState:
-    """A program's conversation as token ids, grown turn by turn."""
+class ProgramState:
+    """A program's conversation as token ids, grown turn by turn.
+
+    Public because every replayer must build prompts the same way (this virtual-time driver and
+    ``eval.http_replay``'s wall-clock one): the same ids give the same prefix-cache and pin
+    behaviour, so their results can be set side by side.
+    """
 
     def __init__(self, program: Program) -> None:
         self.program = program
@@ -112,14 +118,58 @@ class _ProgramState:
         self.tokens += answer
         self.tokens += _ids(self.rng, self.program.new_tokens(i + 1))
 
+    def recomputed(self, prompt_tokens: int, cached_tokens: int) -> int:
+        """Tokens of the previous turn's conversation that a later turn's request (with this
+        prompt length and prefix-cache hit) had to compute again."""
+        return max(0, min(self.computed, prompt_tokens) - cached_tokens)
 
-def replay(trace: Trace, engine: Any, *, progress: Any = None) -> ReplayResult:
+
+def turn_hints(program: Program, i: int) -> dict[str, Any]:
+    """The ``vllm_xargs`` hints a client sends with turn ``i``'s request (None: left out)."""
+    return {"turn": i, "tool": program.turns[i].tool,
+            "last": 1 if i == program.n_turns - 1 else None}
+
+
+#: What the replayed client tells the server about a tool call before it runs (``tool_start``'s
+#: ``predicted_s``): ``none``, as a trace has no predictor; ``online``, the harness's own rule
+#: (the mean of the tool's durations seen so far by this client, once it has enough of them:
+#: ``ToolDurationModel.client_prediction``); ``oracle``, the call's true duration, the bound
+#: on what any predictor can give.
+HINT_MODES = ("none", "online", "oracle")
+
+
+class ClientPredictions:
+    """The replayed client's tool-duration predictions (see ``HINT_MODES``)."""
+
+    def __init__(self, mode: str = "none") -> None:
+        if mode not in HINT_MODES:
+            raise ValueError(f"hints {mode!r}: choose one of {', '.join(HINT_MODES)}")
+        self.mode = mode
+        self.durations = ToolDurationModel()
+        self.sent = 0
+
+    def predict(self, tool: str, seconds: float) -> float | None:
+        """`predicted_s` for a call of `tool` that will take `seconds`."""
+        if self.mode == "none":
+            return None
+        predicted = seconds if self.mode == "oracle" else self.durations.client_prediction(tool)[1]
+        self.sent += predicted is not None
+        return predicted
+
+    def observe(self, tool: str, seconds: float) -> None:
+        if self.mode == "online":
+            self.durations.observe(tool, seconds)
+
+
+def replay(trace: Trace, engine: Any, *, progress: Any = None,
+           hints: str = "none") -> ReplayResult:
     """Run every program of ``trace`` through ``engine`` (a fresh ``VirtualEngine``); the
     engine is left open (the caller closes it). ``progress(n_done)`` is called as programs
-    end."""
+    end; ``hints`` is one of ``HINT_MODES``."""
+    client = ClientPredictions(hints)
     clock = engine.clock
     start = clock.now()
-    states = {p.id: _ProgramState(p) for p in trace.programs}
+    states = {p.id: ProgramState(p) for p in trace.programs}
     records = {p.id: ProgramRecord(p.id, start + p.arrival_s) for p in trace.programs}
     # (time, sequence, program id, turn): turn 0 = arrival, turn i > 0 = tool i-1 returned
     agenda: list[tuple[float, int, str, int]] = [
@@ -139,15 +189,15 @@ def replay(trace: Trace, engine: Any, *, progress: Any = None) -> ReplayResult:
             engine.event("program_start", pid)
         else:
             prev = program.turns[i - 1]
+            client.observe(prev.tool, prev.tool_seconds)
             engine.event("tool_end", pid, tool=prev.tool, seconds=prev.tool_seconds,
                           return_tokens=prev.tool_return_tokens)
-        last = i == program.n_turns - 1
         rid = f"{pid}#{i}"
         record = TurnRecord(pid, i, due, prompt_tokens=len(state.tokens))
         records[pid].turns.append(record)
         live[rid] = record
         engine.add_request(rid, state.tokens, program_id=pid, output_tokens=turn.output_tokens,
-                           turn=i, tool=turn.tool, last=1 if last else None)
+                           **turn_hints(program, i))
 
     def finish(fin: Any, now: float) -> None:
         nonlocal seq, done
@@ -162,8 +212,8 @@ def replay(trace: Trace, engine: Any, *, progress: Any = None) -> ReplayResult:
         program = state.program
         i = record.turn
         if i > 0:
-            record.recomputed_tokens = max(0, min(state.computed, record.prompt_tokens)
-                                           - record.cached_tokens)
+            record.recomputed_tokens = state.recomputed(record.prompt_tokens,
+                                                        record.cached_tokens)
         if i == program.n_turns - 1:
             engine.event("program_end", program.id)
             records[program.id].finished = fin.finished
@@ -173,7 +223,8 @@ def replay(trace: Trace, engine: Any, *, progress: Any = None) -> ReplayResult:
             return
         turn = program.turns[i]
         state.extend(i, fin.token_ids)
-        engine.event("tool_start", program.id, tool=turn.tool)
+        engine.event("tool_start", program.id, tool=turn.tool,
+                     predicted_s=client.predict(turn.tool, turn.tool_seconds))
         seq += 1
         heapq.heappush(agenda, (fin.finished + turn.tool_seconds, seq, program.id, i + 1))
 

@@ -68,20 +68,12 @@ def approx_tokens(text: str) -> int:
     return max(1, round(len(text) / 3.8))
 
 
-#: Chain levels whose mean the harness sends as `predicted_s`: data about this very command
-#: class or tool. Not "global" (all tools) nor the prior: the server keeps the same chain over
-#: the same keys and decides from the whole distribution, so a coarse point estimate sent as a
-#: prediction would only replace a better decision.
-PREDICTING_SOURCES: frozenset[Source] = frozenset({"command", "tool"})
-
-
 def tool_started(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
                  argument: str) -> Source:
     """`tool_start` for the duration key `tool` ("bash:pytest", "calculator"), with the mean
     duration of the chain's chosen level as `predicted_s` when that level is the command class
     or the tool (at least `min_samples` calls), else none; returns the level."""
-    source, dist = durations.resolve(tool)
-    predicted = dist.mean if dist is not None and source in PREDICTING_SOURCES else None
+    source, predicted = durations.client_prediction(tool)
     events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
                 summary=argument[:200])
     return source

@@ -54,6 +54,12 @@ DEFAULT_PRIOR_MEAN_S = 1.0
 #: all tools, the prior.
 Source = Literal["command", "tool", "global", "prior"]
 
+#: Chain levels whose mean a client sends as `predicted_s`: data about this very command class
+#: or tool. Not "global" (all tools) nor the prior: the server keeps the same chain over the same
+#: keys and decides from the whole distribution, so a coarse point estimate sent as a prediction
+#: would only replace a better decision.
+PREDICTING_SOURCES: frozenset[str] = frozenset({"command", "tool"})
+
 #: The key under which the all-tools distribution is kept (not a valid tool name to collide
 #: with in practice: tool names come from agents' tool registries).
 GLOBAL_KEY = "__global__"
@@ -250,6 +256,15 @@ class ToolDurationModel:
             return []
         values = dist.support()
         return values if values and values[0] == 0.0 else [0.0, *values]
+
+    def client_prediction(self, key: str) -> tuple[Source, float | None]:
+        """What a client sends as `predicted_s` for a call under `key`, and the level it came
+        from: the mean of the chosen level when that level is the command class or the tool
+        (`PREDICTING_SOURCES`), else None."""
+        source, dist = self.resolve(key)
+        if dist is None or source not in PREDICTING_SOURCES:
+            return source, None
+        return source, dist.mean
 
     def mean(self, key: str) -> float:
         """Mean duration from the chosen level (the prior's mean when it is the prior): the

@@ -99,7 +99,8 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
                     "queue_mean_s", "prefix_hit_tokens", "recomputed_tokens", "preemptions",
                     "pin_memory_share", "sched_cpu_ms_per_step", "normalised_latency_mean"):
             assert key in row
-    assert "| vllm |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| vllm |" in report and "fastest" in report
     for name in ("jct_vs_load.png", "jct_cdf.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # isolated JCTs are cached: a second sweep reuses them and gives the same JCTs
@@ -113,6 +114,10 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     (["--trace", "nope"], "neither a trace name"),
     (["--trace", "swe", "--policies", "vllm,bogus"], "unknown policy 'bogus'"),
     (["--trace", "swe", "--jps", "fast"], "--jps"),
+    (["--trace", "swe", "--policies", "continuum@psychic"], "unknown hints"),
+    (["--trace", "swe", "--policies", "vllm,continuum", "--url", "http://127.0.0.1:9"],
+     "one running server"),
+    (["--trace", "swe", "--time-scale", "0"], "--time-scale"),
 ])
 def test_bench_cli_reports_bad_input_clearly(tmp_path, capsys, args, message):
     assert main(["bench", *args, "--out", str(tmp_path)]) == 2
@@ -122,3 +127,19 @@ def test_bench_cli_reports_bad_input_clearly(tmp_path, capsys, args, message):
 def test_unknown_trace_is_a_bench_error():
     with pytest.raises(BenchError, match="neither a trace name"):
         make_trace("no-such-trace", 3, 1.0, 0)
+
+
+def test_client_hints_reach_continuum(trace):
+    """The client's predictions arrive with tool_start, after the turn finished: continuum
+    re-decides the TTL of the pins it holds from them (source "hint")."""
+    hinted = {}
+    for hints in ("none", "online", "oracle"):
+        engine = make_engine("continuum", PROFILE, 0, BLOCKS)
+        try:
+            replay(trace, engine, hints=hints)
+            hinted[hints] = engine.scheduler.agent_policy.stats()["ttl_sources"].get("hint", 0)
+        finally:
+            engine.close()
+    assert hinted["none"] == 0
+    # online: only once a tool has 10 calls seen by the client; oracle: every call
+    assert 0 < hinted["online"] < hinted["oracle"]

@@ -1,0 +1,100 @@
+"""The scheduler's CPU time per step, per policy, at large batches.
+
+The policies add work to vLLM's `schedule()` (sorting the queue, asking about pins, a token
+budget); this measures how much, in the same in-process engine the benchmark uses. A burst of
+agent programs (short prompts, long answers, sub-second tool calls) keeps 128 or more turns
+running; only steps that start with at least `--min-running` running requests count. The
+figure is `PolicyScheduler.sched_cpu_seconds` (process CPU time inside `schedule()`, vLLM's own
+work included), divided by those steps, and its ratio to `vllm`'s.
+
+    .venv/bin/python eval/sched_overhead.py [--programs 320] [--min-running 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from eval.replay import replay
+from eval.traces import Program, Trace, Turn
+from harness.atomic import write_json_atomic
+from server.engine import VirtualEngine
+from server.policies import POLICIES
+
+
+def burst_trace(programs: int, turns: int = 3) -> Trace:
+    """Programs arriving within one second: 300-token prompts, 300-token answers, 0.5 s tools."""
+    def turn(i: int) -> Turn:
+        last = i == turns - 1
+        return Turn(input_tokens=300 if i == 0 else 20, output_tokens=300,
+                    tool=None if last else "search", tool_seconds=0.0 if last else 0.5,
+                    tool_return_tokens=0 if last else 60)
+
+    return Trace(name="burst", description="scheduler overhead burst", programs=[
+        Program(id=f"b{i:04d}", arrival_s=i / programs, turns=[turn(t) for t in range(turns)])
+        for i in range(programs)])
+
+
+class _Counting:
+    """Wraps an engine to time `schedule()` only in steps that begin with enough running."""
+
+    def __init__(self, engine: VirtualEngine, min_running: int) -> None:
+        self.engine = engine
+        self.min_running = min_running
+        self.cpu = 0.0
+        self.steps = 0
+        self.max_running = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def step(self) -> Any:
+        scheduler = self.engine.scheduler
+        running = len(scheduler.running)
+        self.max_running = max(self.max_running, running)
+        before = scheduler.sched_cpu_seconds
+        done = self.engine.step()
+        if running >= self.min_running:
+            self.cpu += scheduler.sched_cpu_seconds - before
+            self.steps += 1
+        return done
+
+
+def measure(policy: str, trace: Trace, min_running: int, profile: str) -> dict[str, Any]:
+    engine = VirtualEngine(policy=policy, profile=profile, seed=0)
+    try:
+        counting = _Counting(engine, min_running)
+        replay(trace, counting)
+    finally:
+        engine.close()
+    per_step = counting.cpu / counting.steps if counting.steps else float("nan")
+    return {"policy": policy, "steps": counting.steps, "max_running": counting.max_running,
+            "cpu_per_step_ms": per_step * 1e3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--programs", type=int, default=320)
+    parser.add_argument("--min-running", type=int, default=128)
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--profile", default="h100-llama-3.1-8b")
+    parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    trace = burst_trace(args.programs)
+    rows = [measure(p, trace, args.min_running, args.profile)
+            for p in args.policies.split(",")]
+    base = next((r["cpu_per_step_ms"] for r in rows if r["policy"] == "vllm"), None)
+    print(f"{'policy':<10} {'steps>=' + str(args.min_running):>10} {'max run':>8} "
+          f"{'ms/step':>8} {'x vllm':>7}")
+    for r in rows:
+        r["ratio_to_vllm"] = r["cpu_per_step_ms"] / base if base else None
+        ratio = f"{r['ratio_to_vllm']:.2f}" if base else "-"
+        print(f"{r['policy']:<10} {r['steps']:>10} {r['max_running']:>8} "
+              f"{r['cpu_per_step_ms']:>8.3f} {ratio:>7}")
+    if args.out:
+        write_json_atomic(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
