@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True,
                    help=f"{', '.join(TRACE_NAMES)} (generated) or a trace file (JSONL)")
     p.add_argument("--policies", default="vllm,continuum",
-                   help="comma-separated policies (default: vllm,continuum)")
+                   help="comma-separated policies (default: vllm,continuum); NAME+offload turns "
+                   "vLLM's CPU KV offloading on for a policy that does not need it, "
+                   "NAME@online|oracle replays client tool-duration predictions")
     p.add_argument("--programs", type=int, default=None,
                    help="programs to replay (default: 100 generated; all of a file)")
     p.add_argument("--jps", default=None,
@@ -100,7 +102,7 @@ def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise BenchError("--policies is empty; give e.g. vllm,continuum")
-    unknown = [p for p in names if split_policy(p)[0] not in POLICIES]
+    unknown = [p for p in names if _base_policy(split_policy(p)[0])[0] not in POLICIES]
     if unknown:
         raise BenchError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: "
                          f"{', '.join(sorted(POLICIES))}")
@@ -112,9 +114,19 @@ def _policies(text: str) -> list[str]:
 
 
 def split_policy(spec: str) -> tuple[str, str]:
-    """``continuum@online`` -> (``continuum``, ``online``); no @ -> hints ``none``."""
+    """``continuum+offload@online`` -> (``continuum+offload``, ``online``); no @ -> hints
+    ``none``. The name keeps ``+offload`` (see `make_engine`)."""
     name, _, hints = spec.partition("@")
     return name, hints or "none"
+
+
+def _base_policy(name: str) -> tuple[str, bool]:
+    """``vllm+offload`` -> (``vllm``, True): a policy with vLLM's CPU KV offloading turned on,
+    so a policy that does not need it can be compared on the same memory as one that does."""
+    base, plus, extra = name.partition("+")
+    if plus and extra != "offload":
+        raise BenchError(f"policy {name!r}: the only suffix is +offload")
+    return base, bool(plus)
 
 
 def _loads(text: str | None, trace: str) -> list[float | None]:
@@ -243,13 +255,18 @@ def _jps_label(x: float | None) -> str:
 
 
 def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None) -> Any:
-    """A fresh virtual-time engine; a small --num-gpu-blocks also caps the context length
-    (vLLM refuses a max_model_len that the KV cache cannot hold)."""
+    """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``); a small
+    --num-gpu-blocks also caps the context length (vLLM refuses a max_model_len that the KV
+    cache cannot hold)."""
     from server.engine import VirtualEngine
 
+    from harness.serve import DEFAULT_OFFLOAD_GIB
+
     max_len = 32768 if num_gpu_blocks is None else min(32768, 16 * (num_gpu_blocks - 1))
-    return VirtualEngine(policy=policy, profile=profile, seed=seed, max_model_len=max_len,
-                         num_gpu_blocks=num_gpu_blocks)
+    name, offload = _base_policy(policy)
+    return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
+                         num_gpu_blocks=num_gpu_blocks,
+                         offload_gib=DEFAULT_OFFLOAD_GIB if offload else None)
 
 
 def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: int | None,

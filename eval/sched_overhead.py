@@ -5,7 +5,9 @@ budget); this measures how much, in the same in-process engine the benchmark use
 agent programs (short prompts, long answers, sub-second tool calls) keeps 128 or more turns
 running; only steps that start with at least `--min-running` running requests count. The
 figure is `PolicyScheduler.sched_cpu_seconds` (process CPU time inside `schedule()`, vLLM's own
-work included), divided by those steps, and its ratio to `vllm`'s.
+work included), divided by those steps, and its ratio to `vllm`'s and to `vllm+offload`'s (stock
+vLLM with KV offloading on: the baseline for the policies that turn offloading on, whose
+connector's scheduler side also runs inside `schedule()`).
 
     .venv/bin/python eval/sched_overhead.py [--programs 320] [--min-running 128]
 """
@@ -18,6 +20,7 @@ from typing import Any
 from eval.replay import replay
 from eval.traces import Program, Trace, Turn
 from harness.atomic import write_json_atomic
+from harness.serve import DEFAULT_OFFLOAD_GIB
 from server.engine import VirtualEngine
 from server.policies import POLICIES
 
@@ -61,7 +64,12 @@ class _Counting:
 
 
 def measure(policy: str, trace: Trace, min_running: int, profile: str) -> dict[str, Any]:
-    engine = VirtualEngine(policy=policy, profile=profile, seed=0)
+    """`policy` may be ``vllm+offload``: stock vLLM with the native KV offloading connector on,
+    the fair baseline for the policies that need offloading (its scheduler side runs inside
+    `schedule()` and is vLLM's cost, not the policy's)."""
+    name, _, offload = policy.partition("+")
+    engine = VirtualEngine(policy=name, profile=profile, seed=0,
+                           offload_gib=DEFAULT_OFFLOAD_GIB if offload else None)
     try:
         counting = _Counting(engine, min_running)
         replay(trace, counting)
@@ -77,7 +85,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--programs", type=int, default=320)
     parser.add_argument("--min-running", type=int, default=128)
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    default = ["vllm", "vllm+offload", *(p for p in POLICIES if p != "vllm")]
+    parser.add_argument("--policies", default=",".join(default),
+                        help="policies; vllm+offload is stock vLLM with KV offloading on")
     parser.add_argument("--profile", default="h100-llama-3.1-8b")
     parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -85,13 +95,18 @@ def main() -> None:
     rows = [measure(p, trace, args.min_running, args.profile)
             for p in args.policies.split(",")]
     base = next((r["cpu_per_step_ms"] for r in rows if r["policy"] == "vllm"), None)
-    print(f"{'policy':<10} {'steps>=' + str(args.min_running):>10} {'max run':>8} "
-          f"{'ms/step':>8} {'x vllm':>7}")
+    base_offload = next((r["cpu_per_step_ms"] for r in rows if r["policy"] == "vllm+offload"),
+                        None)
+    print(f"{'policy':<12} {'steps>=' + str(args.min_running):>10} {'max run':>8} "
+          f"{'ms/step':>8} {'x vllm':>7} {'x vllm+offload':>15}")
     for r in rows:
         r["ratio_to_vllm"] = r["cpu_per_step_ms"] / base if base else None
+        r["ratio_to_vllm_offload"] = (r["cpu_per_step_ms"] / base_offload if base_offload
+                                      else None)
         ratio = f"{r['ratio_to_vllm']:.2f}" if base else "-"
-        print(f"{r['policy']:<10} {r['steps']:>10} {r['max_running']:>8} "
-              f"{r['cpu_per_step_ms']:>8.3f} {ratio:>7}")
+        ratio_offload = f"{r['ratio_to_vllm_offload']:.2f}" if base_offload else "-"
+        print(f"{r['policy']:<12} {r['steps']:>10} {r['max_running']:>8} "
+              f"{r['cpu_per_step_ms']:>8.3f} {ratio:>7} {ratio_offload:>15}")
     if args.out:
         write_json_atomic(args.out, rows)
 

@@ -115,6 +115,7 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     (["--trace", "swe", "--policies", "vllm,bogus"], "unknown policy 'bogus'"),
     (["--trace", "swe", "--jps", "fast"], "--jps"),
     (["--trace", "swe", "--policies", "continuum@psychic"], "unknown hints"),
+    (["--trace", "swe", "--policies", "vllm+gpu"], "only suffix is +offload"),
     (["--trace", "swe", "--policies", "vllm,continuum", "--url", "http://127.0.0.1:9"],
      "one running server"),
     (["--trace", "swe", "--time-scale", "0"], "--time-scale"),
@@ -143,3 +144,13 @@ def test_client_hints_reach_continuum(trace):
     assert hinted["none"] == 0
     # online: only once a tool has 10 calls seen by the client; oracle: every call
     assert 0 < hinted["online"] < hinted["oracle"]
+
+
+def test_offload_suffix_gives_a_policy_the_cpu_tier(trace, results):
+    """`vllm+offload`: the same decisions as `vllm`, plus vLLM's CPU KV offloading, so what
+    the small GPU cache evicts comes back over PCIe instead of being recomputed."""
+    offloaded = _replay("vllm+offload", trace)
+    recomputed = sum(t.recomputed_tokens for p in offloaded.programs.values() for t in p.turns)
+    baseline = sum(t.recomputed_tokens for p in results["vllm"].programs.values()
+                   for t in p.turns)
+    assert recomputed < baseline / 2
