@@ -69,11 +69,16 @@ def approx_tokens(text: str) -> int:
 
 
 def tool_started(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
-                 argument: str) -> Source:
+                 argument: str, text_model: Any = None) -> Source | str:
     """`tool_start` for the duration key `tool` ("bash:pytest", "calculator"), with the mean
     duration of the chain's chosen level as `predicted_s` when that level is the command class
-    or the tool (at least `min_samples` calls), else none; returns the level."""
+    or the tool (at least `min_samples` calls). Before that, a text model
+    (`predictor.lengths.LengthPredictor`, if given) predicts from the call itself (its cheap
+    baseline, which is the better duration model on our data); returns where it came from."""
     source, predicted = durations.client_prediction(tool)
+    if predicted is None and text_model is not None:
+        head, _, _ = tool.partition(":")
+        source, predicted = "text", text_model.predict_call(head, argument, model="baseline")
     events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
                 summary=argument[:200])
     return source
@@ -92,7 +97,11 @@ def tool_ended(events: EventSink, durations: ToolDurationModel, program_id: str,
 
 class Agent:
     def __init__(self, client: ChatClient, events: EventClient, durations: ToolDurationModel,
-                 out_dir: Path, limits: Limits | None = None) -> None:
+                 out_dir: Path, limits: Limits | None = None, text_model: Any = None) -> None:
+        """`text_model`: a `predictor.lengths.LengthPredictor` that adds each request's
+        predicted output length to its hints (AugServe's stage-I input) and predicts tool
+        durations the duration chain cannot yet answer; None sends neither."""
+        self.text_model = text_model
         self.client = client
         self.events = events
         self.durations = durations
@@ -128,6 +137,8 @@ class Agent:
                     traj.status = "replay_exhausted"
                     return
                 hints["emulate_text"] = text
+            if self.text_model is not None:
+                hints.update(self.text_model.hints(traj.messages))
             completion = await self.client.complete(traj.messages, program_id=traj.program_id,
                                                     max_tokens=self.limits.max_tokens,
                                                     hints=hints)
@@ -170,7 +181,8 @@ class Agent:
                                f"{', '.join(sorted(toolbox.actions))}", ok=False)
         # the events' schema caps `tool` at 128 characters; a long class keeps its "tool:" head
         event_tool = (toolbox.event_tool(tool, argument) if toolbox.event_tool else tool)[:128]
-        tool_started(self.events, self.durations, traj.program_id, event_tool, argument)
+        tool_started(self.events, self.durations, traj.program_id, event_tool, argument,
+                     self.text_model)
         started = time.monotonic()
         try:
             observation = await fn(argument)

@@ -49,6 +49,12 @@ def _profile(args: argparse.Namespace) -> int:
     return profile_gpu.main(args.profile_args)
 
 
+def _predictor(args: argparse.Namespace) -> int:
+    from predictor import cli as predictor_cli
+
+    return predictor_cli.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -92,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("profile_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_profile)
+
+    from predictor import cli as predictor_cli
+
+    p = sub.add_parser("predictor", help="train / evaluate the output-length and tool-duration "
+                                         "predictor")
+    predictor_cli.add_arguments(p)
+    p.set_defaults(func=_predictor)
     return parser
 
 

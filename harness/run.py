@@ -108,15 +108,28 @@ def load_replays(bench: Benchmark, tasks: list[Task], spec: ModelSpec) -> dict[s
     return {t.id: load_replay(directory, t.id) for t in tasks}
 
 
+def load_text_model(directory: str | None) -> Any:
+    """The `--predictor` model, loaded before any server starts so a bad path fails fast."""
+    if directory is None:
+        return None
+    from predictor.lengths import LengthPredictor, PredictorError
+
+    try:
+        return LengthPredictor.load(directory)
+    except (PredictorError, OSError) as exc:
+        raise RunError(f"--predictor {directory}: {exc}") from None
+
+
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
-                  console: Console) -> dict[str, int]:
+                  console: Console, text_model: Any = None) -> dict[str, int]:
     client = ChatClient(base_url, model)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
     async with EventClient(base_url) as events:
-        agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits)
+        agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits,
+                      text_model)
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("passed {task.fields[passed]}"), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=False) as progress:
@@ -200,6 +213,10 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="skip tasks already finished in --out")
     parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--predictor", default=None, metavar="DIR",
+                        help="a model from `harness predictor train`: each request then "
+                        "carries its predicted output length, and tool calls a prediction "
+                        "before the harness has durations of its own")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
                        "replay:DIR or a model PATH)")
     model = spec.value if spec.kind == "name" else EMULATED_MODEL
     replays = load_replays(bench, todo, spec)
+    text_model = load_text_model(args.predictor)
     started = time.monotonic()
     limits = Limits(max_steps=args.max_steps)
     with contextlib.ExitStack() as stack:
@@ -247,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             if spec.kind == "path":
                 model = Path(spec.value).name
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
-                                     args.concurrency, limits, console)) if todo \
+                                     args.concurrency, limits, console, text_model)) if todo \
             else {"sent": 0, "dropped": 0}
         received = server_events_received(base_url)
     summary = build_summary(bench, args.policy, tasks, out, events, model,

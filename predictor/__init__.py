@@ -1,6 +1,6 @@
 """Predictors the harness and the serving policies share: how long a tool call will take
-(`predictor.durations`), and later how long a turn's output will be.
-
-Pure Python on purpose (no vLLM, no torch): the same estimators run inside the scheduler, in the
-client that sends hints, in the virtual-time benchmark and in unit tests.
+(`predictor.durations`: empirical CDFs per command class and tool, pure Python so the same code
+runs inside the scheduler), and how long a turn's answer will be and how long its tool call will
+take from the request's text (`predictor.lengths`: AugServe's BERT classifier and regressor, with
+a numpy TF-IDF baseline; torch only when the neural model is used).
 """

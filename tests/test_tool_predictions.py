@@ -97,3 +97,68 @@ def test_a_long_class_is_cut_to_the_schema_limit(tmp_path) -> None:
     assert all(len(e["tool"]) == 128 and e["tool"].startswith("bash:x") for e in sink.events)
     for event in sink.events:
         EventIn(**event)
+
+
+def _text_model():
+    """A baseline-only predictor (no torch) learnt from requests whose wording decides the
+    reply length and whose tool decides the call's duration."""
+    from predictor.data import Example
+    from predictor.lengths import train
+
+    examples = []
+    for i in range(60):
+        long = i % 2 == 0
+        tool = "slow" if i % 3 == 0 else "quick"
+        examples.append(Example(
+            text=f"user: please write a {'long essay' if long else 'one word'} reply {i}",
+            output_tokens=400 if long else 3, tool=tool, call=f"{tool} job {i}",
+            tool_seconds=8.0 if tool == "slow" else 0.05, group=f"g{i}"))
+    return train(examples, neural=False, seed=0)
+
+
+def test_text_model_predicts_what_the_chain_cannot_yet(tmp_path) -> None:
+    model = _text_model()
+    sink = Sink()
+    source = tool_started(sink, ToolDurationModel(), "p", "slow", "slow job 99", model)
+    assert source == "text"  # no durations yet: the chain has nothing better than the prior
+    assert sink.events[0]["predicted_s"] > 1.0  # the slow tool, not the quick one
+    EventIn(**sink.events[0])
+    durations = ToolDurationModel(min_samples=1)
+    durations.observe("slow", 2.0)
+    assert tool_started(sink, durations, "p", "slow", "slow job", model) == "tool"
+    assert sink.events[1]["predicted_s"] == 2.0  # the harness's own samples win
+
+
+def test_agent_sends_the_predicted_output_length_with_each_request(tmp_path) -> None:
+    class Client:
+        hints: list[dict] = []
+
+        async def complete(self, messages, program_id, max_tokens, hints):  # noqa: ANN001
+            self.hints.append(dict(hints))
+            return type("C", (), {"raw": {"choices": [{"message": {}}]}, "seconds": 0.0,
+                                  "prompt_tokens": 1, "completion_tokens": 1,
+                                  "cached_tokens": 0, "ttft_s": 0.0,
+                                  "text": "Action: finish[done]"})()
+
+    async def finish(argument: str) -> Observation:
+        return Observation("ok", done=True, answer=argument)
+
+    client = Client()
+    agent = Agent(client, Sink(), ToolDurationModel(), tmp_path,  # type: ignore[arg-type]
+                  text_model=_text_model())
+    for wording, expect_long in (("long essay", True), ("one word", False)):
+        messages = [{"role": "user", "content": f"please write a {wording} reply"}]
+        asyncio.run(agent.run("t", f"p-{wording}", "test", messages,
+                              ToolBox({"finish": finish})))
+        predicted = client.hints[-1]["predicted_output_tokens"]
+        assert (predicted > 100) if expect_long else (predicted < 20)
+
+
+def test_a_bad_predictor_path_fails_before_any_server_starts(tmp_path) -> None:
+    from harness.run import RunError, load_text_model
+
+    with pytest.raises(RunError, match="--predictor .*not a predictor directory"):
+        load_text_model(str(tmp_path))
+    assert load_text_model(None) is None
+    _text_model().save(tmp_path / "model")
+    assert load_text_model(str(tmp_path / "model")).backend == "baseline"

@@ -1,0 +1,219 @@
+"""`harness predictor train | eval | predict`: the output-length and tool-duration predictor.
+
+    harness predictor train [--data FILE] --out DIR [--epochs N] [--seed N] [--init CKPT]
+    harness predictor eval --model DIR [--data FILE] [--split auto|held-out|all]
+    harness predictor predict --model DIR TEXT...
+
+`train` splits the data by program with the seed (`predictor.data.split`), trains the TF-IDF
+ridge baseline and the BERT model on the training part and prints the held-out figures of the
+model, the baseline and the constant predictor. `eval` recomputes them; when `--data` is the
+file the model was trained on (same sha256) it evaluates the same held-out part, otherwise all
+of the file, and says which. Bad input ends with `harness: error: ...` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from predictor.data import DEFAULT_DATA, DataError, file_digest, load_examples, split
+
+HELD_OUT = 0.2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="predictor_command", required=True, metavar="ACTION")
+    t = sub.add_parser("train", help="train the BERT predictor and the baseline on a JSONL file",
+                       description="Train on the training split of --data; print held-out "
+                                   "figures. Data schema: predictor/data.py.")
+    t.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help="JSONL examples (default: %(default)s)")
+    t.add_argument("--out", type=Path, required=True, help="model directory to write")
+    t.add_argument("--epochs", type=int, default=8, help="BERT epochs (default: %(default)s)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seed of the split, the initial weights and the batch order")
+    t.add_argument("--held-out", type=float, default=HELD_OUT,
+                   help="share of the examples (whole programs) held out (default: %(default)s)")
+    t.add_argument("--init", type=Path, default=None,
+                   help="a BERT checkpoint directory (with its tokenizer) to start from")
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--threads", type=int, default=1,
+                   help="torch threads while training (default 1: the same weights everywhere)")
+    t.add_argument("--baseline-only", action="store_true",
+                   help="train only the TF-IDF ridge baseline (seconds, no torch)")
+    t.set_defaults(predictor_func=_train)
+
+    e = sub.add_parser("eval", help="print accuracy and MAE of a trained predictor",
+                       description="Evaluate --model on --data: the model's held-out split when "
+                                   "the file is the training file, else the whole file.")
+    e.add_argument("--model", type=Path, required=True, help="model directory")
+    e.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help="JSONL examples (default: %(default)s)")
+    e.add_argument("--split", choices=("auto", "held-out", "all"), default="auto",
+                   help="which examples: auto (held-out part if --data is the training file, "
+                        "else all), held-out, or all")
+    e.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    e.set_defaults(predictor_func=_eval)
+
+    p = sub.add_parser("predict", help="predict for request texts given on the command line")
+    p.add_argument("--model", type=Path, required=True, help="model directory")
+    p.add_argument("texts", nargs="+", metavar="TEXT")
+    p.set_defaults(predictor_func=_predict)
+
+
+def run(args: argparse.Namespace) -> int:
+    from predictor.lengths import PredictorError
+
+    try:
+        return int(args.predictor_func(args) or 0)
+    except (DataError, PredictorError, ValueError, OSError) as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# -- train ---------------------------------------------------------------------------------
+
+
+def _train(args: argparse.Namespace) -> int:
+    from predictor import lengths
+
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+    examples = load_examples(args.data)
+    train_set, held_out = split(examples, args.seed, args.held_out)
+    digest = file_digest(args.data)
+    print(f"data: {args.data} ({len(examples)} examples, sha256 {digest[:12]})")
+    print(f"split: seed {args.seed}, by program: {len(train_set)} training / "
+          f"{len(held_out)} held-out examples ({args.held_out:.0%} held out)")
+    info = {"data": str(args.data), "data_sha256": digest, "split_seed": args.seed,
+            "held_out": args.held_out}
+    started = time.perf_counter()
+    with _Progress(enabled=not args.baseline_only) as progress:
+        predictor = lengths.train(
+            train_set, epochs=args.epochs, seed=args.seed, neural=not args.baseline_only,
+            init=args.init, batch_size=args.batch_size, lr=args.lr, threads=args.threads,
+            progress=progress.update, info=info)
+    elapsed = time.perf_counter() - started
+    arch = predictor.info.get("architecture")
+    if arch:
+        print(f"model: BERT {arch['layers']} layers x {arch['hidden']} hidden, "
+              f"{arch['parameters'] / 1e6:.1f} M parameters, "
+              f"{'from ' + str(args.init) if args.init else 'trained from scratch'}; "
+              f"{args.epochs} epochs in {predictor.info['train_seconds']:.1f} s "
+              f"(baseline {predictor.info['baseline_seconds']:.1f} s)")
+    results = lengths.evaluate(predictor, held_out)
+    predictor.info["held_out_figures"] = results
+    predictor.info["total_train_seconds"] = round(elapsed, 1)
+    predictor.save(args.out)
+    _print_figures(results, f"held-out split (seed {args.seed}, {len(held_out)} examples)")
+    print(f"training took {elapsed:.1f} s; model written to {args.out}")
+    return 0
+
+
+class _Progress:
+    """A rich progress bar over the training steps (plain lines when not on a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar: Any = None
+        self.task: Any = None
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> _Progress:
+        if self.enabled and sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total} steps"),
+                                TimeElapsedColumn())
+            self.bar.__enter__()
+        return self
+
+    def update(self, state: dict[str, Any]) -> None:
+        text = f"epoch {state['epoch']}/{state['epochs']} loss {state['loss']:.3f}"
+        if self.bar is not None:
+            if self.task is None:
+                self.task = self.bar.add_task(text, total=state["steps"])
+            self.bar.update(self.task, completed=state["step"], description=text)
+        elif state["epoch_done"]:
+            print(f"  {text} ({time.perf_counter() - self.started:.0f} s)", flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+# -- eval ----------------------------------------------------------------------------------
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from predictor import lengths
+
+    predictor = lengths.LengthPredictor.load(args.model)
+    examples = load_examples(args.data)
+    digest = file_digest(args.data)
+    same = digest == predictor.info.get("data_sha256")
+    choice = args.split
+    if choice == "auto":
+        choice = "held-out" if same else "all"
+    if choice == "held-out":
+        if not same:
+            raise DataError(f"{args.data} is not the file {args.model} was trained on (sha256 "
+                            "differs), so its held-out split is unknown; use --split all")
+        seed = int(predictor.info.get("split_seed", 0))
+        _, chosen = split(examples, seed, float(predictor.info.get("held_out", HELD_OUT)))
+        title = f"held-out split (seed {seed}, {len(chosen)} of {len(examples)} examples)"
+    else:
+        chosen = examples
+        note = " (includes the training examples)" if same else ""
+        title = f"all {len(chosen)} examples of {args.data}{note}"
+    results = lengths.evaluate(predictor, chosen)
+    print(f"model: {args.model} ({predictor.backend}); data: {args.data}")
+    _print_figures(results, title)
+    if args.json is not None:
+        from harness.atomic import write_json_atomic
+
+        write_json_atomic(args.json, {"split": choice, "examples": len(chosen),
+                                      "figures": results})
+    return 0
+
+
+def _print_figures(results: dict[str, dict[str, float]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"predictor figures: {title}")
+    table.add_column("model")
+    for name in ("accuracy", "within one", "MAE tokens", "MAE s (call)", "MAE s (request)"):
+        table.add_column(name, justify="right")
+    for model, r in results.items():
+        table.add_row(model, f"{r['accuracy']:.3f}", f"{r['within_one']:.3f}",
+                      f"{r['mae_tokens']:.1f}",
+                      f"{r['mae_seconds_call']:.3f}" if "mae_seconds_call" in r else "-",
+                      f"{r['mae_seconds_request']:.3f}" if "mae_seconds_request" in r else "-")
+    Console(width=110).print(table)
+    any_row = next(iter(results.values()))
+    print(f"accuracy / within one / MAE tokens over {any_row['n']} requests; MAE s over the "
+          f"{any_row['n_timed']} with a measured tool call (call: from the call at tool_start; "
+          "request: from the request text alone)")
+
+
+# -- predict -------------------------------------------------------------------------------
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from predictor.buckets import bucket_label
+    from predictor.lengths import LengthPredictor
+
+    predictor = LengthPredictor.load(args.model)
+    for text, p in zip(args.texts, predictor.predict_many(args.texts), strict=True):
+        print(json.dumps({"text": text[:60], "bucket": p.bucket,
+                          "range": bucket_label(p.bucket, predictor.edges),
+                          "predicted_output_tokens": p.predicted_output_tokens,
+                          "predicted_seconds": round(p.predicted_seconds, 4)}))
+    return 0
