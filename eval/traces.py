@@ -67,6 +67,7 @@ from scipy import optimize, stats
 
 from eval.metrics import percentile
 from harness.atomic import atomic_write
+from harness.jsonl import json_lines
 
 FORMAT_NAME = "harness-trace"
 FORMAT_VERSION = 1
@@ -326,16 +327,7 @@ def parse_trace(lines: Iterable[str], origin: str = "<trace>") -> Trace:
     header: dict[str, Any] | None = None
     programs: list[Program] = []
     header_line = 0
-    for lineno, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = f"{origin}:{lineno}"
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(
-                f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
-            ) from None
+    for lineno, where, obj in json_lines(lines, origin, TraceFormatError):
         if not isinstance(obj, dict):
             raise TraceFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         if header is None:

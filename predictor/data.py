@@ -42,6 +42,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from harness.jsonl import json_lines
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_DIR = ROOT / "server" / "tokenizer"
 DATASETS = ROOT / "datasets"
@@ -202,15 +204,7 @@ def parse_example(obj: Any, where: str) -> Example:
 
 def parse_examples(lines: Iterable[str], origin: str = "<examples>") -> list[Example]:
     examples = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{origin}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") \
-                from None
+    for _, where, obj in json_lines(lines, origin, DataError):
         examples.append(parse_example(obj, where))
     if not examples:
         raise DataError(f"{origin}: no examples (the file is empty)")

@@ -3,12 +3,12 @@ recorded trajectories for the replay model, and scoring."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.agent import ToolBox
+from harness.jsonl import json_lines
 from harness.tools.base import Observation
 from harness.trajectory import Trajectory
 
@@ -33,15 +33,8 @@ class Task:
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise BenchmarkError(f"task file {path} does not exist")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise BenchmarkError(f"{path}:{number}: not JSON ({exc.msg})") from None
-    return rows
+    return [row for _, _, row in json_lines(path.read_text().splitlines(), str(path),
+                                            BenchmarkError)]
 
 
 async def finish(argument: str) -> Observation:
