@@ -158,3 +158,22 @@ def test_time_scale_shortens_arrivals_and_tools_only(trace):
     assert scale_trace(trace, 1.0) is trace
     with pytest.raises(ValueError, match="time_scale"):
         scale_trace(trace, 0.0)
+
+
+def test_harness_bench_over_http(server, tmp_path, capsys):
+    """`harness bench --url`: the same sweep and outputs, replayed against the running server."""
+    import json
+
+    from harness.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--trace", "swe", "--programs", "2", "--jps", "2", "--time-scale",
+                 "0.05", "--policies", "continuum", "--url", server.base_url,
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == f"http {server.base_url}" and summary["time_scale"] == 0.05
+    (row,) = summary["results"]
+    assert row["policy"] == "continuum" and row["programs"] == 2
+    assert row["prefix_hit_tokens"] > 0 and row["jct_mean_s"] > 0
+    assert math.isnan(row["pin_memory_share"])  # not visible over HTTP: not invented
+    assert "Wall-clock replay over HTTP" in (out / "report.md").read_text()
