@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.metrics import replay_metrics
+from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge
 from harness.atomic import atomic_path, write_text_atomic
 
@@ -62,6 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival gaps and tool durations by this (e.g. 0.1 for short "
                    "wall-clock runs); it changes the workload, not only the run time")
+    p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
+                   help=f"TTFT bound per turn for SLO attainment and goodput (default "
+                   f"{SLO.ttft_s:g} s)")
+    p.add_argument("--slo-tpot", type=float, default=SLO.tpot_s,
+                   help=f"time-per-output-token bound (default {SLO.tpot_s:g} s)")
     p.add_argument("--isolated-over-http", action="store_true",
                    help="with --url: measure isolated JCTs on the server (costs their sum in "
                    "wall time) instead of on the emulated profile")
@@ -80,12 +85,15 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError("--url replays against one running server: give --policies the "
                              "one policy it runs (a label for the results)")
         http = HttpTarget(args.url, args.model, args.isolated_over_http)
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
+        if not (value > 0 and math.isfinite(value)):
+            raise BenchError(f"{flag} must be a positive number of seconds, not {value}")
     if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
         raise BenchError(f"--time-scale must be a positive number, not {args.time_scale}")
     summary = bench(args.trace, policies, programs=args.programs,
                     jps=_loads(args.jps, args.trace), profile=args.profile, seed=args.seed,
                     out=out, num_gpu_blocks=args.num_gpu_blocks, console=console, http=http,
-                    time_scale=args.time_scale)
+                    time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot))
     print_table(summary, console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
                   f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
@@ -191,7 +199,8 @@ class HttpTarget:
 def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
           jps: Sequence[float | None], profile: str, seed: int, out: Path,
           num_gpu_blocks: int | None = None, console: Any = None,
-          http: HttpTarget | None = None, time_scale: float = 1.0) -> dict[str, Any]:
+          http: HttpTarget | None = None, time_scale: float = 1.0,
+          slo: SLO | None = None) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server.perf_model import load_profile
@@ -202,6 +211,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         raise BenchError(f"--profile {profile!r}: {exc}") from None
     from eval.http_replay import scale_trace
 
+    slo = slo or SLO()
     traces = {x: scale_trace(make_trace(trace_name, programs, x, seed), time_scale) for x in jps}
     first = next(iter(traces.values()))
     n = len(first)
@@ -226,7 +236,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
                 label = f"{policy} @ {_jps_label(x)} jobs/s"
                 task = progress.add_task(label, total=n)
                 row = _one_run(trace, policy, x, profile, seed, num_gpu_blocks, isolated, out,
-                               lambda k, t=task: progress.update(t, completed=k), http)
+                               lambda k, t=task: progress.update(t, completed=k), http, slo)
                 progress.update(task, completed=n)
                 rows.append(row)
     summary = {
@@ -237,6 +247,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "seed": seed,
         "num_gpu_blocks": num_gpu_blocks,
         "time_scale": time_scale,
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "mode": "virtual" if http is None else f"http {http.url}",
         "policies": list(policies),
         "jps": [x for x in jps],
@@ -289,7 +300,8 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
              num_gpu_blocks: int | None, isolated: dict[str, float], out: Path,
-             progress: Callable[[int], None], http: HttpTarget | None = None) -> dict[str, Any]:
+             progress: Callable[[int], None], http: HttpTarget | None = None,
+             slo: SLO | None = None) -> dict[str, Any]:
     from eval.replay import replay
 
     wall = time.perf_counter()
@@ -304,14 +316,14 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
             result = replay_over_http(trace, http.url, model=http.model, progress=progress)
         except HttpReplayError as exc:
             raise BenchError(str(exc)) from None
-        row.update(http_replay_metrics(result, isolated))
+        row.update(http_replay_metrics(result, isolated, slo))
     else:
         engine = make_engine(name, profile, seed, num_gpu_blocks)
         try:
             result = replay(trace, engine, progress=progress, hints=hints)
         finally:
             engine.close()
-        row.update(replay_metrics(result, isolated))
+        row.update(replay_metrics(result, isolated, slo))
     row["wall_s"] = time.perf_counter() - wall
     records = {
         "policy": policy, "jps": x,
@@ -333,7 +345,10 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("normalised_latency_mean", "JCT/isolated", "{:.2f}"),
             ("makespan_s", "makespan s", "{:.1f}"),
             ("throughput_programs_per_min", "programs/min", "{:.2f}"),
-            ("ttft_mean_s", "TTFT mean s", "{:.3f}"), ("queue_mean_s", "queue mean s", "{:.3f}"),
+            ("ttft_mean_s", "TTFT mean s", "{:.3f}"), ("tpot_mean_s", "TPOT mean s", "{:.4f}"),
+            ("queue_mean_s", "queue mean s", "{:.3f}"),
+            ("slo_attainment", "SLO attainment", "{:.3f}"),
+            ("goodput_turns_per_s", "goodput turns/s", "{:.2f}"),
             ("prefix_hit_rate", "hit rate", "{:.3f}"),
             ("pin_hit_rate", "pin hit rate", "{:.2f}"),
             ("recomputed_tokens", "recomputed tok", "{}"),
@@ -355,7 +370,9 @@ def report_markdown(summary: dict[str, Any]) -> str:
              f"{summary['programs']} programs, profile `{summary['profile']}`, seed "
              f"{summary['seed']}; isolated JCT mean {summary['isolated_jct_mean_s']:.2f} s "
              "(each program alone on the engine: the lower bound). "
-             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s.", "",
+             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s. SLO per turn: "
+             f"TTFT <= {summary['slo']['ttft_s']:g} s and TPOT <= {summary['slo']['tpot_s']:g} "
+             "s.", "",
              "| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
              "|" + "---|" * len(_COLUMNS)]
     for row in summary["results"]:

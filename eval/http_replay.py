@@ -169,15 +169,15 @@ def isolated_jcts_over_http(trace: Trace, url: str, *, model: str | None = None,
     return out
 
 
-def http_replay_metrics(result: HttpReplayResult,
-                        isolated: dict[str, float] | None = None) -> dict[str, Any]:
+def http_replay_metrics(result: HttpReplayResult, isolated: dict[str, float] | None = None,
+                        slo: Any = None) -> dict[str, Any]:
     """`replay_metrics` with what HTTP cannot see made explicit: ``preemptions`` from the
     server's counter (None without /metrics), ``pin_memory_share`` and
     ``sched_cpu_ms_per_step`` NaN, ``pins`` None; plus the server counters, event counts, URL,
     model and time scale."""
     from eval.metrics import replay_metrics
 
-    out = replay_metrics(result, isolated)
+    out = replay_metrics(result, isolated, slo)
     server = result.server
     out["preemptions"] = int(server["preemptions"]) if "preemptions" in server else None
     out["pin_memory_share"] = math.nan

@@ -1,9 +1,11 @@
-"""The one metrics module: latency summaries every report uses (JCT, TTFT, queueing)."""
+"""The one metrics module: latency summaries every report uses (JCT, TTFT, TPOT, queueing, SLO
+attainment and goodput)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -25,12 +27,58 @@ def summarize(values: Sequence[float], prefix: str) -> dict[str, float]:
             f"{prefix}_p95_s": percentile(values, 95), f"{prefix}_p99_s": percentile(values, 99)}
 
 
-def replay_metrics(result: Any, isolated: dict[str, float] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SLO:
+    """Per-turn latency bounds for SLO attainment and goodput (AugServe's effective throughput).
+
+    Defaults: TTFT <= 2 s (an agent waiting on its next step), TPOT <= 0.1 s (10 tokens/s, faster
+    than anyone reads a streamed answer); `harness bench --slo-ttft / --slo-tpot` change them.
+    """
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+    def met(self, turn: Any) -> bool:
+        """A turn meets the SLO when both its TTFT and its TPOT are within bounds."""
+        if turn.first_token is None or turn.finished is None:
+            return False
+        tpot = tpot_of(turn)
+        return (turn.first_token - turn.arrival <= self.ttft_s
+                and (tpot is None or tpot <= self.tpot_s))
+
+
+def tpot_of(turn: Any) -> float | None:
+    """Mean time per output token after the first (None for a one-token answer)."""
+    if turn.first_token is None or turn.finished is None or turn.output_tokens < 2:
+        return None
+    return (turn.finished - turn.first_token) / (turn.output_tokens - 1)
+
+
+def slo_metrics(programs: Sequence[Any], makespan: float, slo: SLO) -> dict[str, float]:
+    """SLO attainment per turn and per program (every turn met), and goodput: the turns and
+    programs that met it per unit of time."""
+    turns = [t for p in programs for t in p.turns]
+    met = [slo.met(t) for t in turns]
+    whole = [all(slo.met(t) for t in p.turns) for p in programs]
+    tpots = [x for x in (tpot_of(t) for t in turns) if x is not None]
+    return {
+        "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s,
+        "tpot_mean_s": sum(tpots) / len(tpots) if tpots else math.nan,
+        "slo_attainment": sum(met) / len(met) if met else math.nan,
+        "program_slo_attainment": sum(whole) / len(whole) if whole else math.nan,
+        "goodput_turns_per_s": sum(met) / makespan if makespan > 0 else math.nan,
+        "goodput_programs_per_min": 60.0 * sum(whole) / makespan if makespan > 0 else math.nan,
+    }
+
+
+def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
+                   slo: SLO | None = None) -> dict[str, Any]:
     """Everything the policy benchmark reports for one replay (an ``eval.replay.ReplayResult``)
     and, if given, each program's isolated JCT (alone on the engine, the lower bound).
 
     Per program: JCT (finish - arrival), normalised latency (JCT / isolated JCT). Per turn: TTFT
-    (first token - the time the request was due), queueing delay (admission - due). Totals:
+    (first token - the time the request was due), TPOT, queueing delay (admission - due), and
+    whether it met `slo` (attainment and goodput, see `SLO`). Totals:
     makespan (last finish - first arrival), throughput, prefix-cache hit tokens, recomputed
     tokens (computed for an earlier turn of the program but not found in the cache), preemptions,
     the time-weighted share of KV memory held by pins, scheduler CPU time per step.
@@ -54,6 +102,7 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None) -> dic
                           if t.first_token is not None], "ttft"))
     out.update(summarize([t.admitted - t.arrival for t in turns if t.admitted is not None],
                          "queue"))
+    out.update(slo_metrics(programs, makespan, slo or SLO()))
     if isolated:
         normalised = [p.jct / isolated[p.program_id] for p in programs
                       if isolated.get(p.program_id)]

@@ -97,7 +97,8 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     for row in summary["results"]:
         for key in ("jct_mean_s", "jct_p95_s", "throughput_programs_per_min", "ttft_mean_s",
                     "queue_mean_s", "prefix_hit_tokens", "recomputed_tokens", "preemptions",
-                    "pin_memory_share", "sched_cpu_ms_per_step", "normalised_latency_mean"):
+                    "pin_memory_share", "sched_cpu_ms_per_step", "normalised_latency_mean",
+                    "slo_attainment", "goodput_turns_per_s", "tpot_mean_s"):
             assert key in row
     report = (out / "report.md").read_text()
     assert "| vllm |" in report and "fastest" in report
@@ -119,6 +120,7 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     (["--trace", "swe", "--policies", "vllm,continuum", "--url", "http://127.0.0.1:9"],
      "one running server"),
     (["--trace", "swe", "--time-scale", "0"], "--time-scale"),
+    (["--trace", "swe", "--slo-tpot", "-1"], "--slo-tpot must be a positive"),
 ])
 def test_bench_cli_reports_bad_input_clearly(tmp_path, capsys, args, message):
     assert main(["bench", *args, "--out", str(tmp_path)]) == 2
@@ -154,3 +156,32 @@ def test_offload_suffix_gives_a_policy_the_cpu_tier(trace, results):
     baseline = sum(t.recomputed_tokens for p in results["vllm"].programs.values()
                    for t in p.turns)
     assert recomputed < baseline / 2
+
+
+def test_slo_attainment_and_goodput_by_hand():
+    from eval.metrics import SLO, slo_metrics
+    from eval.replay import ProgramRecord, TurnRecord
+
+    def turn(arrival, first, finished, tokens):
+        return TurnRecord("p", 0, arrival, first_token=first, finished=finished,
+                          output_tokens=tokens)
+
+    # TTFT 1 s, TPOT (5 - 1) / 40 = 0.1 s: met (bounds are inclusive)
+    ok = turn(0.0, 1.0, 5.0, 41)
+    # TTFT 3 s: missed; TPOT 0.05 s
+    late = turn(10.0, 13.0, 14.0, 21)
+    # TTFT 0.5 s, TPOT 2 / 10 = 0.2 s: missed
+    slow = turn(20.0, 20.5, 22.5, 11)
+    # a one-token answer has no TPOT: only TTFT counts
+    single = turn(30.0, 30.2, 30.2, 1)
+    a = ProgramRecord("a", 0.0, 14.0, [ok, late])
+    b = ProgramRecord("b", 20.0, 30.2, [slow])
+    c = ProgramRecord("c", 30.0, 30.2, [single])
+    m = slo_metrics([a, b, c], makespan=60.0, slo=SLO(ttft_s=2.0, tpot_s=0.1))
+    assert m["slo_attainment"] == 2 / 4  # ok and single
+    assert m["program_slo_attainment"] == 1 / 3  # only c met it on every turn
+    assert m["goodput_turns_per_s"] == 2 / 60.0
+    assert m["goodput_programs_per_min"] == 1.0
+    assert m["tpot_mean_s"] == pytest.approx((0.1 + 0.05 + 0.2) / 3)
+    # a looser TTFT bound admits `late`
+    assert slo_metrics([a, b, c], 60.0, SLO(ttft_s=3.0, tpot_s=0.1))["slo_attainment"] == 3 / 4
