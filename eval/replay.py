@@ -146,15 +146,12 @@ class ClientPredictions:
             raise ValueError(f"hints {mode!r}: choose one of {', '.join(HINT_MODES)}")
         self.mode = mode
         self.durations = ToolDurationModel()
-        self.sent = 0
 
     def predict(self, tool: str, seconds: float) -> float | None:
         """`predicted_s` for a call of `tool` that will take `seconds`."""
         if self.mode == "none":
             return None
-        predicted = seconds if self.mode == "oracle" else self.durations.client_prediction(tool)[1]
-        self.sent += predicted is not None
-        return predicted
+        return seconds if self.mode == "oracle" else self.durations.client_prediction(tool)[1]
 
     def observe(self, tool: str, seconds: float) -> None:
         if self.mode == "online":

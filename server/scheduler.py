@@ -100,7 +100,6 @@ class PolicyScheduler(Scheduler):
         self.sched_cpu_seconds = 0.0
         self.sched_steps = 0
         self.events_received = 0
-        self.token_budget_sum = 0  # summed per-step budgets of adaptive policies (mean = /steps)
         self._events: EventReceiver | None = None
         address = os.environ.get(ENV_EVENTS_IPC) or None
         if address:
@@ -186,7 +185,6 @@ class PolicyScheduler(Scheduler):
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         budget = self.agent_policy.token_budget(free, self._pinned_blocks)
         self.max_num_scheduled_tokens = max(1, min(int(budget), self._configured_token_budget))
-        self.token_budget_sum += self.max_num_scheduled_tokens
 
     # -- retention ---------------------------------------------------------------------
     def _free_request_blocks(self, request: Request) -> None:
