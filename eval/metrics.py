@@ -57,10 +57,10 @@ def tpot_of(turn: Any) -> float | None:
 def slo_metrics(programs: Sequence[Any], makespan: float, slo: SLO) -> dict[str, float]:
     """SLO attainment per turn and per program (every turn met), and goodput: the turns and
     programs that met it per unit of time."""
-    turns = [t for p in programs for t in p.turns]
-    met = [slo.met(t) for t in turns]
-    whole = [all(slo.met(t) for t in p.turns) for p in programs]
-    tpots = [x for x in (tpot_of(t) for t in turns) if x is not None]
+    met_by_program = [[slo.met(t) for t in p.turns] for p in programs]
+    met = [m for program in met_by_program for m in program]
+    whole = [all(program) for program in met_by_program]
+    tpots = [x for x in (tpot_of(t) for p in programs for t in p.turns) if x is not None]
     return {
         "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s,
         "tpot_mean_s": sum(tpots) / len(tpots) if tpots else math.nan,

@@ -73,7 +73,9 @@ class SwapBudget:
     """
 
     def __init__(self, cost: CostModel) -> None:
-        self.cost = cost
+        # the cost model is linear in tokens apart from a fixed latency: probe it at a large size
+        probe = 100_000
+        self._per_token_s = cost.swap_seconds(probe) / probe
         self._step_at: float | None = None
         self.left = 0
 
@@ -86,11 +88,10 @@ class SwapBudget:
         self.left = self.tokens_in(interval)
 
     def tokens_in(self, seconds: float) -> int:
-        """Tokens one PCIe direction moves in `seconds` (the cost model is linear in tokens
-        apart from a fixed latency, so probe it at a large size)."""
-        probe = 100_000
-        per_token = self.cost.swap_seconds(probe) / probe
-        return int(seconds / per_token + 1e-6) if per_token > 0 else 1 << 30
+        """Tokens one PCIe direction moves in `seconds`."""
+        if self._per_token_s <= 0:
+            return 1 << 30
+        return int(seconds / self._per_token_s + 1e-6)
 
     def fits(self, tokens: int, now: float) -> bool:
         self._refresh(now)
