@@ -269,9 +269,8 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``); a small
     --num-gpu-blocks also caps the context length (vLLM refuses a max_model_len that the KV
     cache cannot hold)."""
-    from server.engine import VirtualEngine
-
     from harness.serve import DEFAULT_OFFLOAD_GIB
+    from server.engine import VirtualEngine
 
     max_len = 32768 if num_gpu_blocks is None else min(32768, 16 * (num_gpu_blocks - 1))
     name, offload = _base_policy(policy)

@@ -84,7 +84,7 @@ import httpx
 from eval.replay import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
 from eval.traces import Trace
 from harness.events_client import EventClient
-from harness.model_client import aiter_sse, usage_counts
+from harness.model_client import aiter_sse, api_root, usage_counts
 
 #: Counters read from the server's Prometheus ``/metrics`` before and after a replay (summed
 #: over label sets, e.g. engines); the result holds their differences under these names.
@@ -207,7 +207,7 @@ async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
     run_id = run_id or new_run_id()
     if not _RUN_ID.fullmatch(run_id):
         raise ValueError(f"run_id {run_id!r}: use 1-64 letters, digits, '-' or '_'")
-    base = base_url(url)
+    base = api_root(url)
     # no pool limit: a program waiting for a connection would be queueing the server never saw
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0, pool=None)
@@ -230,15 +230,6 @@ _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 def new_run_id() -> str:
     return secrets.token_hex(6)
-
-
-def base_url(url: str) -> str:
-    """``http://host:port`` from what a user types (``host:port``, ``.../v1``, a trailing /)."""
-    url = url.strip()
-    if "://" not in url:
-        url = "http://" + url
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 async def _probe(client: httpx.AsyncClient, base: str, model: str | None) -> str:

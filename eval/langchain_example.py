@@ -21,6 +21,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
 
 from harness.langchain import ChatHarness
+from harness.model_client import api_root
 from harness.server_process import ServerProcess
 
 
@@ -82,7 +83,7 @@ def main() -> None:
 
     def run(base_url: str) -> None:
         llm = ChatHarness(base_url=base_url, model=args.model, temperature=0, max_tokens=256)
-        counter = base_url.rstrip("/").removesuffix("/v1") + "/v1/agent/events"
+        counter = api_root(base_url) + "/v1/agent/events"
         before = httpx.get(counter, timeout=5).json().get("received")
         answer = run_agent(llm, None if args.free else RECORDED)
         llm.events.flush()

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from harness.model_client import api_root
+
 
 class EventSink(Protocol):
     """What emits events: `EventClient`, `BackgroundEventClient`."""
@@ -31,7 +33,7 @@ class EventSink(Protocol):
 class EventClient:
     def __init__(self, base_url: str, *, max_queue: int = 10_000, timeout_s: float = 2.0,
                  max_batch: int = 512) -> None:
-        self.url = base_url.rstrip("/") + "/v1/agent/events"
+        self.url = api_root(base_url) + "/v1/agent/events"
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_queue)
         self._timeout = timeout_s
         self._max_batch = max_batch

@@ -56,6 +56,7 @@ from harness.events_client import BackgroundEventClient, EventSink
 from harness.model_client import (
     ModelError,
     aiter_sse,
+    api_root,
     aretrying,
     chat_body,
     iter_sse,
@@ -84,12 +85,6 @@ def current_program() -> str | None:
 
 def new_program_id(prefix: str = "lc") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-def api_root(base_url: str) -> str:
-    """`http://host:port` from `http://host:port`, `.../`, `.../v1` or `.../v1/`."""
-    root = base_url.rstrip("/")
-    return root[:-3] if root.endswith("/v1") else root
 
 
 _shared: dict[str, BackgroundEventClient] = {}

@@ -45,7 +45,7 @@ class ChatClient:
     def __init__(self, base_url: str, model: str, *, api_key: str = "unused",
                  timeout_s: float = 600.0, max_retries: int = 4,
                  backoff_s: float = 0.5, stream: bool = True) -> None:
-        self.url = base_url.rstrip("/") + "/v1/chat/completions"
+        self.url = api_root(base_url) + "/v1/chat/completions"
         self.model = model
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -110,6 +110,15 @@ class ChatClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def api_root(url: str) -> str:
+    """`http://host:port` from what a user types for a server: `host:port`, `http://host:port`,
+    with or without a trailing `/` or `/v1`. Every client appends its own `/v1/...` path."""
+    root = url.strip().rstrip("/")
+    if "://" not in root:
+        root = "http://" + root
+    return root.removesuffix("/v1")
 
 
 def chat_body(model: str, messages: list[dict[str, Any]], *, program_id: str | None = None,

@@ -30,7 +30,7 @@ from harness.agent import Agent, Limits, Replay
 from harness.atomic import write_json_atomic
 from harness.benchmarks import Benchmark, BenchmarkError, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
-from harness.model_client import ChatClient
+from harness.model_client import ChatClient, api_root
 from harness.server_process import ServerProcess
 from predictor.durations import ToolDurationModel
 
@@ -158,7 +158,7 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
 
 def server_events_received(base_url: str) -> int | None:
     try:
-        return int(httpx.get(base_url.rstrip("/") + "/v1/agent/events", timeout=5)
+        return int(httpx.get(api_root(base_url) + "/v1/agent/events", timeout=5)
                    .json()["received"])
     except (httpx.HTTPError, KeyError, ValueError):
         return None
@@ -253,9 +253,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(max_steps=args.max_steps)
     with contextlib.ExitStack() as stack:
         if args.server:
-            base_url = args.server.rstrip("/")
-            if base_url.endswith("/v1"):
-                base_url = base_url[:-3]
+            base_url = api_root(args.server)
         else:
             serve_args = ["--model", spec.value] if spec.kind == "path" else []
             console.print(f"starting harness serve --policy {args.policy} ...")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from harness.events_client import EventClient
 from harness.server_process import free_port
 
@@ -51,3 +53,11 @@ def test_model_client_gives_a_clear_error_when_the_server_is_down():
 
     with pytest.raises(ModelError, match="unreachable"):
         asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("typed", ["127.0.0.1:8000", "http://127.0.0.1:8000/",
+                                   "http://127.0.0.1:8000/v1", " http://127.0.0.1:8000/v1/ "])
+def test_every_client_reads_a_server_url_the_same_way(typed):
+    from harness.model_client import api_root
+
+    assert api_root(typed) == "http://127.0.0.1:8000"
