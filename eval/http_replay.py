@@ -59,21 +59,18 @@ unscaled trace's JCTs. Its in-process counterpart is `eval.replay.replay` of
 ``scale_trace(trace, time_scale)``. ``tool_end`` reports the scaled seconds (what was actually
 slept), which is what the server's duration predictor then learns.
 
-From the command line::
+From the command line, through the benchmark (same outputs as a virtual-time sweep)::
 
-    python -m eval.http_replay --url http://127.0.0.1:8000 --trace swe --programs 20 \\
+    harness bench --url http://127.0.0.1:8000 --policies continuum --trace swe --programs 20 \\
         --jps 1 --time-scale 0.1
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import math
 import re
 import secrets
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -461,44 +458,3 @@ class _Driver:
             events_sent=sent, events_dropped=dropped, server=server,
             per_request_metrics=turns > 0 and self.timed == turns,
         )
-
-
-# -- command line ------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.http_replay", description=(
-        "Replay a trace against a running `harness serve` in wall-clock time and print the "
-        "metrics of `harness bench` as JSON."))
-    parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--trace", default="swe", help="trace name or JSONL file (default swe)")
-    parser.add_argument("--programs", type=int, default=None)
-    parser.add_argument("--jps", type=float, default=None, help="load in jobs/s (default 1 "
-                        "for a generated trace; a file keeps its arrivals)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="multiply arrival times and tool durations (changes the workload)")
-    parser.add_argument("--out", default=None, help="also write the metrics JSON here")
-    args = parser.parse_args(argv)
-    from eval.bench import TRACE_NAMES, make_trace
-
-    jps = args.jps if args.jps is not None or args.trace not in TRACE_NAMES else 1.0
-    trace = make_trace(args.trace, args.programs, jps, args.seed)
-    try:
-        result = replay_over_http(trace, args.url, model=args.model, time_scale=args.time_scale,
-                                  progress=lambda n: print(f"\r{n}/{len(trace)} programs",
-                                                           end="", file=sys.stderr))
-    except HttpReplayError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(file=sys.stderr)
-    text = json.dumps(http_replay_metrics(result), indent=1, allow_nan=True)
-    if args.out:
-        from harness.atomic import write_text_atomic
-
-        write_text_atomic(args.out, text + "\n")
-    print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
