@@ -20,7 +20,7 @@ from harness.events_client import EventClient, EventSink
 from harness.model_client import ChatClient, ModelError
 from harness.tools.base import Observation, Tool
 from harness.trajectory import Step, Trajectory, save
-from predictor.durations import Source, ToolDurationModel
+from predictor.durations import Source, ToolDurationModel, split_key
 
 ToolFn = Callable[[str], Awaitable[Observation]]
 
@@ -77,8 +77,8 @@ def tool_started(events: EventSink, durations: ToolDurationModel, program_id: st
     baseline, which is the better duration model on our data); returns where it came from."""
     source, predicted = durations.client_prediction(tool)
     if predicted is None and text_model is not None:
-        head, _, _ = tool.partition(":")
-        source, predicted = "text", text_model.predict_call(head, argument, model="baseline")
+        source, predicted = "text", text_model.predict_call(split_key(tool)[0], argument,
+                                                             model="baseline")
     events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
                 summary=argument[:200])
     return source
