@@ -12,8 +12,10 @@ object. The mechanisms added here:
   end, memory pressure (an allocation would fail: the policy's victim is unpinned and the
   allocation retried, so pins can never deadlock the engine), `reset_prefix_cache` and
   shutdown. Blocks are freed in reverse order so tail blocks are evicted first.
-* Ordering. For policies that reorder, the FCFS waiting deque is sorted by the policy's key once
-  per step, before vLLM's own admission loop runs over it.
+* Ordering. For policies that reorder, the FCFS waiting deque is put in the policy's order
+  (`order_waiting`: by default sorted by its key) once per step, before vLLM's own admission
+  loop runs over it; policies that order the running batch (`orders_running`) sort it too,
+  which decides whom vLLM preempts first.
 * Events. Agent events drained from the side channel (`server.events`) at the top of each step.
 """
 
@@ -97,8 +99,9 @@ class PolicyScheduler(Scheduler):
         self.pins: dict[str, Pin] = {}
         self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
         self.pin_stats = PinStats()
-        self.sched_cpu_seconds = 0.0
+        self.sched_cpu_seconds = 0.0  # time inside schedule() (single-threaded: its CPU time)
         self.sched_steps = 0
+        self.last_scheduled_tokens = 0  # of the latest step (`VirtualEngine` watches progress)
         self.events_received = 0
         self._events: EventReceiver | None = None
         address = os.environ.get(ENV_EVENTS_IPC) or None
@@ -108,7 +111,8 @@ class PolicyScheduler(Scheduler):
         self.agent_policy.configure(
             max_batch_tokens=self.max_num_scheduled_tokens,
             total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks,
-            block_size=self.block_size)
+            block_size=self.block_size,
+            host_tier=self.cache_config.kv_offloading_size is not None)
         self._allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_or_unpin  # type: ignore[method-assign]
         self._gate_offload_reloads()
@@ -134,7 +138,7 @@ class PolicyScheduler(Scheduler):
 
     # -- the step ----------------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[override]
-        started = time.process_time()
+        started = time.perf_counter()  # a vDSO read; process_time() is a syscall (6x dearer)
         now = clock().now()
         self.account_pins(now)
         if self._events is not None:
@@ -145,6 +149,9 @@ class PolicyScheduler(Scheduler):
             self._expire_pins(now)
         if self.agent_policy.reorders_queue and len(self.waiting) > 1:
             self._reorder_waiting(now)
+        if self.agent_policy.orders_running and len(self.running) > 1:
+            key = self.agent_policy.running_key
+            self.running.sort(key=lambda r: key(self.view(r), now))
         if self.agent_policy.adapts_token_budget:
             self._set_token_budget()
         output = super().schedule(*args, **kwargs)
@@ -157,7 +164,8 @@ class PolicyScheduler(Scheduler):
                 self.agent_policy.on_scheduled(view, now)
             if view.program_id in self.pins:
                 self._unpin(view.program_id, "handoff", now)
-        self.sched_cpu_seconds += time.process_time() - started
+        self.last_scheduled_tokens = int(output.total_num_scheduled_tokens)
+        self.sched_cpu_seconds += time.perf_counter() - started
         self.sched_steps += 1
         return output
 
@@ -174,10 +182,14 @@ class PolicyScheduler(Scheduler):
     def _reorder_waiting(self, now: float) -> None:
         if not isinstance(self.waiting, FCFSRequestQueue):
             return  # --scheduling-policy priority: vLLM's heap order stands
-        key = self.agent_policy.queue_key
-        ordered = sorted(self.waiting, key=lambda r: key(self.view(r), now))
+        requests = {r.request_id: r for r in self.waiting}
+        views = self.agent_policy.order_waiting([self.view(r) for r in self.waiting], now)
+        if len(views) != len(requests) or {v.request_id for v in views} != requests.keys():
+            # a request left out of the queue would never run: fail loudly instead
+            raise RuntimeError(f"policy {self.agent_policy.name!r}: order_waiting must return "
+                               "every waiting request once")
         self.waiting.clear()
-        self.waiting.extend(ordered)
+        self.waiting.extend(requests[v.request_id] for v in views)
 
     def _set_token_budget(self) -> None:
         """The policy's batch token limit for this step, clamped to what the model runner was
@@ -229,6 +241,9 @@ class PolicyScheduler(Scheduler):
             blocks = self._allocate_slots(request, *args, **kwargs)
             if blocks is not None or not self.pins:
                 return blocks
+            others_running = any(r is not request for r in self.running)
+            if not self.agent_policy.unpin_under_pressure(others_running):
+                return None  # vLLM preempts a running request (`running_key` order) or waits
             own = request.session_id
             others = [p for p in self.pins if p != own]
             victim = self.agent_policy.pin_victim(others) if others else own

@@ -15,6 +15,7 @@ import pytest
 
 from server.policies import make_policy
 from server.policies.base import AgentEvent, Hints, RequestView
+from server.policies.continuum import MIN_SAMPLES as K
 from server.policies.continuum import ContinuumPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,36 +58,38 @@ def ev(kind: str, program: str, **kw: object) -> AgentEvent:
 # -- the TTL --------------------------------------------------------------------------
 def test_ttl_with_a_known_cdf() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     # candidates {0, 0.5}: U(0) = 0, U(0.5) = P(d <= 0.5) * 3 - 0.5 = 1 * 3 - 0.5 = 2.5
     d = p.ttl_for("ls", 1000)
     assert (d.ttl, d.source, d.benefit, d.reload) == (0.5, "tool", 3.0, 2.0)
-    feed(p, "sleep", 30.0, 10)
+    feed(p, "sleep", 30.0, K)
     # candidates {0, 30}: U(30) = 1 * 3 - 30 = -27 < U(0) = 0, so no pin
     assert p.ttl_for("sleep", 1000).ttl == 0.0
 
 
 def test_ttl_picks_the_utility_maximum_of_a_two_point_cdf() -> None:
     p = policy()
-    feed(p, "grep", 1.0, 5)
-    feed(p, "grep", 10.0, 5)
+    feed(p, "grep", 1.0, K // 2)
+    feed(p, "grep", 10.0, K // 2)
     # B = 3: U(1) = 0.5 * 3 - 1 = 0.5, U(10) = 1 * 3 - 10 = -7 -> tau* = 1
     assert p.ttl_for("grep", 1000).ttl == 1.0
     # B = 25 (reload 24): U(1) = 12.5 - 1 = 11.5, U(10) = 25 - 10 = 15 -> tau* = 10
     p2 = policy(reload=24.0)
-    feed(p2, "grep", 1.0, 5)
-    feed(p2, "grep", 10.0, 5)
+    feed(p2, "grep", 1.0, K // 2)
+    feed(p2, "grep", 10.0, K // 2)
     assert p2.ttl_for("grep", 1000).ttl == 10.0
 
 
-def test_cold_start_chain_at_0_9_and_10_samples() -> None:
+def test_cold_start_chain_at_0_99_and_100_samples() -> None:
+    # the paper's K = 100 (it was 10 here before)
+    assert K == 100
     p = policy()
     assert p.ttl_for("ls", 1000).source == "prior"  # 0 samples
-    feed(p, "ls", 0.5, 9)
-    assert p.ttl_for("ls", 1000).source == "prior"  # 9: neither the tool nor all tools
+    feed(p, "ls", 0.5, 99)
+    assert p.ttl_for("ls", 1000).source == "prior"  # 99: neither the tool nor all tools
     feed(p, "ls", 0.5, 1)
-    assert p.ttl_for("ls", 1000).source == "tool"  # 10 of its own
-    # "cat" has none of its own: the CDF of all tools (ten 0.5 s calls), so tau* = 0.5
+    assert p.ttl_for("ls", 1000).source == "tool"  # 100 of its own
+    # "cat" has none of its own: the CDF of all tools (100 0.5 s calls), so tau* = 0.5
     d = p.ttl_for("cat", 1000)
     assert (d.source, d.ttl) == ("global", 0.5)
 
@@ -108,7 +111,7 @@ def test_fallback_reload_without_a_cost_model() -> None:
 
 def test_client_prediction_replaces_the_cdf() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     # predicted 2 s -> tau = 2 * 1.2 = 2.4 < B = 3: pin for 2.4 s
     d = p.ttl_for("ls", 1000, predicted_s=2.0)
     assert (d.ttl, d.source) == (pytest.approx(2.4), "hint")
@@ -118,7 +121,7 @@ def test_client_prediction_replaces_the_cdf() -> None:
 
 def test_on_finish_pins_and_sets_the_deadline() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     r = req("r1", "p1", 0.0, tool="ls")
     p.on_arrival(r, 0.0)
     assert p.on_finish(r, 4.0) is True
@@ -127,7 +130,7 @@ def test_on_finish_pins_and_sets_the_deadline() -> None:
     assert p.on_finish(req("r2", "p2", 0.0, tool="ls", last=True), 4.0) is False
     assert p.on_finish(req("r3", None, 0.0, tool="ls"), 4.0) is False
     # a long tool is not worth a pin
-    feed(p, "sleep", 30.0, 10)
+    feed(p, "sleep", 30.0, K)
     assert p.on_finish(req("r4", "p4", 0.0, tool="sleep"), 4.0) is False
     assert p.deadline("p4") is None
     stats = p.stats()
@@ -177,7 +180,7 @@ def test_eta_counts_a_program_once_when_it_ends_by_last_hint_and_event() -> None
 # -- expiry -----------------------------------------------------------------------------
 def test_expiry_is_held_while_the_next_turn_waits() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     r = req("r1", "p1", 0.0, tool="ls")
     p.on_arrival(r, 0.0)
     assert p.on_finish(r, 1.0)  # deadline 1.5
@@ -190,7 +193,7 @@ def test_expiry_is_held_while_the_next_turn_waits() -> None:
 
 def test_program_end_expires_immediately() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     r = req("r1", "p1", 0.0, tool="ls")
     assert p.on_finish(r, 1.0)
     p.on_event(ev("program_end", "p1"), 1.1)  # well within the TTL
@@ -202,8 +205,8 @@ def test_program_end_expires_immediately() -> None:
 
 def test_tool_start_recomputes_the_deadline_from_the_pin_time() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
-    feed(p, "sleep", 30.0, 10)
+    feed(p, "ls", 0.5, K)
+    feed(p, "sleep", 30.0, K)
     r = req("r1", "p1", 0.0)  # no tool hint: the chain has 20 samples in all ->
     # global CDF {0.5: 0.5, 30: 1}: U(0.5) = 0.5 * 3 - 0.5 = 1, U(30) = 3 - 30 -> tau* = 0.5
     p.on_arrival(r, 0.0)
@@ -220,7 +223,7 @@ def test_tool_start_recomputes_the_deadline_from_the_pin_time() -> None:
 
 def test_replaced_unpin_keeps_the_new_pin() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     assert p.on_finish(req("r1", "p1", 0.0, tool="ls"), 1.0)
     assert p.on_finish(req("r2", "p1", 1.0, tool="ls"), 2.0)  # the scheduler then...
     p.on_unpin("p1", "replaced", 2.0)  # ...releases the old pin
@@ -232,7 +235,7 @@ def test_replaced_unpin_keeps_the_new_pin() -> None:
 # -- ordering ---------------------------------------------------------------------------
 def test_queue_order_preempted_then_pinned_then_program_arrival() -> None:
     p = policy()
-    feed(p, "ls", 0.5, 10)
+    feed(p, "ls", 0.5, K)
     p.on_event(ev("program_start", "early"), 0.0)
     p.on_event(ev("program_start", "pinned"), 1.0)
     p.on_event(ev("program_start", "late"), 2.0)
@@ -295,7 +298,7 @@ def test_t_wait_samples_only_turns_that_arrived_without_a_pin() -> None:
     p.on_scheduled(r1, 12.0)  # waited 2 s after eviction
     assert p.t_wait() == 2.0
     # a turn that finds its pin waits too, but is not an eviction sample
-    feed(p, "ls", 0.05, 10)  # B = 2 s * 1 + 0.1 s; U(0.05) = 2.1 - 0.05 > 0: pin 0.05 s
+    feed(p, "ls", 0.05, K)  # B = 2 s * 1 + 0.1 s; U(0.05) = 2.1 - 0.05 > 0: pin 0.05 s
     r1b = req("p-1b", "p", 12.0, tool="ls")
     assert p.on_finish(r1b, 13.0)
     r2 = req("p-2", "p", 13.01)
@@ -312,7 +315,7 @@ def test_server_side_duration_fallback() -> None:
     p.on_finish(r0, 5.0)
     p.on_arrival(req("p-1", "p", 7.5), 7.5)  # no tool_end: the gap 7.5 - 5 is the duration
     assert p.durations.counts() == {"__global__": 1, "ls": 1}
-    assert p.durations.distribution("ls") is None  # 1 < 10 samples: still the prior
+    assert p.durations.distribution("ls") is None  # 1 < K samples: still the prior
     assert p.durations.own("ls").support()  # type: ignore[union-attr] == [2.5]
     # with a tool_end the reported seconds are used and the gap is not
     p.on_finish(req("p-1", "p", 7.5, tool="ls"), 8.0)
@@ -352,15 +355,15 @@ def test_hinted_prediction_lasts_until_a_tool_start_names_another_tool() -> None
 def test_tool_end_events_teach_the_command_class_chain() -> None:
     # B = 3 s. Durations arrive as tool_end events named the way the harness names them.
     p = policy()
-    for i in range(10):
+    for i in range(K):
         p.on_event(ev("tool_end", f"ls-{i}", tool="bash:ls", seconds=0.5), float(i))
-    assert p.durations.counts() == {"__global__": 10, "bash": 10, "bash:ls": 10}
+    assert p.durations.counts() == {"__global__": K, "bash": K, "bash:ls": K}
     # pytest never seen: bash's CDF (all 0.5 s), U(0.5) = 3 - 0.5 > 0
     d = p.ttl_for("bash:pytest", 1000)
     assert (d.ttl, d.source, d.tool) == (0.5, "tool", "bash:pytest")
-    for i in range(10):
+    for i in range(K):
         p.on_event(ev("tool_end", f"py-{i}", tool="bash:pytest", seconds=30.0), 20.0 + i)
-    # its own 10 samples now: U(30) = 3 - 30 < 0, no pin
+    # its own K samples now: U(30) = 3 - 30 < 0, no pin
     assert (p.ttl_for("bash:pytest", 1000).ttl, p.ttl_for("bash:pytest", 1000).source) == (
         0.0, "command")
     assert p.ttl_for("bash:ls", 1000).ttl == 0.5
@@ -386,3 +389,53 @@ def test_a_hint_for_the_tool_holds_for_its_command_class() -> None:
     assert p.on_finish(req("r3", "p3", 0.0, tool="bash:pytest", predicted_s=1.0), 10.0)
     p.on_event(ev("tool_start", "p3", tool="bash"), 10.1)
     assert p.deadline("p3") == pytest.approx(11.2)
+
+
+# -- reload from the host tier ----------------------------------------------------------
+class Linear:
+    """Prefill 0.1 ms per token, PCIe load 0.01 ms per token."""
+
+    def prefill_seconds(self, context_tokens: int) -> float:
+        return context_tokens * 1e-4
+
+    def swap_seconds(self, tokens: int) -> float:
+        return tokens * 1e-5
+
+
+def test_a_context_in_host_memory_reloads_over_pcie_not_by_re_prefill() -> None:
+    gpu_only = ContinuumPolicy(Linear(), t_wait_default_s=1.0)
+    tiered = ContinuumPolicy(Linear(), t_wait_default_s=1.0)
+    tiered.configure(max_batch_tokens=2048, total_blocks=1000, block_size=16, host_tier=True)
+    # 20 000 tokens: re-prefill 2 s, B = 1 + 2 = 3 -> prior tau* = ln 3;
+    # PCIe load 0.2 s, B = 1 + 0.2 = 1.2 -> tau* = ln 1.2 = 0.1823
+    assert gpu_only.ttl_for("ls", 20_000).reload == pytest.approx(2.0)
+    assert gpu_only.ttl_for("ls", 20_000).ttl == pytest.approx(math.log(3.0))
+    d = tiered.ttl_for("ls", 20_000)
+    assert (d.reload, d.benefit, d.ttl) == pytest.approx((0.2, 1.2, math.log(1.2)))
+    # a 2.5 s tool: worth pinning against a 3 s re-prefill (U = 3 - 2.5 = 0.5), not against
+    # a cheap load (U = 1.2 - 2.5 < 0)
+    for p in (gpu_only, tiered):
+        feed(p, "pytest", 2.5, K)
+    assert gpu_only.ttl_for("pytest", 20_000).ttl == 2.5
+    assert tiered.ttl_for("pytest", 20_000).ttl == 0.0
+    # no cost model: the documented fallbacks, 0.1 ms (prefill) or 4 us (load) per token
+    fallback = ContinuumPolicy()
+    fallback.configure(max_batch_tokens=2048, total_blocks=1000, block_size=16, host_tier=True)
+    assert fallback.ttl_for("ls", 20_000).reload == pytest.approx(0.08)
+
+
+# -- the authors' public-code pressure rule (continuum-code) -----------------------------
+def test_continuum_code_keeps_pins_while_others_run_and_orders_preemption() -> None:
+    p = make_policy("continuum-code")
+    assert isinstance(p, ContinuumPolicy) and p.orders_running
+    assert not p.unpin_under_pressure(others_running=True)  # vLLM preempts instead
+    assert p.unpin_under_pressure(others_running=False)  # nothing runs: give a pin up
+    assert make_policy("continuum").unpin_under_pressure(others_running=True)  # the paper
+    for pid, t in (("a", 0.0), ("b", 1.0), ("c", 2.0)):
+        p.on_event(ev("program_start", pid), t)
+    running = [req("c-0", "c", 5.0), req("a-3", "a", 6.0), req("b-9", "b", 4.0, last=True),
+               req("b-2", "b", 3.0)]
+    # last steps first (spared), then program arrival a < b < c: vLLM preempts from the end,
+    # so c's turn goes first, then b's non-last turn, then a's; b's last step goes last
+    ordered = sorted(running, key=lambda r: p.running_key(r, 7.0))
+    assert [r.request_id for r in ordered] == ["b-9", "a-3", "b-2", "c-0"]

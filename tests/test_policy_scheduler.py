@@ -13,7 +13,7 @@ import pytest
 from vllm_driver import Driver, make_scheduler
 
 from server.events import EventSender
-from server.policies.continuum import ContinuumPolicy
+from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
 
 BLOCK = 16
 
@@ -30,13 +30,14 @@ def events_address(tmp_path, monkeypatch):
     return address
 
 
-def continuum_driver(monkeypatch, t_wait_s: float = 5.0, **kw) -> Driver:
+def continuum_driver(monkeypatch, t_wait_s: float = 5.0, name: str = "continuum",
+                     **kw) -> Driver:
     """A driver whose policy believes queueing costs `t_wait_s` per evicted turn, and whose
     tool "ls" always takes 0.5 s: the utility model then pins for exactly 0.5 s."""
-    scheduler = make_scheduler("continuum", monkeypatch=monkeypatch, **kw)
-    policy = ContinuumPolicy(cost_model=scheduler.agent_policy.cost_model,
-                             t_wait_default_s=t_wait_s)
-    for _ in range(10):
+    scheduler = make_scheduler(name, monkeypatch=monkeypatch, **kw)
+    policy_cls: type[ContinuumPolicy] = type(scheduler.agent_policy)  # type: ignore[assignment]
+    policy = policy_cls(cost_model=scheduler.agent_policy.cost_model, t_wait_default_s=t_wait_s)
+    for _ in range(MIN_SAMPLES):
         policy.durations.observe("ls", 0.5)
     scheduler.agent_policy = policy
     return Driver(scheduler)
@@ -119,7 +120,7 @@ def test_unpin_on_program_end(monkeypatch, events_address):
 def test_tool_start_event_recomputes_ttl(monkeypatch, events_address):
     d = continuum_driver(monkeypatch)
     policy = d.scheduler.agent_policy
-    for _ in range(10):
+    for _ in range(MIN_SAMPLES):
         policy.durations.observe("pytest", 30.0)  # far longer than pinning is worth
     first_turn(d)
     assert "A" in d.scheduler.pins
@@ -153,11 +154,13 @@ def test_pinned_program_goes_before_older_unpinned_program(monkeypatch):
     assert [n.req_id for n in out.scheduled_new_reqs] == ["A-1"]
 
 
-@pytest.mark.parametrize("policy", ["vllm", "continuum", "discard", "preserve", "autellix"])
+@pytest.mark.parametrize("policy", ["vllm", "continuum", "continuum-code", "discard", "preserve",
+                                    "autellix", "infercept", "ampd"])
 def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, policy):
     rng = random.Random(7)
-    if policy == "continuum":
-        d = continuum_driver(monkeypatch, t_wait_s=2.0, num_blocks=96, max_num_seqs=8)
+    if policy.startswith("continuum"):
+        d = continuum_driver(monkeypatch, t_wait_s=2.0, name=policy, num_blocks=96,
+                             max_num_seqs=8)
     else:
         d = Driver(make_scheduler(policy, monkeypatch=monkeypatch, num_blocks=96,
                                   max_num_seqs=8))
@@ -190,5 +193,53 @@ def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, polic
     d.scheduler.schedule()
     assert not d.scheduler.pins
     assert d.free_blocks == d.total_blocks
-    if policy in ("continuum", "preserve"):
+    if policy in ("continuum", "continuum-code", "preserve"):
         assert d.scheduler.pin_stats.pinned > 0 and d.scheduler.pin_stats.handoff > 0
+
+
+def pressure_run(monkeypatch, name: str) -> Driver:
+    """A pinned (TTL 5 s) while B and C run and D's 200-token prompt does not fit.
+
+    24 blocks, 23 usable: A's pin 7 (103 tokens), B and C 3 each (48 tokens) -> 10 free < 13
+    for D."""
+    scheduler = make_scheduler(name, monkeypatch=monkeypatch, num_blocks=24)
+    policy = type(scheduler.agent_policy)(cost_model=scheduler.agent_policy.cost_model,
+                                          t_wait_default_s=50.0)
+    for _ in range(MIN_SAMPLES):
+        policy.durations.observe("ls", 5.0)  # B ~ 50 s: U(5) > 0, pin for 5 s
+    scheduler.agent_policy = policy
+    d = Driver(scheduler)
+    first_turn(d)
+    d.submit("B-0", prompt(3, 48), "B", max_tokens=300)
+    d.submit("C-0", prompt(4, 48), "C", max_tokens=300)
+    d.step()
+    d.submit("D-0", prompt(5, 200), "D", max_tokens=2)
+    d.step()
+    return d
+
+
+def test_continuum_gives_up_a_pin_on_any_failed_allocation(monkeypatch):
+    d = pressure_run(monkeypatch, "continuum")
+    assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.pressure == 1
+    assert "D-0" in {r.request_id for r in d.scheduler.running}
+
+
+def test_continuum_code_preempts_the_latest_program_and_keeps_the_pin(monkeypatch):
+    d = pressure_run(monkeypatch, "continuum-code")
+    assert "A" in d.scheduler.pins and d.scheduler.pin_stats.pressure == 0
+    assert "D-0" not in {r.request_id for r in d.scheduler.running}  # waits: B and C run
+    # A's next turn finds its pin (reused blocks) and is admitted last: vLLM alone would
+    # preempt it first (the end of its running list); the rule preempts C's instead
+    d.submit("A-1", list(d.turns["A-0"].request.all_token_ids) + prompt(2, 8), "A", max_tokens=300)
+    d.step()
+    assert [r.request_id for r in d.scheduler.running] == ["B-0", "C-0", "A-1"]  # admitted
+    d.step()  # sorted at the top of the next step: program arrival A < B < C
+    assert [r.request_id for r in d.scheduler.running] == ["A-1", "B-0", "C-0"]
+    requests = d.scheduler.requests
+    for _ in range(300):  # the three grow until a decode finds no free block
+        d.step()
+        if any(r.num_preemptions for r in requests.values()):
+            break
+    preempted = [rid for rid, r in requests.items() if r.num_preemptions]
+    assert preempted == ["C-0"]  # the latest-arrived program's running request
+    assert d.scheduler.pin_stats.pressure == 0  # no pin was given up while others ran

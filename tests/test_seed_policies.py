@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from vllm_driver import Driver, make_scheduler
 
 from server.policies import AgentEvent, Hints, RequestView, make_policy
@@ -55,6 +56,43 @@ def test_autellix_levels_and_least_attained_service_first():
     assert p.queue_key(b1, 22.0) < p.queue_key(a1, 22.0)  # B attained less, despite arriving later
     # starvation guard: A has waited more than max(10 s, 2 x 3 s) -> level 0, and A arrived first
     assert p.queue_key(a1, 31.0) < p.queue_key(b1, 31.0)
+
+
+def test_autellix_demotes_a_running_program_when_it_crosses_a_boundary():
+    p = make_policy("autellix")
+    # A arrived at 0 and already attained 0.3 s (a finished turn); B arrived at 1, new
+    a0 = view("a0", "A", 0.0)
+    p.on_arrival(a0, 0.0)
+    p.on_scheduled(a0, 0.0)
+    p.on_finish(a0, 0.3)
+    a1, b0 = view("a1", "A", 9.0), view("b0", "B", 1.0)
+    p.on_arrival(b0, 1.0)
+    for r in (a1, b0):
+        p.on_scheduled(r, 10.0)  # both running from t = 10
+    # t = 10.1: A 0.3 + 0.1 = 0.4 s, B 0.1 s: both level 0, A first (earlier program)
+    assert p.attained("A", 10.1) == pytest.approx(0.4)
+    assert sorted([b0, a1], key=lambda r: p.running_key(r, 10.1)) == [a1, b0]
+    # t = 10.25: A 0.55 s >= Q0 = 0.5 -> level 1 while its turn runs; B 0.25 s, level 0.
+    # A drops behind B: served after it, and the first vLLM preempts (the end of the batch)
+    assert p.running_key(a1, 10.25)[0] == 1 and p.running_key(b0, 10.25)[0] == 0
+    assert sorted([a1, b0], key=lambda r: p.running_key(r, 10.25)) == [b0, a1]
+    # a waiting turn of A (a parallel call) sees the live service too: level 1
+    assert p.queue_key(view("a2", "A", 10.2), 10.25)[1] == 1
+    # the finished turn's service is kept: 0.3 + 0.5 = 0.8 s, and nothing runs any more
+    p.on_finish(a1, 10.5)
+    assert p.attained("A", 20.0) == pytest.approx(0.8)
+
+
+def test_autellix_in_the_scheduler_reorders_the_running_batch(monkeypatch):
+    d = Driver(make_scheduler("autellix", monkeypatch=monkeypatch, num_blocks=64))
+    d.submit("A-0", list(range(8, 40)), "A", max_tokens=100)
+    d.step()
+    d.submit("B-0", list(range(100, 132)), "B", max_tokens=100)
+    d.step()
+    assert [r.request_id for r in d.scheduler.running] == ["A-0", "B-0"]
+    d.scheduler.agent_policy.service["A"] = 0.49  # as if A had run 0.49 s before
+    d.step()  # A's running turn adds >= 0.01 s: 0.5 s, level 1 -> behind B
+    assert [r.request_id for r in d.scheduler.running] == ["B-0", "A-0"]
 
 
 def test_preserve_in_the_scheduler_hands_off_and_releases_under_pressure(monkeypatch):

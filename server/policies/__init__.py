@@ -14,12 +14,14 @@ from server.policies.base import AgentEvent, CostModel, Hints, Policy, RequestVi
 POLICIES: dict[str, str] = {
     "vllm": "server.policies.vllm:VllmPolicy",
     "continuum": "server.policies.continuum:ContinuumPolicy",
+    "continuum-code": "server.policies.continuum_code:ContinuumCodePolicy",
     "discard": "server.policies.discard:DiscardPolicy",
     "swap": "server.policies.swap:SwapPolicy",
     "preserve": "server.policies.preserve:PreservePolicy",
     "autellix": "server.policies.autellix:AutellixPolicy",
     "infercept": "server.policies.infercept:InferCeptPolicy",
     "augserve": "server.policies.augserve:AugServePolicy",
+    "ampd": "server.policies.ampd:AMPDPolicy",
 }
 
 

@@ -102,18 +102,28 @@ class Policy:
     #: copy of computed blocks), so a turn can reload its context over PCIe (`reload_from_cpu`).
     needs_offload = False
 
+    #: When True the scheduler sorts its running batch by `running_key` every step: vLLM
+    #: gives token budget to running requests in that order and, when memory runs out,
+    #: preempts from its end (FCFS scheduling; under `--scheduling-policy priority` vLLM's own
+    #: priority order picks the victim).
+    orders_running = False
+
     def __init__(self, cost_model: CostModel | None = None) -> None:
         self.cost_model = cost_model
         #: The engine's limits, set by the scheduler through `configure` (defaults: vLLM's).
         self.max_batch_tokens = 8192
         self.total_blocks = 0
         self.block_size = 16
+        #: Whether the engine keeps a host-memory copy of computed KV (vLLM's native offloading)
+        self.host_tier = False
 
-    def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int) -> None:
+    def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int,
+                  host_tier: bool = False) -> None:
         """The engine's shape, known only once vLLM has sized its KV cache."""
         self.max_batch_tokens = max_batch_tokens
         self.total_blocks = total_blocks
         self.block_size = block_size
+        self.host_tier = host_tier
 
     # -- lifecycle notifications -------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:
@@ -145,6 +155,13 @@ class Policy:
     def on_unpin(self, program_id: str, reason: UnpinReason, now: float) -> None:
         """The scheduler released a pin (for bookkeeping)."""
 
+    def unpin_under_pressure(self, others_running: bool) -> bool:
+        """An allocation failed while pins are held: True gives up a pin (`pin_victim`) and
+        retries; False lets the allocation fail, so vLLM preempts a running request or leaves
+        a waiting one waiting. Never False when `others_running` is False, or a pin could
+        block the engine for good."""
+        return True
+
     # -- offloading --------------------------------------------------------------------
     def reload_from_cpu(self, req: RequestView) -> bool:
         """Asked when the engine offloads and a waiting turn's context (past what the GPU
@@ -160,4 +177,15 @@ class Policy:
     # -- ordering ----------------------------------------------------------------------
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
         """Sort key for the waiting queue, smallest first (used when reorders_queue)."""
+        return (req.arrival_time,)
+
+    def order_waiting(self, waiting: list[RequestView], now: float) -> list[RequestView]:
+        """The waiting queue's new order, the same views rearranged (used when
+        reorders_queue). Default: sorted by `queue_key`; a policy whose order is not a sort
+        by a per-request key (AMPD compares orderings of a window) overrides this."""
+        return sorted(waiting, key=lambda req: self.queue_key(req, now))
+
+    def running_key(self, req: RequestView, now: float) -> tuple[float, ...]:
+        """Sort key for the running batch, smallest first; the largest is preempted first
+        (used when orders_running)."""
         return (req.arrival_time,)

@@ -11,15 +11,19 @@ Scheduling with KV Cache Time-to-Live", arXiv:2511.02230. Section names below ar
       B    = T_wait * eta + PrefillReload(ctx)
 
   Pinning for tau costs tau seconds of held memory; with probability P(d <= tau) the tool
-  returns in time and the next turn saves the reload (re-prefill) of its context plus the
-  queueing wait an evicted program would pay, weighted by eta. The utility is piecewise
-  linear between observed durations with upward jumps only at them, so the maximum is at 0 or
-  at an observed duration: that is why the candidates are exactly those.
+  returns in time and the next turn saves the reload of its context plus the queueing wait an
+  evicted program would pay, weighted by eta. The reload is what an evicted context costs to
+  bring back: a re-prefill, or, when the engine keeps a host-memory copy of the KV cache (vLLM's
+  native offloading; the paper's evaluation gives every system such a CPU tier, LMCache), a
+  PCIe load of the context, which the engine takes whenever it finds the copy. The utility is
+  piecewise linear between observed durations with upward jumps only at them, so the maximum
+  is at 0 or at an observed duration: that is why the candidates are exactly those.
 * Tool-duration modelling and cold start: P comes from an empirical CDF per tool; with fewer
-  than `min_samples` (10) samples of the tool, from all tools' CDF; with fewer than 10 samples
-  in all, from a prior d ~ Exp(mean m = 1 s). Under that prior U(tau) = B (1 - e^(-tau/m)) - tau
-  is concave with U'(tau) = (B/m) e^(-tau/m) - 1, so the maximiser is the closed form
-  tau* = max(0, m ln(B/m)), i.e. max(0, ln B) for m = 1 s (no pin unless B > 1 s).
+  than `min_samples` (K = 100, the paper's) samples of the tool, from all tools' CDF; with fewer
+  than K samples in all, from a prior d ~ Exp(mean m = 1 s). Under that prior
+  U(tau) = B (1 - e^(-tau/m)) - tau is concave with U'(tau) = (B/m) e^(-tau/m) - 1, so the
+  maximiser is the closed form tau* = max(0, m ln(B/m)), i.e. max(0, ln B) for m = 1 s (no pin
+  unless B > 1 s).
   We put one level in front of the tool (issue #7): a tool name of the form `tool:class`
   (`bash:pytest`, what the harness's SWE-bench agent sends) is first looked up as that command
   class, then as the tool `bash`; a plain name takes the paper's chain unchanged. Durations are
@@ -45,13 +49,17 @@ Constants (module level, stated once here):
   correlation is undefined.
 * `FALLBACK_PREFILL_S_PER_TOKEN = 1e-4` (0.1 ms per token): the reload cost when no cost model
   was given (the order of a 7-8B model's prefill on one datacentre GPU).
+* `FALLBACK_LOAD_S_PER_TOKEN = 4e-6` (4 us per token): the same for a load from host memory
+  (128 KiB of KV per token of an 8B model over ~32 GB/s of PCIe).
 * `PRIOR_MEAN_S = 1.0`: the mean of the Exp prior (see above).
 * `HINT_SLACK = 0.2`: when the client predicted the tool's duration p (hint `predicted_s` or a
   `tool_start` event's `predicted_s`), the prediction replaces the CDF: tau = p (1 + 0.2) if
   B > tau (the pin pays for itself if the prediction holds), else no pin. A harness extension,
   not in the paper; issue #7 refines it. A hint made for a tool holds until a `tool_start`
   names another call (a hint for `bash` survives `bash:pytest`, one for `bash:ls` does not).
-* `MIN_SAMPLES = 10`, `DURATION_WINDOW = 1000`: see `predictor.durations`.
+* `MIN_SAMPLES = 100`: K, the samples a level of the cold-start chain needs (the paper's K; the
+  client-side predictor keeps its own, smaller default). `DURATION_WINDOW = 1000`: see
+  `predictor.durations`.
 * `UNKNOWN_TOOL = "unknown"`: the tool name used when no hint or event named it.
 * A finish without a tool hint uses the program's previous interception's tool as its guess
   (agents often repeat a tool) until a `tool_start` names the real one and the pin's deadline
@@ -70,16 +78,17 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from predictor.durations import DEFAULT_MIN_SAMPLES, DEFAULT_WINDOW, ToolDurationModel, split_key
+from predictor.durations import DEFAULT_WINDOW, ToolDurationModel, split_key
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView, UnpinReason
 
 T_WAIT_WINDOW = 64
 T_WAIT_DEFAULT_S = 0.0
 ETA_DEFAULT = 1.0
 FALLBACK_PREFILL_S_PER_TOKEN = 1e-4
+FALLBACK_LOAD_S_PER_TOKEN = 4e-6
 PRIOR_MEAN_S = 1.0
 HINT_SLACK = 0.2
-MIN_SAMPLES = DEFAULT_MIN_SAMPLES
+MIN_SAMPLES = 100
 DURATION_WINDOW = DEFAULT_WINDOW
 UNKNOWN_TOOL = "unknown"
 ENDED_MEMORY = 65536
@@ -101,7 +110,7 @@ class TTLDecision:
     ttl: float
     source: TTLSource
     benefit: float  # B = T_wait * eta + reload, seconds
-    reload: float  # PrefillReload(ctx), seconds
+    reload: float  # PrefillReload(ctx): re-prefill, or PCIe load with a host tier, seconds
     tool: str
 
 
@@ -214,8 +223,8 @@ class _ConstantReload:
     def prefill_seconds(self, context_tokens: int) -> float:
         return FALLBACK_PREFILL_S_PER_TOKEN * max(0, context_tokens)
 
-    def swap_seconds(self, tokens: int) -> float:  # pragma: no cover - unused here
-        return 0.0
+    def swap_seconds(self, tokens: int) -> float:
+        return FALLBACK_LOAD_S_PER_TOKEN * max(0, tokens)
 
 
 class ContinuumPolicy(Policy):
@@ -256,6 +265,10 @@ class ContinuumPolicy(Policy):
         return self._eta.eta()
 
     def reload_seconds(self, context_tokens: int) -> float:
+        """What bringing an evicted context back costs: a PCIe load from the host tier when the
+        engine keeps one, else a re-prefill."""
+        if self.host_tier:
+            return float(self._reload_model.swap_seconds(context_tokens))
         return float(self._reload_model.prefill_seconds(context_tokens))
 
     def ttl_for(
