@@ -28,7 +28,7 @@ from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge
 from harness.atomic import atomic_path, write_text_atomic
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
-DEFAULT_JPS = {"swe": "0.5,1,2", "bfcl": "0.5,1,2", "mix": "0.5,1,2", "merge": "0.5,1,2"}
+DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
 TRACE_NAMES = (*sorted(TRACES), "merge")
 
 
@@ -39,19 +39,39 @@ class BenchError(ValueError):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True,
                    help=f"{', '.join(TRACE_NAMES)} (generated) or a trace file (JSONL)")
-    p.add_argument("--policies", default="vllm,continuum",
-                   help="comma-separated policies (default: vllm,continuum); NAME+offload turns "
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policies (default: vllm,continuum; with --cluster: each "
+                   "replica's own from the file); NAME+offload turns "
                    "vLLM's CPU KV offloading on for a policy that does not need it, "
                    "NAME@online|oracle replays client tool-duration predictions")
+    p.add_argument("--cluster", default=None, metavar="FILE",
+                   help="replay on the replicas of this cluster file (cluster/examples/) behind "
+                   "its router, in virtual time; --policies then replaces every replica's policy")
+    p.add_argument("--routers", default=None,
+                   help="with --cluster: comma-separated routing strategies to compare "
+                   "(default: the file's)")
     p.add_argument("--programs", type=int, default=None,
                    help="programs to replay (default: 100 generated; all of a file)")
     p.add_argument("--jps", default=None,
                    help="comma-separated loads in jobs/s (default: 0.5,1,2; a file keeps its "
                    "own arrivals unless given)")
+    p.add_argument("--concurrency", default=None,
+                   help="closed loop instead of arrivals: comma-separated numbers of programs "
+                   "running at once (a new one starts when one ends), e.g. 16,64")
+    p.add_argument("--steady", type=float, default=0.0, metavar="FRAC",
+                   help="leave the first and the last FRAC of programs (by start) out of the "
+                   "metrics: warm-up and cool-down (e.g. 0.1; default 0, all)")
     p.add_argument("--profile", default="h100-llama-3.1-8b", help="emulated GPU-MODEL profile")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
     p.add_argument("--num-gpu-blocks", type=int, default=None,
                    help="override the KV cache size in 16-token blocks (default: the profile's)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest conversation (prompt + output tokens) a replayed engine takes "
+                   "(default: the model's context, 131,072 for Llama-3.1; a small "
+                   "--num-gpu-blocks lowers it)")
+    p.add_argument("--too-long", choices=("error", "skip"), default="error",
+                   help="a program with a turn longer than that: stop before replaying, naming "
+                   "it (error, the default), or leave it out and say so (skip)")
     p.add_argument("--out", default=None, help="output folder (default runs/bench-TRACE)")
     p.add_argument("--url", default=None,
                    help="replay in wall-clock time over HTTP against this running `harness "
@@ -73,12 +93,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # keep the progress bar readable; restored after, so a caller's later servers still log
+    previous = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        return _run(args)
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+
+
+def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bar readable
     console = Console(stderr=True)
     out = Path(args.out or f"runs/bench-{Path(args.trace).stem}")
-    policies = _policies(args.policies)
+    cluster = None
+    if args.cluster:
+        if args.url:
+            raise BenchError("--cluster replays in virtual time; for a served cluster give "
+                             "--url the router of `harness cluster serve` instead")
+        cluster = ClusterRuns.from_args(args.cluster, args.routers, args.policies)
+        policies = cluster.labels()
+    else:
+        if args.routers:
+            raise BenchError("--routers compares routing strategies of a --cluster FILE")
+        policies = _policies(args.policies or "vllm,continuum")
     http = None
     if args.url:
         if len(policies) != 1:
@@ -90,10 +130,23 @@ def run(args: argparse.Namespace) -> int:
             raise BenchError(f"{flag} must be a positive number of seconds, not {value}")
     if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
         raise BenchError(f"--time-scale must be a positive number, not {args.time_scale}")
+    concurrency = None
+    if args.concurrency is not None:
+        if args.jps is not None:
+            raise BenchError("give either --jps (arrivals) or --concurrency (closed loop)")
+        if http is not None:
+            raise BenchError("--concurrency replays in virtual time; not with --url")
+        concurrency = _concurrency(args.concurrency)
+    if not (0.0 <= args.steady < 0.5):
+        raise BenchError(f"--steady {args.steady:g}: give a fraction in [0, 0.5)")
     summary = bench(args.trace, policies, programs=args.programs,
-                    jps=_loads(args.jps, args.trace), profile=args.profile, seed=args.seed,
+                    jps=[None] if concurrency else _loads(args.jps, args.trace),
+                    concurrency=concurrency, steady=args.steady,
+                    profile=args.profile, seed=args.seed,
                     out=out, num_gpu_blocks=args.num_gpu_blocks, console=console, http=http,
-                    time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot))
+                    time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot),
+                    cluster=cluster, max_model_len=args.max_model_len,
+                    too_long=args.too_long)
     print_table(summary, console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
                   f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
@@ -119,6 +172,60 @@ def _policies(text: str) -> list[str]:
         raise BenchError(f"unknown hints in {', '.join(map(repr, bad))}; after @ give one of: "
                          f"{', '.join(HINT_MODES)}")
     return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class ClusterRuns:
+    """What `--cluster FILE --routers A,B --policies P,Q` compares: the file's replicas under
+    each router, with every replica running each policy (or its own, if none are given)."""
+
+    config: Any  # cluster.config.ClusterConfig
+    runs: tuple[tuple[str, str, str | None], ...]  # (label, router, policy or None)
+
+    @classmethod
+    def from_args(cls, path: str, routers: str | None, policies: str | None) -> ClusterRuns:
+        from cluster.config import ClusterConfigError, load_cluster, parse_cluster
+
+        try:
+            config = load_cluster(path)
+        except ClusterConfigError as exc:
+            raise BenchError(str(exc)) from None
+        names = [r.strip() for r in (routers or config.router.strategy).split(",") if r.strip()]
+        for name in names:  # the file must make sense under every router asked for
+            data = config.model_dump()
+            data["router"]["strategy"] = name
+            try:
+                parse_cluster(data, f"{path} with router {name!r}")
+            except ClusterConfigError as exc:
+                raise BenchError(str(exc)) from None
+        wanted: list[str | None] = [None]
+        if policies:
+            wanted = list(_policies(policies))
+            if any(split_policy(p)[1] != "none" or _base_policy(p)[1] for p in wanted):
+                raise BenchError("--cluster: give plain policy names (set `offload_gib` per "
+                                 "replica in the cluster file; client hints are not replayed)")
+        runs = tuple((name if p is None else f"{name}:{p}", name, p)
+                     for name in dict.fromkeys(names) for p in wanted)
+        return cls(config, runs)
+
+    def labels(self) -> list[str]:
+        return [label for label, _, _ in self.runs]
+
+    def config_for(self, label: str) -> Any:
+        """The cluster file as run under `label` (its router, and the policy if replaced)."""
+        _, router, policy = next(r for r in self.runs if r[0] == label)
+        config = self.config.model_copy(deep=True)
+        config.router.strategy = router
+        if policy is not None:
+            for replica in config.replicas:
+                replica.policy = policy
+        return config
+
+    def isolated_profile(self) -> tuple[str, int | None]:
+        """Isolated JCTs are measured on the first replica that decodes (a program alone
+        there is the bound for any placement on a homogeneous cluster)."""
+        spec = next(r for r in self.config.replicas if r.role != "prefill")
+        return spec.profile, spec.num_gpu_blocks
 
 
 def split_policy(spec: str) -> tuple[str, str]:
@@ -150,6 +257,17 @@ def _loads(text: str | None, trace: str) -> list[float | None]:
     if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
         raise BenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
     return sorted(set(loads))
+
+
+def _concurrency(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise BenchError(f"--concurrency {text!r}: give whole numbers separated by commas, "
+                         "e.g. 16,64") from None
+    if not values or min(values) < 1:
+        raise BenchError(f"--concurrency {text!r}: at least one program must run at once")
+    return values
 
 
 def make_trace(name: str, programs: int | None, jps: float | None, seed: int) -> Trace:
@@ -200,7 +318,12 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
           jps: Sequence[float | None], profile: str, seed: int, out: Path,
           num_gpu_blocks: int | None = None, console: Any = None,
           http: HttpTarget | None = None, time_scale: float = 1.0,
-          slo: SLO | None = None) -> dict[str, Any]:
+          slo: SLO | None = None, cluster: ClusterRuns | None = None,
+          max_model_len: int | None = None, too_long: str = "error",
+          concurrency: Sequence[int] | None = None, steady: float = 0.0) -> dict[str, Any]:
+    """`concurrency`: closed-loop runs, one per value (then `jps` is ``[None]`` and only the
+    trace's programs and their order matter). `steady`: the share of programs left out of the
+    metrics at each end (by start time)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server.perf_model import load_profile
@@ -212,7 +335,20 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     from eval.http_replay import scale_trace
 
     slo = slo or SLO()
-    traces = {x: scale_trace(make_trace(trace_name, programs, x, seed), time_scale) for x in jps}
+    if cluster is not None:
+        profile, num_gpu_blocks = cluster.isolated_profile()
+    # closed loop: arrivals are not used, any rate gives the same programs in the same order
+    traces = {x: scale_trace(make_trace(trace_name, programs, 1.0 if concurrency else x, seed),
+                             time_scale) for x in jps}
+    loads: list[tuple[float | None, int | None]] = (
+        [(None, c) for c in concurrency] if concurrency else [(x, None) for x in jps])
+    skipped: list[str] = []
+    if http is None:  # a served engine answers a too-long request itself (HTTP 400)
+        traces, skipped = _fit_context(traces, cluster, profile, num_gpu_blocks, max_model_len,
+                                       too_long)
+        for line in skipped:
+            if console is not None:
+                console.print(f"[yellow]skipped[/yellow] {line}")
     first = next(iter(traces.values()))
     n = len(first)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,16 +365,24 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
             isolated = isolated_jcts_over_http(first, http.url, model=http.model,
                                                progress=iso_progress)
         else:
-            isolated = _isolated(first, profile, seed, out, num_gpu_blocks, iso_progress)
+            isolated = _isolated(first, profile, seed, out, num_gpu_blocks, iso_progress,
+                                 max_model_len)
         progress.update(iso_task, completed=n)
         for policy in policies:
-            for x, trace in traces.items():
-                label = f"{policy} @ {_jps_label(x)} jobs/s"
+            for x, closed in loads:
+                trace = traces[x]
+                label = f"{policy} @ {_load_text(x, closed)}"
                 task = progress.add_task(label, total=n)
                 row = _one_run(trace, policy, x, profile, seed, num_gpu_blocks, isolated, out,
-                               lambda k, t=task: progress.update(t, completed=k), http, slo)
+                               lambda k, t=task: progress.update(t, completed=k), http, slo,
+                               cluster, max_model_len, closed, steady)
                 progress.update(task, completed=n)
                 rows.append(row)
+                if console is not None and not console.is_terminal:  # a log file: one line a run
+                    console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
+                                  f"{row.get('jct_mean_s', math.nan):.2f} s, wall "
+                                  f"{row['wall_s']:.1f} s, "
+                                  f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
     summary = {
         "trace": trace_name,
         "trace_name": first.name,
@@ -246,11 +390,16 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "profile": profile,
         "seed": seed,
         "num_gpu_blocks": num_gpu_blocks,
+        "max_model_len": max_model_len,
+        "skipped_too_long": skipped,
         "time_scale": time_scale,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
         "mode": "virtual" if http is None else f"http {http.url}",
+        "cluster": None if cluster is None else cluster.config.model_dump(),
         "policies": list(policies),
         "jps": [x for x in jps],
+        "concurrency": list(concurrency) if concurrency else None,
+        "steady": steady,
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
         "wall_s": time.perf_counter() - started,
         "results": rows,
@@ -261,26 +410,100 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     return summary
 
 
-def _jps_label(x: float | None) -> str:
+def _jps_label(x: float | None, closed: int | None = None) -> str:
+    """A load as it appears in file names: jobs/s, ``trace`` (its own arrivals) or
+    ``closedN`` (closed loop, N at once)."""
+    if closed is not None:
+        return f"closed{closed}"
     return "trace" if x is None else f"{x:g}"
 
 
-def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None) -> Any:
-    """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``); a small
-    --num-gpu-blocks also caps the context length (vLLM refuses a max_model_len that the KV
-    cache cannot hold)."""
+def _load_text(x: float | None, closed: int | None) -> str:
+    return f"{closed} at once" if closed is not None else f"{_jps_label(x)} jobs/s"
+
+
+def _fit_context(traces: dict[Any, Trace], cluster: ClusterRuns | None, profile: str,
+                 num_gpu_blocks: int | None, max_model_len: int | None,
+                 too_long: str) -> tuple[dict[Any, Trace], list[str]]:
+    """Find, before any engine runs, the programs with a turn longer than the engines take
+    (on a cluster: the smallest replica's limit, as a program may land anywhere); stop with
+    their names (``too_long="error"``) or leave them out (``"skip"``, one line each)."""
+    from eval.replay import too_long_turns
+
+    try:
+        if cluster is None:
+            limit = context_limit(profile, num_gpu_blocks, max_model_len)
+        else:
+            limit = min(context_limit(r.profile, r.num_gpu_blocks, max_model_len)
+                        for r in cluster.config.replicas)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+    first = next(iter(traces.values()))  # every load replays the same programs
+    long = too_long_turns(first, limit)
+    if not long:
+        return traces, []
+    lines = [f"{pid}: turn {turn} needs {tokens:,} tokens > max_model_len {limit:,}"
+             for pid, turn, tokens in long]
+    if too_long == "error":
+        more = f" (and {len(lines) - 5} more)" if len(lines) > 5 else ""
+        raise BenchError(
+            f"{len(lines)} program(s) have a turn longer than the engine's context: "
+            f"{'; '.join(lines[:5])}{more}. Raise --max-model-len (up to the model's context; "
+            "a small --num-gpu-blocks also caps it) or pass --too-long skip to leave them out")
+    drop = {pid for pid, _, _ in long}
+    kept = {x: t.model_copy(update={"programs": [p for p in t.programs if p.id not in drop]})
+            for x, t in traces.items()}
+    if not next(iter(kept.values())).programs:
+        raise BenchError(f"every program has a turn longer than max_model_len {limit:,}")
+    return kept, lines
+
+
+def context_limit(profile: str, num_gpu_blocks: int | None,
+                  max_model_len: int | None = None) -> int:
+    """The longest conversation a replayed engine takes: ``max_model_len`` (default: the
+    model's context, 131,072 for Llama-3.1, as `vllm serve`), capped by what a small
+    ``num_gpu_blocks`` holds (vLLM refuses a max_model_len that the KV cache cannot hold)."""
+    import json
+
+    from harness.serve import emulated_model_dir
+
+    config = json.loads((emulated_model_dir(profile) / "config.json").read_text())
+    model = int(config.get("max_position_embeddings", 32768))
+    limit = model if max_model_len is None else max_model_len
+    if limit < 1:
+        raise ValueError(f"--max-model-len must be at least 1 token, got {limit}")
+    if max_model_len is not None and max_model_len > model:
+        raise ValueError(f"--max-model-len {max_model_len:,} is longer than the model's "
+                         f"context ({model:,} tokens)")
+    if num_gpu_blocks is not None:
+        limit = min(limit, 16 * (num_gpu_blocks - 1))
+    return limit
+
+
+def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
+                offload_gib: float | None = None, replica: Any = None,
+                cluster: Any = None, max_model_len: int | None = None) -> Any:
+    """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
+    as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
+    a prefill or decode replica also gets its KV-transfer connector."""
     from harness.serve import DEFAULT_OFFLOAD_GIB
     from server.engine import VirtualEngine
 
-    max_len = 32768 if num_gpu_blocks is None else min(32768, 16 * (num_gpu_blocks - 1))
+    max_len = context_limit(profile, num_gpu_blocks, max_model_len)
     name, offload = _base_policy(policy)
+    options: dict[str, Any] = {}
+    if replica is not None and replica.role != "colocated":
+        from cluster.pd import virtual_engine_options
+
+        options = virtual_engine_options(replica, cluster)
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
                          num_gpu_blocks=num_gpu_blocks,
-                         offload_gib=DEFAULT_OFFLOAD_GIB if offload else None)
+                         offload_gib=DEFAULT_OFFLOAD_GIB if offload else offload_gib, **options)
 
 
 def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: int | None,
-              progress: Callable[[int], None]) -> dict[str, float]:
+              progress: Callable[[int], None],
+              max_model_len: int | None = None) -> dict[str, float]:
     from eval.replay import isolated_jcts
 
     path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed)}.json"
@@ -288,7 +511,7 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: 
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}
-    engine = make_engine("vllm", profile, seed, num_gpu_blocks)
+    engine = make_engine("vllm", profile, seed, num_gpu_blocks, max_model_len=max_model_len)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
     finally:
@@ -300,13 +523,30 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
              num_gpu_blocks: int | None, isolated: dict[str, float], out: Path,
              progress: Callable[[int], None], http: HttpTarget | None = None,
-             slo: SLO | None = None) -> dict[str, Any]:
-    from eval.replay import replay
+             slo: SLO | None = None, cluster: ClusterRuns | None = None,
+             max_model_len: int | None = None, concurrency: int | None = None,
+             steady: float = 0.0) -> dict[str, Any]:
+    from eval.replay import replay, steady_programs
 
     wall = time.perf_counter()
     name, hints = split_policy(policy)
-    row: dict[str, Any] = {"policy": policy, "jps": x}
-    if http is not None:
+    row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
+    if cluster is not None:
+        from eval.cluster_replay import VirtualCluster, replay_cluster
+        from eval.metrics import cluster_metrics
+
+        config = cluster.config_for(policy)
+        engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(
+            spec.policy, spec.profile, seed, spec.num_gpu_blocks, spec.offload_gib, spec, config,
+            max_model_len))
+        try:
+            result = replay_cluster(trace, engines, progress=progress, concurrency=concurrency)
+        finally:
+            engines.close()
+        result.measured = steady_programs(result, steady)
+        row.update(replay_metrics(result, isolated, slo))
+        row.update(cluster_metrics(result, slo))
+    elif http is not None:
         from eval.http_replay import HttpReplayError, http_replay_metrics, replay_over_http
 
         if hints != "none":
@@ -317,23 +557,29 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
             raise BenchError(str(exc)) from None
         row.update(http_replay_metrics(result, isolated, slo))
     else:
-        engine = make_engine(name, profile, seed, num_gpu_blocks)
+        engine = make_engine(name, profile, seed, num_gpu_blocks, max_model_len=max_model_len)
         try:
-            result = replay(trace, engine, progress=progress, hints=hints)
+            result = replay(trace, engine, progress=progress, hints=hints,
+                            concurrency=concurrency)
         finally:
             engine.close()
+        result.measured = steady_programs(result, steady)
         row.update(replay_metrics(result, isolated, slo))
     row["wall_s"] = time.perf_counter() - wall
+    if http is None:  # the replay's own speed: engine steps (all replicas) per wall second
+        row["engine_steps_per_s"] = row.get("engine_steps", 0) / max(row["wall_s"], 1e-9)
+    measured = getattr(result, "measured", None)
     records = {
-        "policy": policy, "jps": x,
+        "policy": policy, "jps": x, "concurrency": concurrency,
         "programs": [
             {"id": p.program_id, "arrival_s": p.arrival, "finished_s": p.finished,
              "jct_s": p.jct, "isolated_jct_s": isolated.get(p.program_id),
+             "measured": measured is None or p.program_id in measured,
              "turns": [asdict(t) for t in p.turns]}
             for p in result.programs.values()
         ],
     }
-    _write_json(out / "runs" / f"{policy}-jps{_jps_label(x)}.json", records)
+    _write_json(out / "runs" / f"{policy}-jps{_jps_label(x, concurrency)}.json", records)
     return row
 
 
@@ -352,11 +598,30 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("pin_hit_rate", "pin hit rate", "{:.2f}"),
             ("recomputed_tokens", "recomputed tok", "{}"),
             ("preemptions", "preemptions", "{}"), ("pin_memory_share", "pin mem share", "{:.4f}"),
-            ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}")]
+            ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}"),
+            ("engine_steps_per_s", "replay steps/s", "{:.0f}")]
+
+
+#: What a --cluster run adds (`eval.metrics.cluster_metrics`), as a second table.
+_CLUSTER_COLUMNS = [("policy", "strategy", "{}"), ("jps", "jobs/s", "{}"),
+                    ("ttft_initial_mean_s", "TTFT initial s", "{:.3f}"),
+                    ("ttft_incremental_mean_s", "TTFT incremental s", "{:.3f}"),
+                    ("itl_mean_s", "ITL mean s", "{:.4f}"),
+                    ("slo_attainment_initial", "SLO initial", "{:.3f}"),
+                    ("slo_attainment_incremental", "SLO incremental", "{:.3f}"),
+                    ("local_prefill_share", "local prefills", "{:.3f}"),
+                    ("kv_bytes_moved", "KV moved B", "{:.3g}"),
+                    ("kv_seconds_moved", "KV moved s", "{:.3f}"),
+                    ("programs_split_across_replicas", "programs split", "{}"),
+                    ("load_balance_colocated", "balance colocated", "{:.2f}"),
+                    ("load_balance_prefill", "balance prefill", "{:.2f}"),
+                    ("load_balance_decode", "balance decode", "{:.2f}")]
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
     value = row.get(key)
+    if key == "jps" and row.get("concurrency"):
+        return f"closed {row['concurrency']}"
     if value is None:
         return "trace" if key == "jps" else "-"
     if isinstance(value, float) and math.isnan(value):
@@ -376,27 +641,60 @@ def report_markdown(summary: dict[str, Any]) -> str:
              "|" + "---|" * len(_COLUMNS)]
     for row in summary["results"]:
         lines.append("| " + " | ".join(_cell(row, k, f) for k, _, f in _COLUMNS) + " |")
+    if summary.get("cluster"):
+        lines += ["", *_cluster_section(summary)]
     lines += ["", "## Which is fastest, and why", "", *reading(summary["results"]), ""]
     lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def _cluster_section(summary: dict[str, Any]) -> list[str]:
+    """The cluster file's replicas and the per-strategy cluster metrics."""
+    cluster = summary["cluster"]
+    replicas = ", ".join(f"`{r['name']}` ({r['role']}, {r['profile']}, node {r['node']})"
+                         for r in cluster["replicas"])
+    links = cluster["links"]
+    lines = [f"## Cluster `{cluster['name']}`", "",
+             f"Replicas: {replicas}. Links: intra-node "
+             f"{links['intra_node']['bandwidth_gbs']:g} GB/s + "
+             f"{links['intra_node']['latency_us']:g} us, inter-node "
+             f"{links['inter_node']['bandwidth_gbs']:g} GB/s + "
+             f"{links['inter_node']['latency_us']:g} us. Strategy = router (and the policy "
+             "every replica runs, if replaced). TTFT initial: a program's first turn; "
+             "incremental: its later turns. Balance: the busiest replica's busy time over its "
+             "role's mean (1.00 = even).", "",
+             "| " + " | ".join(h for _, h, _ in _CLUSTER_COLUMNS) + " |",
+             "|" + "---|" * len(_CLUSTER_COLUMNS)]
+    for row in summary["results"]:
+        lines.append("| " + " | ".join(_cell(row, k, f) for k, _, f in _CLUSTER_COLUMNS)
+                     + " |")
+    return lines
 
 
 def _mode_text(summary: dict[str, Any]) -> str:
     mode = summary.get("mode", "virtual")
     text = "Virtual time" if mode == "virtual" else f"Wall-clock replay over HTTP ({mode[5:]})"
     scale = summary.get("time_scale", 1.0)
-    return text if scale == 1.0 else f"{text}, arrivals and tool times x{scale:g}"
+    if scale != 1.0:
+        text += f", arrivals and tool times x{scale:g}"
+    if summary.get("concurrency"):
+        text += (", closed loop (a new program starts when one ends; the trace's arrival "
+                 "times are not used)")
+    if summary.get("steady"):
+        text += (f"; the first and last {summary['steady']:.0%} of programs (by start) are "
+                 "warm-up and cool-down, left out of the metrics (not of the load)")
+    return text
 
 
 def reading(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Per load, the fastest policy by mean JCT, its ratios to `vllm`, and the mechanisms
     that explain the gap (cache hits, recomputation, queueing, preemptions, pinned memory)."""
     out = []
-    for x in dict.fromkeys(r["jps"] for r in rows):
-        at = [r for r in rows if r["jps"] == x]
+    for x, closed in dict.fromkeys((r["jps"], r.get("concurrency")) for r in rows):
+        at = [r for r in rows if (r["jps"], r.get("concurrency")) == (x, closed)]
         best = min(at, key=lambda r: r.get("jct_mean_s", math.inf))
         base = next((r for r in at if r["policy"] == "vllm"), None)
-        line = (f"- **{_jps_label(x)} jobs/s**: fastest `{best['policy']}`, mean JCT "
+        line = (f"- **{_load_text(x, closed)}**: fastest `{best['policy']}`, mean JCT "
                 f"{best['jct_mean_s']:.1f} s")
         if base is not None and best is not base and base.get("jct_mean_s"):
             line += (f" ({best['jct_mean_s'] / base['jct_mean_s']:.2f}x `vllm`'s mean, "
@@ -441,25 +739,35 @@ def plot(summary: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for policy in policies:
         mine = [r for r in rows if r["policy"] == policy]
-        xs = [r["jps"] if r["jps"] is not None else 0.0 for r in mine]
+        xs = [_load_value(r) for r in mine]
         line = ax.plot(xs, [r["jct_mean_s"] for r in mine], marker="o", label=f"{policy} mean")
         ax.plot(xs, [r["jct_p95_s"] for r in mine], marker="x", linestyle="--",
                 color=line[0].get_color(), label=f"{policy} P95")
     ax.axhline(summary["isolated_jct_mean_s"], color="grey", linestyle=":",
                label="isolated mean")
-    _finish_plot(plt, fig, ax, "load (jobs/s)", "JCT (s)",
-                 f"JCT against load: {summary['trace_name']}", out / "jct_vs_load.png")
+    closed = bool(summary.get("concurrency"))
+    _finish_plot(plt, fig, ax, "programs at once (closed loop)" if closed else "load (jobs/s)",
+                 "JCT (s)", f"JCT against load: {summary['trace_name']}",
+                 out / "jct_vs_load.png")
 
-    loads = [r["jps"] for r in rows]
-    top = max((x for x in loads if x is not None), default=None)
+    top_row = max(rows, key=_load_value)
+    top, top_closed = top_row["jps"], top_row.get("concurrency")
     fig, ax = plt.subplots(figsize=(6, 4))
     for policy in policies:
-        path = out / "runs" / f"{policy}-jps{_jps_label(top)}.json"
-        jcts = sorted(p["jct_s"] for p in json.loads(path.read_text())["programs"])
+        path = out / "runs" / f"{policy}-jps{_jps_label(top, top_closed)}.json"
+        jcts = sorted(p["jct_s"] for p in json.loads(path.read_text())["programs"]
+                      if p.get("measured", True))
         ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
         ax.step(jcts, ys, where="post", label=policy)
     _finish_plot(plt, fig, ax, "JCT (s)", "fraction of programs",
-                 f"JCT CDF at {_jps_label(top)} jobs/s", out / "jct_cdf.png")
+                 f"JCT CDF at {_load_text(top, top_closed)}", out / "jct_cdf.png")
+
+
+def _load_value(row: dict[str, Any]) -> float:
+    """Where a row sits on the load axis: programs at once (closed loop) or jobs/s."""
+    if row.get("concurrency"):
+        return float(row["concurrency"])
+    return row["jps"] if row["jps"] is not None else 0.0
 
 
 def _finish_plot(plt: Any, fig: Any, ax: Any, xlabel: str, ylabel: str, title: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -83,10 +83,14 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
     tokens (computed for an earlier turn of the program but not found in the cache), preemptions,
     the time-weighted share of KV memory held by pins, scheduler CPU time per step.
     """
-    programs = [p for p in result.programs.values() if p.finished is not None]
+    measured = getattr(result, "measured", None)
+    programs = [p for p in result.programs.values() if p.finished is not None
+                and (measured is None or p.program_id in measured)]
     turns = [t for p in programs for t in p.turns]
     jcts = [p.jct for p in programs]
     makespan = float(result.makespan)
+    if measured is not None and programs:  # the measured programs' own span
+        makespan = max(p.finished for p in programs) - min(p.arrival for p in programs)
     out: dict[str, Any] = {"programs": len(programs), "turns": len(turns)}
     out.update(summarize(jcts, "jct"))
     out["makespan_s"] = makespan
@@ -118,7 +122,7 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
     out["recomputed_tokens"] = sum(t.recomputed_tokens for t in turns)
     out["preemptions"] = sum(t.preemptions for t in turns)
     pins = dict(result.pin_stats)
-    denominator = makespan * result.total_blocks
+    denominator = float(result.makespan) * result.total_blocks  # pins: the whole run
     out["pin_memory_share"] = pins["block_seconds"] / denominator if denominator > 0 else 0.0
     out["pins"] = {k: v for k, v in pins.items() if k != "block_seconds"}
     # a pin "hits" when the program's next turn is admitted while it is held (hand-off)
@@ -133,3 +137,48 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
 #: Keys of `replay_metrics` that measure this machine (CPU time), not the replay: they differ
 #: between identical replays.
 MACHINE_DEPENDENT = ("sched_cpu_ms_per_step", "wall_s")
+
+
+def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:
+    """What a replay on several replicas adds (a `cluster.virtual.ClusterReplayResult`).
+
+    TTFT split into initial prefill (a program's first turn: its whole prompt) and incremental
+    prefill (later turns: the tool return and new input on top of the history), each with its
+    SLO attainment; inter-token latency (the per-turn TPOT, as AMPD's ITL); where prompts were
+    computed (local: on the replica that decodes; remote: on a prefill replica); KV moved between
+    replicas; programs whose turns did not all run on one replica (each such move loses the
+    history's KV cache unless it travels); and the load balance across replicas of a role
+    (busiest replica's busy time over the role's mean, 1.0 = even).
+    """
+    slo = slo or SLO()
+    programs = [p for p in result.programs.values() if p.finished is not None]
+    turns = [t for p in programs for t in p.turns]
+    out: dict[str, Any] = {"router": result.router}
+    for name, subset in (("initial", [t for t in turns if t.turn == 0]),
+                         ("incremental", [t for t in turns if t.turn > 0])):
+        ttfts = [t.first_token - t.arrival for t in subset if t.first_token is not None]
+        out[f"ttft_{name}_mean_s"] = sum(ttfts) / len(ttfts) if ttfts else math.nan
+        out[f"ttft_{name}_p95_s"] = percentile(ttfts, 95)
+        met = [slo.met(t) for t in subset]
+        out[f"slo_attainment_{name}"] = sum(met) / len(met) if met else math.nan
+    itls = [x for x in (tpot_of(t) for t in turns) if x is not None]
+    out["itl_mean_s"] = sum(itls) / len(itls) if itls else math.nan
+    out["itl_p95_s"] = percentile(itls, 95)
+    remote = sum(1 for t in turns if t.prefill_replica is not None)
+    out["remote_prefills"] = remote
+    out["local_prefills"] = len(turns) - remote
+    out["local_prefill_share"] = (len(turns) - remote) / len(turns) if turns else math.nan
+    out["programs_split_across_replicas"] = sum(
+        1 for p in programs if len({t.replica for t in p.turns}) > 1)
+    replicas = [asdict(r) for r in result.replicas]
+    makespan = float(result.makespan)
+    for r in replicas:
+        r["busy_share"] = r["busy_s"] / makespan if makespan > 0 else math.nan
+    out["kv_bytes_moved"] = sum(r["kv_bytes_in"] for r in replicas)
+    out["kv_seconds_moved"] = sum(r["kv_seconds_in"] for r in replicas)
+    for role in sorted({r["role"] for r in replicas}):
+        busy = [r["busy_s"] for r in replicas if r["role"] == role]
+        mean = sum(busy) / len(busy)
+        out[f"load_balance_{role}"] = max(busy) / mean if mean > 0 else math.nan
+    out["replicas"] = replicas
+    return out

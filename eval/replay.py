@@ -29,7 +29,6 @@ blocks only. ``tool_start`` carries a ``predicted_s`` only if asked (``hints``, 
 
 from __future__ import annotations
 
-import heapq
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +56,8 @@ class TurnRecord:
     cached_tokens: int = 0
     recomputed_tokens: int = 0  # computed for an earlier turn, not found in the cache now
     preemptions: int = 0
+    replica: str | None = None  # in a cluster: the replica that decoded it
+    prefill_replica: str | None = None  # in a cluster: where its prompt was computed, if remote
 
 
 @dataclass
@@ -81,6 +82,24 @@ class ReplayResult:
     sched_cpu_seconds: float
     sched_steps: int
     engine_steps: int
+    replicas: list[Any] = field(default_factory=list)  # per replica (`cluster_replay`)
+    router: str = ""
+    #: programs the metrics count (None: all); `steady_programs` leaves warm-up and cool-down out
+    measured: set[str] | None = None
+
+
+def steady_programs(result: ReplayResult, trim: float) -> set[str] | None:
+    """The programs of a steady-state measurement: all but the first and the last ``trim``
+    share by start time (warm-up: the system fills; cool-down: it drains and the last
+    programs run with less competition). None when ``trim`` is 0 (count everything)."""
+    if trim <= 0:
+        return None
+    ordered = sorted(result.programs.values(), key=lambda p: (p.arrival, p.program_id))
+    cut = int(len(ordered) * trim)
+    kept = ordered[cut:len(ordered) - cut]
+    if not kept:
+        raise ValueError(f"steady-state trim {trim:g} leaves none of {len(ordered)} programs")
+    return {p.program_id for p in kept}
 
 
 def _rng(*keys: str) -> np.random.Generator:
@@ -124,6 +143,18 @@ class ProgramState:
         return max(0, min(self.computed, prompt_tokens) - cached_tokens)
 
 
+def too_long_turns(trace: Trace, limit: int) -> list[tuple[str, int, int]]:
+    """(program, first turn, its prompt + output tokens) for each program with a turn longer
+    than ``limit``: such a turn can never run (vLLM refuses it), so a replay must not start it."""
+    out = []
+    for program in trace.programs:
+        for i, (_, after) in enumerate(program.contexts()):
+            if after > limit:
+                out.append((program.id, i, after))
+                break
+    return out
+
+
 def turn_hints(program: Program, i: int) -> dict[str, Any]:
     """The ``vllm_xargs`` hints a client sends with turn ``i``'s request (None: left out)."""
     return {"turn": i, "tool": program.turns[i].tool,
@@ -159,116 +190,15 @@ class ClientPredictions:
 
 
 def replay(trace: Trace, engine: Any, *, progress: Any = None,
-           hints: str = "none") -> ReplayResult:
+           hints: str = "none", concurrency: int | None = None) -> ReplayResult:
     """Run every program of ``trace`` through ``engine`` (a fresh ``VirtualEngine``); the
     engine is left open (the caller closes it). ``progress(n_done)`` is called as programs
-    end; ``hints`` is one of ``HINT_MODES``."""
-    client = ClientPredictions(hints)
-    clock = engine.clock
-    start = clock.now()
-    states = {p.id: ProgramState(p) for p in trace.programs}
-    records = {p.id: ProgramRecord(p.id, start + p.arrival_s) for p in trace.programs}
-    # (time, sequence, program id, turn): turn 0 = arrival, turn i > 0 = tool i-1 returned
-    agenda: list[tuple[float, int, str, int]] = [
-        (start + p.arrival_s, n, p.id, 0) for n, p in enumerate(trace.programs)
-    ]
-    heapq.heapify(agenda)
-    seq = len(agenda)
-    live: dict[str, TurnRecord] = {}  # request id -> record, until it finishes
-    done = 0
-    engine_steps = 0
+    end; ``hints`` is one of ``HINT_MODES``. One engine is a cluster of one replica: the same
+    discrete-event loop (`eval.cluster_replay`) drives both."""
+    from eval.cluster_replay import VirtualCluster, replay_cluster
 
-    def submit(pid: str, i: int, due: float) -> None:
-        state = states[pid]
-        program = state.program
-        turn = program.turns[i]
-        if i == 0:
-            engine.event("program_start", pid)
-        else:
-            prev = program.turns[i - 1]
-            client.observe(prev.tool, prev.tool_seconds)
-            engine.event("tool_end", pid, tool=prev.tool, seconds=prev.tool_seconds,
-                          return_tokens=prev.tool_return_tokens)
-        rid = f"{pid}#{i}"
-        record = TurnRecord(pid, i, due, prompt_tokens=len(state.tokens))
-        records[pid].turns.append(record)
-        live[rid] = record
-        engine.add_request(rid, state.tokens, program_id=pid, output_tokens=turn.output_tokens,
-                           **turn_hints(program, i))
-
-    def finish(fin: Any, now: float) -> None:
-        nonlocal seq, done
-        record = live.pop(fin.request_id)
-        record.first_token = fin.first_token
-        record.finished = fin.finished
-        record.output_tokens = fin.output_tokens
-        record.cached_tokens = fin.cached_tokens
-        if record.admitted is None:
-            record.admitted = record.first_token if record.first_token is not None else now
-        state = states[record.program_id]
-        program = state.program
-        i = record.turn
-        if i > 0:
-            record.recomputed_tokens = state.recomputed(record.prompt_tokens,
-                                                        record.cached_tokens)
-        if i == program.n_turns - 1:
-            engine.event("program_end", program.id)
-            records[program.id].finished = fin.finished
-            done += 1
-            if progress is not None:
-                progress(done)
-            return
-        turn = program.turns[i]
-        state.extend(i, fin.token_ids)
-        engine.event("tool_start", program.id, tool=turn.tool,
-                     predicted_s=client.predict(turn.tool, turn.tool_seconds))
-        seq += 1
-        heapq.heappush(agenda, (fin.finished + turn.tool_seconds, seq, program.id, i + 1))
-
-    while agenda or engine.has_work():
-        now = clock.now()
-        while agenda and agenda[0][0] <= now:
-            due, _, pid, i = heapq.heappop(agenda)
-            submit(pid, i, due)
-        if not engine.has_work():
-            if agenda:
-                engine.advance_to(agenda[0][0])
-            continue
-        step_start = clock.now()
-        finished = engine.step()
-        engine_steps += 1
-        now = clock.now()
-        requests = engine.scheduler.requests
-        for rid, record in live.items():
-            request = requests.get(rid)
-            if request is None:
-                continue
-            if record.admitted is None and request.num_computed_tokens > 0:
-                record.admitted = step_start
-            record.preemptions = max(record.preemptions, int(request.num_preemptions))
-        for fin in finished:
-            if fin.request_id in live and live[fin.request_id].admitted is None:
-                live[fin.request_id].admitted = step_start
-            finish(fin, now)
-
-    scheduler = engine.scheduler
-    scheduler.account_pins(clock.now())
-    stats = scheduler.pin_stats
-    pin_stats = {k: getattr(stats, k) for k in ("pinned", "handoff", "expired", "program_end",
-                                                "pressure", "reset", "replaced", "shutdown",
-                                                "block_seconds")}
-    finishes = [r.finished for r in records.values() if r.finished is not None]
-    first_arrival = min((r.arrival for r in records.values()), default=start)
-    makespan = (max(finishes) - first_arrival) if finishes else 0.0
-    return ReplayResult(
-        programs=records,
-        makespan=makespan,
-        total_blocks=int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks),
-        pin_stats=pin_stats,
-        sched_cpu_seconds=float(scheduler.sched_cpu_seconds),
-        sched_steps=int(scheduler.sched_steps),
-        engine_steps=engine_steps,
-    )
+    return replay_cluster(trace, VirtualCluster.around(engine), progress=progress, hints=hints,
+                          concurrency=concurrency)
 
 
 def isolated_jcts(trace: Trace, engine: Any, *, progress: Any = None) -> dict[str, float]:

@@ -17,7 +17,9 @@ block counts, preemption and prefix caching behave as on the emulated GPU.
 
 With vLLM's native KV offloading on (`--kv-offloading-size`), the copies between GPU and host
 memory that real workers would make are played by `server.emulated_offload` (PCIe time from
-the profile); the connector's scheduler side stays real vLLM.
+the profile); the connector's scheduler side stays real vLLM. With vLLM's `NixlConnector`
+(prefill/decode disaggregation, pull mode), the reads between replicas are played by
+`server.emulated_nixl` (time from the link between the two replicas).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import ModelRunnerOutput
 
 from server.clock import clock
+from server.emulated_nixl import EmulatedNixlWorker, uses_nixl
 from server.emulated_offload import EmulatedOffloadWorker, uses_native_offloading
 from server.settings import ServeSettings
 
@@ -75,7 +78,8 @@ class EmulatedExecutor(Executor):
         self._tokenizer: Any = None
         self._token_limit: int | None = None  # random ids stay below this (see _next_token)
         self._seqs: dict[str, _Sequence] = {}
-        self._offload = self._offload_worker()
+        self._nixl = self._nixl_worker()
+        self._offload = self._offload_worker() if self._nixl is None else None
 
     def _offload_worker(self) -> EmulatedOffloadWorker | None:
         """The offloading connector's worker side, when the engine runs that connector: without
@@ -86,6 +90,15 @@ class EmulatedExecutor(Executor):
         return EmulatedOffloadWorker(self.profile.swap_seconds, self._block_size(),
                                      self.profile.kv_bytes_per_token,
                                      idle_poll_s=self.profile.cpu_overhead_seconds(0))
+
+    def _nixl_worker(self) -> EmulatedNixlWorker | None:
+        """The NIXL connector's worker side (P/D disaggregation), when the engine runs it: the
+        reads between replicas and the notifications that free a prefill replica's blocks."""
+        if not uses_nixl(self.vllm_config.kv_transfer_config):
+            return None
+        return EmulatedNixlWorker.from_config(self.vllm_config, self._block_size(),
+                                              self.profile.kv_bytes_per_token,
+                                              idle_poll_s=self.profile.cpu_overhead_seconds(0))
 
     # -- engine start-up ---------------------------------------------------------------
     def _block_size(self) -> int:
@@ -110,6 +123,8 @@ class EmulatedExecutor(Executor):
         return None
 
     def get_supported_kv_cache_layouts(self) -> list[list[str]]:
+        if self._nixl is not None:
+            return [["NHD", "HND"]]  # the NIXL connector prefers HND (LBHNC), as GPUs offer
         return [["NHD"]]
 
     def set_kv_cache_layout(self, layout_name: str) -> None:
@@ -135,6 +150,10 @@ class EmulatedExecutor(Executor):
             "list_loras": set(),
         }
         result = [answers.get(name)]
+        if name == "get_kv_connector_handshake_metadata":
+            # nothing truthy: the engine then starts no NIXL side-channel listener (the
+            # emulated workers find each other through `server.emulated_nixl`'s fabric)
+            result = []
         if non_block:
             future: Future = Future()
             future.set_result(result)
@@ -143,12 +162,16 @@ class EmulatedExecutor(Executor):
 
     def shutdown(self) -> None:
         self._seqs.clear()
+        if self._nixl is not None:
+            self._nixl.close()
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-        offload_meta = getattr(scheduler_output, "kv_connector_metadata", None)
+        connector_meta = getattr(scheduler_output, "kv_connector_metadata", None)
         if self._offload is not None:
-            self._offload.begin_step(offload_meta)  # may wait for flushed stores first
+            self._offload.begin_step(connector_meta)  # may wait for flushed stores first
+        if self._nixl is not None:
+            self._nixl.begin_step(connector_meta)  # reads start beside the forward
         started = time.perf_counter()
         output, prefill, decode = self._step(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens > 0:
@@ -158,7 +181,11 @@ class EmulatedExecutor(Executor):
             the_clock.sleep(seconds if the_clock.virtual else seconds - elapsed)
         if self._offload is not None:
             output.kv_connector_output = self._finish_offload_step(
-                offload_meta, idle=scheduler_output.total_num_scheduled_tokens == 0)
+                connector_meta, idle=scheduler_output.total_num_scheduled_tokens == 0)
+        if self._nixl is not None:
+            if scheduler_output.total_num_scheduled_tokens == 0:
+                clock().sleep(self._nixl.idle_seconds())
+            output.kv_connector_output = self._nixl.finish_step()
         if non_block:
             future: Future = Future()
             future.set_result(output)

@@ -7,18 +7,56 @@ emulated GPU step advances a `VirtualClock` by its modelled duration. A discrete
 (`advance_to`, `step`) interleaves request arrivals and tool returns with engine steps; the
 trace-replay benchmark builds on it. Same scheduler, same policies, same step-time model as the
 served engine: only the clock differs.
+
+Prefill/decode disaggregation: `VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...,
+fabric="inproc:NAME"))` runs vLLM's `NixlConnector`; engines of one namespace find each other
+in-process (`server.emulated_nixl`) and each call into an engine installs its own clock as the
+process clock, so several engines can live side by side (see `docs/pd.md`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
 from server.settings import ServeSettings
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _on_own_clock(method: _F) -> _F:
+    """Run a `VirtualEngine` method with the engine's clock as the process clock
+    (`server.clock` is process-global; several engines may share the process)."""
+
+    @functools.wraps(method)
+    def wrapper(self: VirtualEngine, *args: Any, **kwargs: Any) -> Any:
+        previous = use_clock(self.clock)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            use_clock(previous)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ContextTooLong(ValueError):
+    """A request that can never fit the engine's context (vLLM's API server answers 400)."""
+
+
+class NoProgress(RuntimeError):
+    """Work is pending but the engine's steps stopped changing anything: a replay would loop
+    forever with the clock standing still (or idling without end)."""
+
+
+#: consecutive steps that compute no token while requests wait, before `NoProgress`: far more
+#: than any legitimate wait (a KV load or a peer's transfer ends within a few idle steps)
+NO_PROGRESS_STEPS = 10_000
 
 
 @dataclass
@@ -33,7 +71,10 @@ class Finished:
     cached_tokens: int
     finish_reason: str
     token_ids: list[int] = field(default_factory=list)  # what the emulated model answered
-    external_tokens: int = 0  # of cached_tokens, those loaded from host memory (KV offloading)
+    external_tokens: int = 0  # of cached_tokens, those loaded from host memory or a peer
+    #: P/D: what the connector returned (a prefill replica's blocks for the decode replica, or
+    #: with bidirectional transfer a decode replica's export); None without P/D
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass
@@ -55,15 +96,27 @@ class VirtualEngine:
     `offload_gib`: host memory for vLLM's native KV offloading. Policies that need it (`swap`)
     get `harness.serve.DEFAULT_OFFLOAD_GIB` when it is None, as `harness serve` gives them;
     other policies run without offloading unless it is given.
+
+    `kv_transfer`: a P/D replica's KV-transfer config (`cluster.pd.kv_transfer_config`, with an
+    `inproc:NAME` fabric): vLLM's `NixlConnector` with its worker side emulated. Give a request
+    `kv_transfer_params` (`cluster.pd.prefill_params` / `decode_params`); what the connector
+    returns comes back in `Finished.kv_transfer_params`.
+
+    Every public method runs with the engine's own clock installed as the process clock and
+    restores the previous one (the constructor leaves the engine's clock installed, as before,
+    until `close`).
     """
 
     policy: str = "continuum"
     profile: str = "h100-llama-3.1-8b"
     seed: int = 0
-    max_model_len: int = 32768
+    #: None: the model's context (131,072 for Llama-3.1), as `vllm serve`; vLLM lowers it to
+    #: what the KV cache holds when `num_gpu_blocks` is small
+    max_model_len: int | None = None
     num_gpu_blocks: int | None = None
     offload_gib: float | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
+    kv_transfer: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for key, value in _ENV_DEFAULTS.items():
@@ -81,7 +134,13 @@ class VirtualEngine:
 
         self.offload_gib = offload_gib(self.policy, self.offload_gib)
         connector = None  # our connector options; vLLM names the connector itself
-        if self.offload_gib is not None:
+        if self.kv_transfer is not None:
+            if self.offload_gib is not None:
+                raise ValueError(f"policy {self.policy!r} with KV offloading cannot run on a "
+                                 "P/D replica (one KV connector per engine); pick a policy "
+                                 "that does not swap, or make the replica colocated")
+            connector = KVTransferConfig(**_copy_config(self.kv_transfer))
+        elif self.offload_gib is not None:
             connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))
         args = EngineArgs(model=str(emulated_model_dir(self.profile)), seed=self.seed,
                           max_model_len=self.max_model_len, enable_prefix_caching=True,
@@ -94,20 +153,38 @@ class VirtualEngine:
         self.core = EngineCore(self.vllm_config, EmulatedExecutor, log_stats=True)
         self.scheduler = self.core.scheduler
         self._pending: dict[str, _Pending] = {}
+        self._idle_steps = 0  # consecutive steps computing nothing while requests wait
+        self.nixl = getattr(self.core.model_executor, "_nixl", None)  # P/D worker side, or None
+        if self.nixl is not None:
+            self.nixl.set_wake(self._wake)
 
     # -- inputs ------------------------------------------------------------------------
+    @_on_own_clock
     def add_request(self, request_id: str, prompt_token_ids: list[int], *,
                     program_id: str | None = None, max_tokens: int = 256,
-                    output_tokens: int | None = None, **hints: Any) -> None:
+                    output_tokens: int | None = None,
+                    kv_transfer_params: dict[str, Any] | None = None, **hints: Any) -> None:
         """Queue a turn now. `output_tokens` makes the emulated model answer exactly that many
-        tokens (ending in EOS); hints are the `vllm_xargs` a client would send."""
+        tokens (ending in EOS); hints are the `vllm_xargs` a client would send;
+        `kv_transfer_params` go to the P/D connector (copied: the connector edits them)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.engine import EngineCoreRequest
 
         extra = {k: v for k, v in hints.items() if v is not None}
+        needed = len(prompt_token_ids) + int(output_tokens if output_tokens is not None else 1)
+        if needed > self.context_limit:
+            raise ContextTooLong(
+                f"request {request_id}: {needed:,} tokens ({len(prompt_token_ids):,} prompt + "
+                f"{needed - len(prompt_token_ids):,} output) exceed max_model_len "
+                f"{self.context_limit:,}")
         if output_tokens is not None:
             extra["emulate_output_tokens"] = int(output_tokens)
             max_tokens = max(max_tokens, int(output_tokens))
+        if kv_transfer_params is not None:
+            if self.nixl is None:
+                raise ValueError(f"request {request_id}: kv_transfer_params need a P/D engine "
+                                 "(VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...)))")
+            extra["kv_transfer_params"] = _copy_config(kv_transfer_params)
         params = SamplingParams(max_tokens=max_tokens, extra_args=extra or None)
         params.update_from_generation_config({}, eos_token_id=self._eos())
         now = self.clock.now()
@@ -119,6 +196,7 @@ class VirtualEngine:
         self.core.add_request(req, wave)
         self._pending[request_id] = _Pending(now, program_id, len(prompt_token_ids))
 
+    @_on_own_clock
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
         """An interception event, delivered as the server's side channel would."""
         from server.policies import AgentEvent
@@ -126,10 +204,59 @@ class VirtualEngine:
         event = AgentEvent(kind=kind, program_id=program_id, **fields)  # type: ignore[arg-type]
         self.scheduler.handle_event(event, self.clock.now())
 
+    @property
+    def context_limit(self) -> int:
+        """The longest conversation (prompt + output) a request may have here."""
+        return int(self.vllm_config.model_config.max_model_len)
+
     # -- time --------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.scheduler.has_requests())
+        """Whether the engine must step. A P/D engine whose only business is blocks held for a
+        peer (a lease or an export nobody has read yet) is idle: a peer's notification wakes
+        it (`_wake`), and `advance_to` steps it at a lease's end on the way."""
+        if self.nixl is None:
+            return bool(self.scheduler.has_requests())
+        scheduler = self.scheduler
+        if scheduler.get_num_unfinished_requests() > 0 or scheduler.finished_req_ids:
+            return True
+        if self.nixl.busy():
+            return True
+        pending = getattr(scheduler.connector, "connector_scheduler", None)
+        return bool(pending is not None and (
+            pending._reqs_need_recv or pending._reqs_need_send or pending._reqs_in_batch
+            or pending._reqs_not_processed))
 
+    def next_wakeup(self) -> float | None:
+        """P/D: when a held lease or export ends if nobody reads it (None: none held). A loop
+        that wants blocks freed on time steps the engine then; `advance_to` does it anyway."""
+        return None if self.nixl is None else self.nixl.next_deadline()
+
+    def held_blocks(self) -> int:
+        """KV blocks in use: allocated to requests, including those held for a peer."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return int(pool.num_gpu_blocks - 1 - pool.get_num_free_blocks())
+
+    def kv_transfer_stats(self) -> tuple[int, float]:
+        """P/D: bytes this engine pulled from its peers, and the seconds those reads took."""
+        if self.nixl is None:
+            return 0, 0.0
+        return int(self.nixl.bytes_in), float(self.nixl.seconds_in)
+
+    @_on_own_clock
+    def release_export(self, params: dict[str, Any] | None) -> None:
+        """P/D: nobody will read the blocks this engine returned in `params` (e.g. a program's
+        last turn under bidirectional transfer): free them at the next step, not at the
+        lease's end. The served equivalent is `cluster.pd.release_export`."""
+        if self.nixl is None or not params or params.get("remote_request_id") is None:
+            return
+        self.nixl.release([str(params["remote_request_id"])])
+
+    def _wake(self, t: float) -> None:
+        """A peer's notification is on its way: an idle engine's clock catches up to `t`."""
+        if not self.has_work():
+            self.clock.advance_to(t)
+
+    @_on_own_clock
     def step(self) -> list[Finished]:
         """One engine step (the clock advances by the modelled step time)."""
         outputs, _ = self.core.step()
@@ -153,14 +280,52 @@ class VirtualEngine:
                                          pending.first_token, now, pending.prompt_tokens,
                                          pending.output_tokens, pending.cached_tokens,
                                          str(out.finish_reason), pending.token_ids,
-                                         pending.external_tokens))
+                                         pending.external_tokens,
+                                         _copy_config(out.kv_transfer_params)))
+        self._check_progress(outputs, done)
         return done
 
+    def _check_progress(self, outputs: dict[Any, Any], done: list[Finished]) -> None:
+        """Raise `NoProgress` after `NO_PROGRESS_STEPS` steps in a row that computed no token
+        and finished nothing while requests were unfinished."""
+        computed = bool(done) or any(out.new_token_ids for client in outputs.values()
+                                     for out in client.outputs)
+        scheduler = self.scheduler
+        waiting = scheduler.get_num_unfinished_requests()
+        if computed or scheduler.last_scheduled_tokens or not waiting:
+            self._idle_steps = 0
+            return
+        self._idle_steps += 1
+        if self._idle_steps < NO_PROGRESS_STEPS:
+            return
+        pool = self.scheduler.kv_cache_manager.block_pool
+        def listed(requests: Any) -> str:
+            shown = [f"{r.request_id} ({r.num_tokens:,} tokens, {r.num_computed_tokens:,} "
+                     f"computed)" for r in list(requests)[:5]]
+            return ", ".join(shown) or "none"
+
+        raise NoProgress(
+            f"{self._idle_steps:,} engine steps in a row computed nothing at t="
+            f"{self.clock.now():.3f} s with {self.scheduler.get_num_unfinished_requests()} "
+            f"request(s) unfinished; waiting: {listed(self.scheduler.waiting)}; running: "
+            f"{listed(self.scheduler.running)}; free KV blocks {pool.get_num_free_blocks():,} "
+            f"of {pool.num_gpu_blocks - 1:,}; max_model_len "
+            f"{self.vllm_config.model_config.max_model_len:,}; pinned "
+            f"programs {len(self.scheduler.pins)}")
+
     def advance_to(self, t: float) -> None:
-        """Idle until `t` (an arrival or a tool return); the engine's pins may expire meanwhile."""
+        """Idle until `t` (an arrival or a tool return); the engine's pins may expire meanwhile.
+        P/D: leases that end on the way are reaped at their deadline (one idle step each)."""
+        while not self.has_work():
+            deadline = self.next_wakeup()
+            if deadline is None or deadline > t:
+                break
+            self.clock.advance_to(deadline)
+            self.step()
         self.clock.advance_to(t)
 
     def close(self) -> None:
+        use_clock(self.clock)
         self.scheduler.release_all_pins("shutdown")
         self.core.shutdown()
         use_clock(self._previous_clock)
@@ -168,3 +333,12 @@ class VirtualEngine:
     def _eos(self) -> int:
         eos = self.vllm_config.model_config.hf_config.eos_token_id
         return int(eos[0] if isinstance(eos, list) else eos)
+
+
+def _copy_config(value: Any) -> Any:
+    """A deep copy of JSON-like data (dicts, lists, tuples, scalars)."""
+    if isinstance(value, dict):
+        return {k: _copy_config(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy_config(v) for v in value)
+    return value

@@ -107,6 +107,20 @@ GPUS: dict[str, GpuSpec] = {
         source="NVIDIA H200 datasheet (SXM): 989 TFLOP/s BF16 dense, 4.8 TB/s HBM3e, 141 GB, "
         "NVLink 900 GB/s, PCIe Gen5 x16 128 GB/s bidirectional",
     ),
+    # NVIDIA H20 (the GPU of AMPD's evaluation, section 7.1), from NVIDIA's published H20
+    # figures: FP16/BF16 148 TFLOPS dense, HBM3 4.0 TB/s, 96 GB, NVLink 900 GB/s, PCIe Gen5 x16
+    # 128 GB/s (both directions). No H20 has been measured here, so memory is the datasheet's
+    # 96 GB (96e9 bytes), not what nvidia-smi would report.
+    "h20": GpuSpec(
+        name="NVIDIA H20 96GB",
+        peak_flops=148e12,
+        hbm_bandwidth=4.0e12,
+        memory_bytes=96 * 10**9,
+        pcie_bandwidth=64e9,
+        nvlink_bandwidth=900e9,
+        source="NVIDIA H20 published figures: 148 TFLOP/s BF16 dense, 4.0 TB/s HBM3, 96 GB, "
+        "NVLink 900 GB/s, PCIe Gen5 x16 128 GB/s bidirectional",
+    ),
 }
 
 # vLLM 0.32 `vllm serve` defaults (engine/arg_utils.py): >= 70 GiB and not an A100 ->
@@ -116,6 +130,7 @@ VLLM_SERVE_DEFAULTS: dict[str, tuple[int, int]] = {
     "a100": (2048, 256),
     "h100": (8192, 1024),
     "h200": (8192, 1024),
+    "h20": (8192, 1024),
 }
 
 
@@ -500,13 +515,19 @@ class Profile:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         return tokens * self.kv_bytes_per_token / (self.pcie_bandwidth * self.eff.pcie)
 
-    def prefill_seconds(self, context_tokens: int, chunk: int | None = None) -> float:
+    def prefill_seconds(self, context_tokens: int, chunk: int | None = None,
+                        cached: int = 0) -> float:
         """A whole prompt prefilled alone (the cost of reloading a dropped KV cache), in
-        chunks of `chunk` tokens (default: vLLM's max_num_batched_tokens), one step each."""
+        chunks of `chunk` tokens (default: vLLM's max_num_batched_tokens), one step each.
+        With `cached` tokens of it already computed, only the rest is prefilled, attending to
+        them (a multi-round turn's incremental prefill)."""
         if context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, got {context_tokens}")
+        if not 0 <= cached <= context_tokens:
+            raise ValueError(f"cached must be in [0, context_tokens={context_tokens}], "
+                             f"got {cached}")
         chunk = chunk or self.max_num_batched_tokens
-        total, done = 0.0, 0
+        total, done = 0.0, cached
         while done < context_tokens:
             c = min(chunk, context_tokens - done)
             total += self.step_seconds([(c, done)], [])

@@ -1,0 +1,106 @@
+"""No input hangs a replay: a turn longer than the engine's context fails at once, naming the
+program, the turn and the length (or is left out when asked), and an engine whose steps stop
+changing anything with work pending raises instead of looping forever."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.bench import context_limit, make_engine
+from eval.replay import replay, too_long_turns
+from eval.traces import Program, Trace, Turn
+from harness.cli import main
+from server import engine as engine_module
+from server.engine import ContextTooLong, NoProgress
+
+PROFILE = "h100-llama-3.1-8b"
+
+
+def program(pid: str, first: int, arrival: float = 0.0, turns: int = 2) -> Program:
+    body = [Turn(input_tokens=first, output_tokens=8, tool="bash", tool_seconds=0.5,
+                 tool_return_tokens=64)]
+    body += [Turn(input_tokens=16, output_tokens=8, tool="bash", tool_seconds=0.5,
+                  tool_return_tokens=64) for _ in range(turns - 2)]
+    body.append(Turn(input_tokens=16, output_tokens=8))
+    return Program(id=pid, arrival_s=arrival, turns=body, benchmark="test")
+
+
+def test_context_limit_defaults_to_the_models_and_small_caches_lower_it() -> None:
+    assert context_limit(PROFILE, None) == 131072  # Llama-3.1's context, as `vllm serve`
+    assert context_limit(PROFILE, 101) == 1600
+    assert context_limit(PROFILE, None, 4096) == 4096
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        context_limit(PROFILE, None, 200_000)
+
+
+def test_too_long_turns_names_the_first_turn_that_cannot_fit() -> None:
+    trace = Trace(name="t", programs=[program("ok", 100), program("long", 1000, turns=3)])
+    # "long": turn 0 ends at 1008 tokens, turn 1 at 1008 + 64 + 16 + 8 = 1096, turn 2 at 1184
+    assert too_long_turns(trace, 1050) == [("long", 1, 1096)]
+    assert too_long_turns(trace, 1100) == [("long", 2, 1184)]
+    assert too_long_turns(trace, 1184) == []
+
+
+def test_engine_refuses_a_request_that_can_never_fit_and_replay_names_it() -> None:
+    engine = make_engine("vllm", PROFILE, 0, num_gpu_blocks=65)  # 1,024 tokens
+    try:
+        assert engine.context_limit == 1024
+        with pytest.raises(ContextTooLong, match=r"1,025 tokens \(1,000 prompt \+ 25 output\)"):
+            engine.add_request("r", [7] * 1000, output_tokens=25)
+        trace = Trace(name="t", programs=[program("fits", 200), program("long", 1500)])
+        with pytest.raises(ContextTooLong, match="first long turn 0 .1,508 tokens"):
+            replay(trace, engine)
+    finally:
+        engine.close()
+
+
+def test_an_engine_that_stops_making_progress_raises(monkeypatch) -> None:
+    """The replay hang as it was: a prompt longer than max_model_len (here slipped past
+    `add_request`'s check, as a caller driving the core directly could) is prefilled up to the
+    limit and then sits running, computing nothing, with the clock standing still. After
+    NO_PROGRESS_STEPS such steps the engine says so, with what is stuck."""
+    monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
+    engine = make_engine("vllm", PROFILE, 0, num_gpu_blocks=300)  # 4,784 tokens
+    try:
+        monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
+        engine.add_request("stuck", [7] * 6000, output_tokens=4)
+        with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing.*"
+                                             r"running: stuck \(6,000 tokens, 4,783 computed\)"
+                                             r".*max_model_len 4,784"):
+            for _ in range(1000):
+                assert engine.has_work()
+                engine.step()
+    finally:
+        engine.close()
+
+
+def _write_trace(path, programs) -> None:
+    trace = Trace(name="mixed-lengths", programs=programs)
+    trace.save(path)
+
+
+def test_bench_stops_at_once_or_skips_programs_longer_than_the_context(tmp_path, capsys):
+    """A 128k-context program next to two that fit (one past the old fixed 32,768 limit)."""
+    path = tmp_path / "trace.jsonl"
+    _write_trace(path, [program("short", 300), program("past-32k", 40_000, arrival=0.5),
+                        program("past-128k", 131_000, arrival=1.0)])
+    argv = ["bench", "--trace", str(path), "--policies", "vllm", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "past-128k: turn 0 needs 131,008 tokens > max_model_len 131,072" not in err
+    assert "past-128k: turn 1 needs 131,096 tokens > max_model_len 131,072" in err
+    assert "--too-long skip" in err and "past-32k" not in err
+
+    assert main([*argv, "--too-long", "skip"]) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["programs"] == 2
+    assert summary["skipped_too_long"] == [
+        "past-128k: turn 1 needs 131,096 tokens > max_model_len 131,072"]
+    run = json.loads((tmp_path / "o" / "runs" / "vllm-jpstrace.json").read_text())
+    assert {p["id"]: p["finished_s"] is not None for p in run["programs"]} == {
+        "short": True, "past-32k": True}
+
+    assert main([*argv, "--max-model-len", "200000"]) == 2
+    assert "longer than the model's context (131,072 tokens)" in capsys.readouterr().err
