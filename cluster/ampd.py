@@ -1,0 +1,205 @@
+"""AMPD's routing: bind a program to a decode replica, then send each incremental prefill to a
+prefill replica (remote) or run it on the decode replica itself (local).
+
+Paper: He et al., "Efficient Multi-round LLM Inference over Disaggregated Serving" (AMPD).
+Why it pays: a multi-round program's later prefills are small (a tool's output on top of a
+long history the decode replica already holds). Sending each to the prefill pool, as plain P/D
+does, moves the history over and the new KV back and waits in the prefill queue; running it
+locally saves both but stalls the decode batch. AMPD chooses per prefill, from what it sees.
+
+* Binding (section 3, step 1): a program's first turn binds it to the decode replica with the
+  lowest KV-cache usage, and all its decoding stays there: `PDRouter.decode_replica`, inherited.
+  The first turn's (initial) prefill goes to a prefill replica as under `pd`: it has no
+  history to reuse, and Algorithm 1 is stated for the incremental prefills of later rounds.
+* Adaptive routing (Algorithm 1, section 4.1), every later turn:
+  1. visit the live prefill replicas in random order (seeded) and route remote to the first
+     whose TTFT over the last `WINDOW_S` seconds is <= ALPHA * TTFT_thres;
+  2. else, if the program's decode replica has windowed ITL <= BETA * ITL_thres, prefill
+     locally (it has slack to absorb the prefill);
+  3. else take the cheapest estimate: Eq. 1 (local) = T_pre(new tokens on top of the history)
+     + the decode replica's prefill queue; Eq. 2 (remote, per prefill replica) = its prefill
+     queue + T_kv(the history blocks it lacks, decode -> prefill) + T_pre + T_kv(the new
+     tokens, prefill -> decode). Ties go to local (no transfer), then to replica names.
+  A replica with no observation in the window counts as having slack (latency 0).
+
+Constants: ALPHA = 0.9, BETA = 0.85 (the paper's values), WINDOW_S = 10 s.
+
+T_pre and T_kv are injected (`Costs`), so tests give exact numbers; `Costs.from_cluster` builds
+them from each replica's profile (`server.perf_model`) and the cluster's links
+(`cluster.links`). A queue of q tokens is priced as one prefill of q tokens from scratch.
+
+What the caller feeds (no wall clock is read here): `observe_ttft(prefill_replica, seconds,
+now)` when a remote prefill finishes (its arrival to prefill done), `observe_itl(decode_replica,
+seconds, now)` for decode token gaps, `ReplicaLoad.queued_prefill_tokens`, and a `TurnInfo`
+(now, prompt and history tokens) with each `route`. Which history a prefill replica holds is
+tracked here from the routes taken (it cannot see evictions: an optimistic estimate).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.routing import PDRouter, ReplicaLoad, Route, TurnInfo, _alive
+
+ALPHA = 0.9  # a prefill replica has slack when its windowed TTFT <= ALPHA * TTFT_thres
+BETA = 0.85  # a decode replica has slack when its windowed ITL <= BETA * ITL_thres
+WINDOW_S = 10.0  # the latency statistics cover the last WINDOW_S seconds
+
+#: (replica, new tokens, tokens already cached there) -> seconds to prefill the new tokens
+PrefillSeconds = Callable[[str, int, int], float]
+#: (source replica, destination replica, tokens) -> seconds to move their KV cache
+TransferSeconds = Callable[[str, str, int], float]
+
+
+class WindowedMean:
+    """Mean of the values observed per key over the last `window_s` seconds of the caller's
+    clock. Each key's observations must come in time order (one replica's clock)."""
+
+    def __init__(self, window_s: float = WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._sums: dict[str, float] = {}
+
+    def observe(self, key: str, value: float, now: float) -> None:
+        self._samples.setdefault(key, deque()).append((now, value))
+        self._sums[key] = self._sums.get(key, 0.0) + value
+        self._trim(key, now)
+
+    def mean(self, key: str, now: float) -> float | None:
+        """The windowed mean, or None when nothing was observed in the window."""
+        self._trim(key, now)
+        samples = self._samples.get(key)
+        return self._sums[key] / len(samples) if samples else None
+
+    def _trim(self, key: str, now: float) -> None:
+        samples = self._samples.get(key)
+        if not samples:
+            return
+        while samples and samples[0][0] < now - self.window_s:
+            self._sums[key] -= samples.popleft()[1]
+        if not samples:
+            self._sums[key] = 0.0  # no float drift carried into the next window
+
+
+@dataclass(frozen=True)
+class Costs:
+    """T_pre and T_kv of Eq. 1-2."""
+
+    prefill_s: PrefillSeconds
+    transfer_s: TransferSeconds
+
+    @classmethod
+    def from_cluster(cls, config: Any) -> Costs:
+        """From a `cluster.config.ClusterConfig`: each replica's profile, the links between."""
+        from server.perf_model import load_profile
+
+        by_profile = {name: load_profile(name) for name in {s.profile for s in config.replicas}}
+        profiles = {spec.name: by_profile[spec.profile] for spec in config.replicas}
+
+        def prefill_s(replica: str, new: int, cached: int) -> float:
+            return profiles[replica].prefill_seconds(cached + new, cached=cached)
+
+        def transfer_s(src: str, dst: str, tokens: int) -> float:
+            return config.link(src, dst).seconds(tokens * profiles[src].kv_bytes_per_token)
+
+        return cls(prefill_s, transfer_s)
+
+
+class AMPDRouter(PDRouter):
+    """Algorithm 1 on top of `pd`'s binding (see the module docstring)."""
+
+    name = "ampd"
+
+    def __init__(self, costs: Costs, *, ttft_slo_s: float, itl_slo_s: float, seed: int = 0,
+                 window_s: float = WINDOW_S) -> None:
+        super().__init__()
+        self.costs = costs
+        self.ttft_slo_s = ttft_slo_s
+        self.itl_slo_s = itl_slo_s
+        self.ttft = WindowedMean(window_s)  # per prefill replica
+        self.itl = WindowedMean(window_s)  # per decode replica
+        self._rng = random.Random(seed)
+        self._prefilled: dict[str, dict[str, int]] = {}  # program -> prefill replica -> tokens
+        self._latest = 0.0  # the latest time the caller told us, for a route without TurnInfo
+        #: why each turn went where it did: initial, remote_slack, local_slack, local_cost,
+        #: remote_cost (the share of local prefills is a headline metric of the paper)
+        self.decisions: Counter[str] = Counter()
+
+    @classmethod
+    def from_spec(cls, spec: Any, cluster: Any) -> AMPDRouter:
+        """From a `cluster.config.RouterSpec` and the `ClusterConfig` it belongs to."""
+        return cls(Costs.from_cluster(cluster), ttft_slo_s=spec.ttft_slo_s,
+                   itl_slo_s=spec.itl_slo_s, seed=spec.seed)
+
+    # -- observations ----------------------------------------------------------------------
+    def observe_ttft(self, replica: str, seconds: float, now: float) -> None:
+        """A prefill finished on prefill replica `replica`, `seconds` after its arrival."""
+        self._latest = max(self._latest, now)
+        self.ttft.observe(replica, seconds, now)
+
+    def observe_itl(self, replica: str, seconds: float, now: float) -> None:
+        """Decode replica `replica` emitted a token `seconds` after the previous one."""
+        self._latest = max(self._latest, now)
+        self.itl.observe(replica, seconds, now)
+
+    # -- Eq. 1 and Eq. 2 -------------------------------------------------------------------
+    def queue_s(self, replica: ReplicaLoad) -> float:
+        return self.costs.prefill_s(replica.name, replica.queued_prefill_tokens, 0)
+
+    def local_s(self, decode: ReplicaLoad, info: TurnInfo) -> float:
+        """Eq. 1: prefill on the decode replica, which holds the history, after its queue."""
+        return (self.costs.prefill_s(decode.name, info.new_tokens, info.history_tokens)
+                + self.queue_s(decode))
+
+    def remote_s(self, program_id: str, prefill: ReplicaLoad, decode: str,
+                 info: TurnInfo) -> float:
+        """Eq. 2: the prefill replica's queue, the history it lacks moved decode -> prefill,
+        the prefill, and the new tokens' KV moved back prefill -> decode."""
+        held = min(info.history_tokens, self._prefilled.get(program_id, {}).get(prefill.name, 0))
+        return (self.queue_s(prefill)
+                + self.costs.transfer_s(decode, prefill.name, info.history_tokens - held)
+                + self.costs.prefill_s(prefill.name, info.new_tokens, info.history_tokens)
+                + self.costs.transfer_s(prefill.name, decode, info.new_tokens))
+
+    # -- Algorithm 1 -----------------------------------------------------------------------
+    def route(self, program_id: str, turn: int, replicas: Sequence[ReplicaLoad],
+              info: TurnInfo | None = None) -> Route:
+        if info is None:
+            info = TurnInfo(now=self._latest)
+        self._latest = max(self._latest, info.now)
+        if turn == 0:
+            self.decisions["initial"] += 1
+            return self._remote(program_id, super().route(program_id, turn, replicas), info)
+        decode = self.decode_replica(program_id, replicas)
+        prefills = sorted(_alive(replicas, "prefill"), key=lambda r: r.name)
+        for p in self._rng.sample(prefills, len(prefills)):
+            if (self.ttft.mean(p.name, info.now) or 0.0) <= ALPHA * self.ttft_slo_s:
+                self.decisions["remote_slack"] += 1
+                return self._remote(program_id, Route(decode, p.name), info)
+        if (self.itl.mean(decode, info.now) or 0.0) <= BETA * self.itl_slo_s:
+            self.decisions["local_slack"] += 1
+            return Route(decode)
+        load = next(r for r in replicas if r.name == decode)
+        best: tuple[float, str | None] = (self.local_s(load, info), None)
+        for p in prefills:
+            best = min(best, (self.remote_s(program_id, p, decode, info), p.name),
+                       key=lambda c: c[0])
+        if best[1] is None:
+            self.decisions["local_cost"] += 1
+            return Route(decode)
+        self.decisions["remote_cost"] += 1
+        return self._remote(program_id, Route(decode, best[1]), info)
+
+    def _remote(self, program_id: str, route: Route, info: TurnInfo) -> Route:
+        """Note that the prefill replica now holds the program's prompt."""
+        assert route.prefill is not None
+        self._prefilled.setdefault(program_id, {})[route.prefill] = info.prompt_tokens
+        return route
+
+    def program_end(self, program_id: str) -> None:
+        super().program_end(program_id)
+        self._prefilled.pop(program_id, None)

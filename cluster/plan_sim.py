@@ -1,0 +1,277 @@
+"""The planner's latency oracle: one replica of a role simulated on the virtual-time cluster.
+
+Why simulate one replica: the ILP (``cluster.planner``) needs tau per (role, TP degree, load),
+separable by role, so each role is measured alone at its per-replica share of the load, with a
+partner of the other role at the largest degree, meant not to be the bottleneck (at very high
+per-replica loads two prefill partners can be, which throttles what the decode replica sees):
+
+* prefill at degree ``d``: a 1P1D cluster (prefill ``{gpu}x{d}-{model}``, one decode replica at
+  the largest degree) replays the workload's *prefill view*: every turn decodes one token and
+  the tokens it would have decoded join the next turn's input, so every prompt has its real
+  length while the partner does almost nothing. tau = P95 TTFT (prefill queue + compute + the
+  KV hand-off).
+* decode at degree ``d``: ``partner_prefill`` prefill replicas at the largest degree hand every
+  turn to one decode replica of degree ``d``, which decodes the real outputs. tau = P95
+  inter-token latency (``eval.metrics.tpot_of``).
+
+Cost control (2 cores): a simulation replays ``load x T`` programs, ``T`` a program's duration
+alone (its tool time plus its decoding at one sequence per step on the partner), so the replica
+reaches the concurrency of its steady state (Little's law), but at least ``programs`` (16: P95
+over ~50-180 turns) and at most ``max_programs`` (48); a few seconds to a minute each. Loads
+are simulated only on a geometric grid ``rate / ratio^k`` (default ratio 1.5) and interpolated
+between (``cluster.planner.Curve``); once tau changes by less than ``flat`` (2 %) between two
+grid points, lower loads reuse it (the replica is unloaded); every simulation is cached per
+(role, degree, grid load), in memory and in ``cache_path``
+(JSON) when given. Degrees the model cannot run at (``server.perf_model.load_profile`` refuses
+them, e.g. Llama-3.1-70B on one H100) are skipped and listed in ``skipped``; a degree whose KV
+cache cannot hold the workload's longest conversation gets tau = inf.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cluster.planner import DEGREES, ROLES, Curve, PlanError
+
+GRID_RATIO = 1.5
+FLAT = 0.02
+PROGRAMS = 16
+MAX_PROGRAMS = 48
+PARTNER_PREFILL = 2
+
+
+def split_profile(name: str) -> tuple[str, str]:
+    """``GPU-MODEL`` -> (gpu, model); a TP size in the name is refused (the planner picks it)."""
+    from server.perf_model import GPUS, available_models
+
+    m = re.match(r"^([a-z][a-z0-9]*?)(x\d+)?-(.+)$", name.lower())
+    if not m or m[1] not in GPUS or m[3] not in available_models():
+        raise PlanError(f"--profile {name!r}: give GPU-MODEL with GPU in {', '.join(GPUS)} and "
+                        f"MODEL in {', '.join(available_models())}, e.g. h100-llama-3.1-70b")
+    if m[2]:
+        raise PlanError(f"--profile {name!r}: leave the TP size out ({m[1]}-{m[3]}); the planner "
+                        f"tries TP {', '.join(map(str, DEGREES))}")
+    return m[1], m[3]
+
+
+def prefill_view(trace: Any) -> Any:
+    """The same conversations with one decoded token per turn; the rest of each turn's output
+    becomes input of the next turn, so prompt lengths are unchanged."""
+    from eval.traces import Trace
+
+    programs = []
+    for p in trace.programs:
+        turns = []
+        carry = 0
+        for t in p.turns:
+            turns.append(t.model_copy(update={"input_tokens": t.input_tokens + carry,
+                                              "output_tokens": 1}))
+            carry = t.output_tokens - 1
+        programs.append(p.model_copy(update={"turns": turns}))
+    return Trace(name=f"{trace.name}-prefill-view", description=trace.description,
+                 params=trace.params, seed=trace.seed, programs=programs)
+
+
+class SimulatedTau:
+    """tau by simulation (see the module docstring). ``trace``: a trace name or file, as for
+    ``harness bench --trace``; ``rate``: the whole deployment's load (the top of the grid)."""
+
+    def __init__(self, profile: str, trace: str, rate: float, *, programs: int = PROGRAMS,
+                 max_programs: int = MAX_PROGRAMS,
+                 seed: int = 0, ratio: float = GRID_RATIO, flat: float = FLAT,
+                 partner_prefill: int = PARTNER_PREFILL, cache_path: str | Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        from server.perf_model import load_profile
+
+        if not (rate > 0 and math.isfinite(rate)):
+            raise PlanError(f"--rate must be a positive number of programs per second, "
+                            f"got {rate!r}")
+        if not 2 <= programs <= max_programs or ratio <= 1 or partner_prefill < 1:
+            raise PlanError("need 2 <= programs <= max_programs, ratio > 1 and "
+                            "partner_prefill >= 1")
+        self.gpu, self.model = split_profile(profile)
+        self.trace, self.rate, self.programs, self.seed = trace, rate, programs, seed
+        self.max_programs = max_programs
+        self.ratio, self.flat, self.partner_prefill = ratio, flat, partner_prefill
+        self.progress = progress
+        self.skipped: dict[int, str] = {}  # TP degrees the model cannot run at, and why
+        self.unfit: dict[tuple[str, int], str] = {}  # (role, degree) that cannot hold the work
+        self.valid: list[int] = []
+        for d in DEGREES:
+            try:
+                load_profile(self.profile(d))
+            except ValueError as exc:
+                self.skipped[d] = str(exc).split(";")[0]
+            else:
+                self.valid.append(d)
+        if not self.valid:
+            raise PlanError(f"{self.model} runs on {self.gpu} at none of TP {DEGREES}")
+        self.partner = self.profile(max(self.valid))
+        sample = self._workload(32, rate)  # a bad --trace fails now, not after minutes
+        self.program_seconds = self._program_seconds(sample, load_profile(self.partner))
+        self.simulations = 0  # run in this process (not read from the cache)
+        self.sim_seconds = 0.0
+        self.cache_path = Path(cache_path) if cache_path else None
+        self._cache: dict[str, float] = self._read_cache()
+
+    def profile(self, degree: int) -> str:
+        return f"{self.gpu}x{degree}-{self.model}"
+
+    def degrees(self, role: str) -> list[int]:
+        return list(self.valid)
+
+    # -- the grid ---------------------------------------------------------------------------
+    def _grid(self, k: int) -> float:
+        return self.rate / self.ratio ** k
+
+    def tau(self, role: str, degree: int, load: float) -> float:
+        if role not in ROLES or degree not in self.valid:
+            return math.inf
+        k_float = math.log(self.rate / load, self.ratio)
+        k = max(0, math.floor(k_float + 1e-9))  # grid[k] >= load > grid[k + 1]
+        flat_at = self._flat_from(role, degree, k)
+        if flat_at is not None:
+            return self._at(role, degree, flat_at)
+        hi = self._at(role, degree, k)
+        if load > self._grid(k):  # above the top of the grid: the whole rate, or more
+            return math.inf if load > self.rate * (1 + 1e-9) else hi
+        if math.isclose(load, self._grid(k), rel_tol=1e-9) or not math.isfinite(hi):
+            return hi
+        lo = self._at(role, degree, k + 1)
+        return Curve([(self._grid(k + 1), lo), (self._grid(k), hi)])(load)
+
+    def _flat_from(self, role: str, degree: int, k: int) -> int | None:
+        """The first grid index j < k from which tau stopped falling (``flat``), if known."""
+        for j in range(1, k + 1):
+            a, b = self._known(role, degree, j - 1), self._known(role, degree, j)
+            if a is None or b is None:
+                continue
+            if math.isfinite(a) and abs(a - b) <= self.flat * max(a, 1e-12):
+                return j
+        return None
+
+    def _key(self, role: str, degree: int, k: int) -> str:
+        return f"{role}/{degree}/{self._grid(k):.6g}"
+
+    def _known(self, role: str, degree: int, k: int) -> float | None:
+        return self._cache.get(self._key(role, degree, k))
+
+    def _at(self, role: str, degree: int, k: int) -> float:
+        key = self._key(role, degree, k)
+        if key not in self._cache:
+            self._cache[key] = self.simulate(role, degree, self._grid(k))
+            self._write_cache()
+        return self._cache[key]
+
+    # -- one simulation --------------------------------------------------------------------
+    def simulate(self, role: str, degree: int, load: float) -> float:
+        """P95 of the role's latency on one replica of ``degree`` at ``load`` programs/s."""
+        import time
+
+        from cluster.config import parse_cluster
+        from eval.bench import make_engine
+        from eval.cluster_replay import VirtualCluster, replay_cluster
+        from eval.metrics import percentile, tpot_of
+        from server.engine import ContextTooLong
+
+        started = time.perf_counter()
+        trace = self._workload(self.programs_at(load), load)
+        if role == "prefill":
+            trace = prefill_view(trace)
+            replicas = [{"name": "p", "role": "prefill", "profile": self.profile(degree)},
+                        {"name": "d", "role": "decode", "profile": self.partner}]
+        else:
+            replicas = [{"name": "p", "role": "prefill", "profile": self.partner,
+                         "count": self.partner_prefill},
+                        {"name": "d", "role": "decode", "profile": self.profile(degree)}]
+        config = parse_cluster({"name": f"plan-{role}-{degree}", "router": {"strategy": "pd"},
+                                "replicas": replicas})
+        # the longest conversation is all the engines must hold: a replica whose KV cache is
+        # smaller than the model's context (70B on two GPUs) can still serve short programs
+        longest = max(p.final_context_tokens for p in trace.programs)
+
+        def build(spec: Any) -> Any:
+            return make_engine(spec.policy, spec.profile, self.seed, spec.num_gpu_blocks,
+                               spec.offload_gib, spec, config, max_model_len=longest)
+
+        try:
+            cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
+        except ValueError as exc:  # vLLM: the KV cache cannot hold `longest` tokens
+            self.unfit[(role, degree)] = str(exc).split(".")[0]
+            return math.inf
+        try:
+            result = replay_cluster(trace, cluster)
+        except ContextTooLong as exc:
+            self.unfit[(role, degree)] = str(exc).split(":")[0]
+            return math.inf
+        finally:
+            cluster.close()
+        turns = [t for p in result.programs.values() for t in p.turns]
+        if role == "prefill":
+            values = [t.first_token - t.arrival for t in turns if t.first_token is not None]
+        else:
+            values = [x for x in (tpot_of(t) for t in turns) if x is not None]
+        tau = percentile(values, 95) if values else math.inf
+        self.simulations += 1
+        elapsed = time.perf_counter() - started
+        self.sim_seconds += elapsed
+        if self.progress is not None:
+            self.progress(f"simulated {role} TP{degree} at {load:.4g} programs/s "
+                          f"({len(trace.programs)} programs): P95 {tau:.4g} s ({elapsed:.1f} s)")
+        return tau
+
+    @staticmethod
+    def _program_seconds(trace: Any, profile: Any) -> float:
+        """Mean duration of a program alone: tools plus one decode step per output token."""
+        total = 0.0
+        for p in trace.programs:
+            for i, t in enumerate(p.turns):
+                step = profile.step_seconds([], [p.context_before(i)])
+                total += t.tool_seconds + t.output_tokens * step
+        return total / len(trace.programs)
+
+    def programs_at(self, load: float) -> int:
+        """Programs a simulation at ``load`` replays (see the module docstring)."""
+        wanted = math.ceil(load * self.program_seconds)
+        return min(self.max_programs, max(self.programs, wanted))
+
+    def _workload(self, n: int, load: float) -> Any:
+        from eval.bench import BenchError, make_trace
+        from eval.traces import TraceFormatError
+
+        try:
+            return make_trace(self.trace, n, load, self.seed)
+        except (BenchError, TraceFormatError, ValueError) as exc:
+            raise PlanError(f"--trace {self.trace!r}: {exc}") from None
+
+    # -- the cache file --------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "model": self.model, "trace": self.trace, "rate": self.rate,
+                "programs": [self.programs, self.max_programs], "seed": self.seed,
+                "ratio": self.ratio,
+                "partner": self.partner, "partner_prefill": self.partner_prefill}
+
+    def _read_cache(self) -> dict[str, float]:
+        if self.cache_path is None or not self.cache_path.is_file():
+            return {}
+        try:
+            data = json.loads(self.cache_path.read_text())
+        except json.JSONDecodeError:
+            return {}
+        if not isinstance(data, dict) or data.get("identity") != self._identity():
+            return {}  # made for other inputs
+        return {k: float(v) for k, v in data.get("tau", {}).items()}
+
+    def _write_cache(self) -> None:
+        if self.cache_path is None:
+            return
+        from harness.atomic import write_text_atomic
+
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"identity": self._identity(), "tau": self._cache}
+        write_text_atomic(self.cache_path, json.dumps(body, indent=1, sort_keys=True) + "\n")

@@ -1,0 +1,498 @@
+"""An existing router as a baseline: the `vllm-router` package (Rust, PyPI) in front of two
+emulated `harness serve` replicas, replaying a trace over HTTP once per routing mode.
+
+Why: our own multi-replica routing (`cluster.routing`, served by `harness cluster serve`) needs
+something it did not write to be measured against. `vllm-router` is what a vLLM user would put
+in front of N replicas today (consistent hashing for session affinity, round robin, P/D with
+NIXL). Same replicas, same trace, same client (`eval.http_replay`), only the router changes.
+
+What one run does: start two colocated replicas (`ServerProcess`, policy ``vllm`` by default,
+a small KV cache via ``--num-gpu-blocks-override`` so programs contend, ``--enable-log-requests``
+so each replica logs the requests it served), then per mode: reset both replicas' prefix caches
+(vLLM's dev-mode ``POST /reset_prefix_cache``; each replay also salts the cache and suffixes
+the program ids with its own run id, so nothing carries over either way), start `vllm-router`
+in its own process group, replay the trace against it with `eval.http_replay.replay_over_http`
+(``--time-scale`` shortens arrival gaps and tool calls as `harness bench --url` does), stop the
+router. Replicas and router are stopped whatever happens (Ctrl-C and SIGTERM included).
+
+Modes (``--modes``):
+
+* ``vr-hash``: ``vllm-router --policy consistent_hash``; the client sends the program id as the
+  ``X-Session-ID`` header besides the body's ``session_id`` (as every client of ours does:
+  `harness.model_client.session_headers`).
+* ``vr-hash-body``: the same router, with the header taken away, the program id only in the
+  body (what our clients sent before they added the header). vllm-router 0.1.17 does not read
+  body fields on this path (see below), so this is scatter by prompt length.
+* ``vr-rr``: ``vllm-router --policy round_robin`` (every turn to the next replica).
+
+Per mode: JCT mean / P95, prefix hit rate (cached / prompt tokens, from the usage the client
+got), how many programs had turns on both replicas (each request carries a body ``request_id``
+``rb.<session>.<turn>``, which vLLM logs as ``Received request cmpl-rb...`` in that replica's
+log; it plays no part in routing), turns and interception events per replica, and preemptions
+summed over the replicas' ``/metrics``.
+
+What vllm-router 0.1.17 does with our traffic (read in its packaged help, the upstream source
+`src/policies/hash_key.rs`, and checked against recording fake workers):
+
+* ``consistent_hash`` key: the first non-empty header of ``x-session-id``, ``x-user-id``,
+  ``x-tenant-id``, ``x-correlation-id``, ``x-request-id``, ``x-trace-id`` (key
+  ``header:x-session-id:<id>``); 160 virtual nodes per worker. Without one, it hashes the
+  request's *routing text*, not the JSON body: for ``/v1/completions`` with a token-id prompt
+  that is ``token_ids:<prompt length>``, for a string prompt the prompt, for chat completions
+  an empty string (every chat turn without a header goes to the same worker). The body fields
+  its docs list (``session_params.session_id``, ``user``, ``session_id``, ``user_id``) are not
+  used on this path. So our clients must send ``X-Session-ID``.
+* Unknown POST paths are passed through (a transparent proxy): ``POST /v1/agent/events`` reaches
+  *one* worker, chosen by the policy (consistent hash without a session header: a hash of the
+  raw body, so each batch lands on an arbitrary worker; round robin: the next one), with the
+  ``Content-Type`` rewritten to ``application/json`` (our replicas parse NDJSON anyway). An
+  event batch holds several programs' events, so events cannot follow programs' KV caches;
+  harmless for the ``vllm`` policy, fatal for pinning policies (pins never released by the
+  replica that holds them).
+* ``GET /metrics`` and ``POST /reset_prefix_cache`` are proxied to one worker too, so the
+  server counters `http_replay` scrapes through the router are one replica's (under round robin
+  a different replica before and after): this benchmark scrapes each replica itself.
+* The body passes through byte for byte: ``session_id``, ``vllm_xargs``, ``cache_salt``,
+  ``priority``, ``request_id``, token-id ``prompt`` lists and ``stream_options`` all arrive.
+
+TODO: add our own router (`cluster.router_app`, strategies ``session`` and ``round_robin``)
+as more rows on the same replicas once that module exists and serves.
+
+    python -m eval.router_baseline --trace swe --programs 6 --jps 1 --seed 3 --time-scale 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eval import http_replay
+from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
+from eval.traces import Trace
+from harness.atomic import write_json_atomic
+from harness.model_client import SESSION_HEADER
+from harness.server_process import ServerProcess, ServerStartError, free_port
+
+
+class RouterBaselineError(RuntimeError):
+    """Something this benchmark needs is missing or would not start; the message says what."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    policy: str  # vllm-router --policy
+    session_header: bool  # the client sends X-Session-ID
+    about: str
+
+
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("vr-hash", "consistent_hash", True,
+         "vllm-router consistent_hash, X-Session-ID header"),
+    Mode("vr-hash-body", "consistent_hash", False,
+         "vllm-router consistent_hash, session_id in the body only"),
+    Mode("vr-rr", "round_robin", True, "vllm-router round_robin"),
+)}
+DEFAULT_MODES = "vr-hash,vr-rr"
+
+
+# -- vllm-router ---------------------------------------------------------------------------------
+def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int) -> list[str]:
+    """The `vllm-router` command for ``policy`` in front of ``workers``. P/D would instead be
+    ``--vllm-pd-disaggregation --prefill URL [BOOTSTRAP_PORT] ... --decode URL ...
+    [--prefill-policy P] [--decode-policy P] [--kv-connector nixl|mooncake|moriio]``."""
+    return [sys.executable, "-m", "vllm_router.launch_router",
+            "--worker-urls", *workers, "--policy", policy,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--log-level", "info"]
+
+
+class VllmRouter:
+    """`vllm-router` as a child in its own process group; `with VllmRouter(...) as r: r.url`."""
+
+    def __init__(self, policy: str, workers: Sequence[str], log_path: Path,
+                 startup_timeout_s: float = 60.0) -> None:
+        self.port = free_port()
+        self.argv = router_argv(policy, workers, self.port, free_port())
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()[-lines:])
+
+    def start(self) -> VllmRouter:
+        if importlib.util.find_spec("vllm_router") is None:
+            raise RouterBaselineError("the `vllm-router` package is not installed; run "
+                                      "`.venv/bin/pip install vllm-router==0.1.17`")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RouterBaselineError(f"vllm-router exited with {self.process.returncode} "
+                                          f"(log {self.log_path}):\n{self._tail()}")
+            try:  # /v1/models is proxied to a worker: answers once the router routes
+                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RouterBaselineError(f"vllm-router did not answer within "
+                                  f"{self.startup_timeout_s:.0f} s (log {self.log_path}):\n"
+                                  f"{self._tail()}")
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGINT, 10.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            try:
+                process.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> VllmRouter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- the client: tag requests (and optionally add X-Session-ID) --------------------------------
+class _TaggingClient:
+    """Wraps `http_replay`'s httpx client: every completion gets a body ``request_id``
+    ``rb.<session>.<turn>`` (vLLM uses it as the request id and logs it, so each replica's log
+    says which turns it served), and strips the ``X-Session-ID`` header our clients send when a
+mode measures the body alone. Everything else is
+    the wrapped client's."""
+
+    def __init__(self, client: httpx.AsyncClient, session_header: bool) -> None:
+        self._client = client
+        self._session_header = session_header
+
+    def stream(self, method: str, url: str, *, json: dict[str, Any] | None = None,
+               headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        if json is not None and "session_id" in json:
+            session = str(json["session_id"])
+            turn = (json.get("vllm_xargs") or {}).get("turn", "x")
+            json = {**json, "request_id": f"rb.{session}.{turn}"}
+            if not self._session_header:  # our clients send it: take it away
+                headers = {k: v for k, v in (headers or {}).items()
+                           if k.lower() != SESSION_HEADER.lower()}
+        return self._client.stream(method, url, json=json, headers=headers, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@contextlib.contextmanager
+def _tagged_requests(session_header: bool) -> Iterator[None]:
+    """While open, `eval.http_replay` drives its requests through `_TaggingClient`."""
+    original = http_replay._Driver
+
+    class Driver(original):  # type: ignore[misc, valid-type]
+        def __init__(self, trace: Trace, client: httpx.AsyncClient, *args: Any,
+                     **kwargs: Any) -> None:
+            super().__init__(trace, _TaggingClient(client, session_header), *args, **kwargs)
+
+    http_replay._Driver = Driver  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        http_replay._Driver = original  # type: ignore[misc]
+
+
+# -- replica observations -------------------------------------------------------------------
+_RECEIVED = re.compile(r"Received request cmpl-rb\.(\S+)\.(\d+)(?:-\d+)?:")
+
+
+def served_turns(log_path: Path, offset: int) -> list[tuple[str, int]]:
+    """(session, turn) of every tagged request a replica logged after byte ``offset``."""
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        text = log.read().decode(errors="replace")
+    return [(m.group(1), int(m.group(2))) for m in _RECEIVED.finditer(text)]
+
+
+def _scrape(url: str) -> dict[str, float]:
+    async def go() -> dict[str, float]:
+        async with httpx.AsyncClient() as client:
+            return await http_replay._scrape(client, url)
+    return asyncio.run(go())
+
+
+def _events_received(url: str) -> int | None:
+    try:
+        response = httpx.get(f"{url}/v1/agent/events", timeout=5)
+        return int(response.json()["received"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def reset_prefix_cache(url: str, attempts: int = 10) -> bool:
+    """vLLM's dev-mode reset (the replicas run with VLLM_SERVER_DEV_MODE=1); False if refused."""
+    for _ in range(attempts):
+        try:
+            response = httpx.post(f"{url}/reset_prefix_cache", timeout=10)
+        except httpx.HTTPError:
+            return False
+        if response.status_code != 200:
+            return False
+        if response.json().get("success"):
+            return True
+        time.sleep(0.5)  # blocks still held (a request finishing): try again
+    return False
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    about: str
+    router_argv: list[str]
+    metrics: dict[str, Any]
+    cache_reset: bool
+    programs: int = 0
+    split_programs: int = 0  # programs with turns on more than one replica
+    turns_per_replica: list[int] = field(default_factory=list)
+    events_per_replica: list[int | None] = field(default_factory=list)
+    untracked_turns: int = 0  # turns the client saw that no replica log named
+    repeat: int = 0
+
+
+def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: Path,
+             time_scale: float) -> ModeResult:
+    urls = [r.base_url for r in replicas]
+    reset = all(reset_prefix_cache(u) for u in urls)
+    before = [_scrape(u) for u in urls]
+    events_before = [_events_received(u) for u in urls]
+    offsets = [r.log_path.stat().st_size for r in replicas]
+    router = VllmRouter(mode.policy, urls, out / f"router-{mode.name}.log")
+    with router, _tagged_requests(mode.session_header):
+        result: HttpReplayResult = http_replay.replay_over_http(
+            trace, router.url, time_scale=time_scale)
+    time.sleep(0.5)  # the last step's statistics reach /metrics (and the logs) just after
+    after = [_scrape(u) for u in urls]
+    events_after = [_events_received(u) for u in urls]
+    # the router proxies /metrics to one replica: replace its figures with the replicas' sum
+    server: dict[str, float] = {}
+    for b, a in zip(before, after, strict=True):
+        for key in http_replay.SERVER_COUNTERS:
+            if key in b and key in a:
+                server[key] = server.get(key, 0.0) + a[key] - b[key]
+    result.server = server
+    result.total_blocks = int(sum(a.get("num_gpu_blocks", 0) for a in after))
+    steps = int(server.get("engine_steps", 0))
+    result.engine_steps = result.sched_steps = steps
+    metrics = http_replay_metrics(result)
+
+    placed: dict[str, set[int]] = defaultdict(set)
+    turns_per_replica = []
+    for index, (replica, offset) in enumerate(zip(replicas, offsets, strict=True)):
+        served = [(s, t) for s, t in served_turns(replica.log_path, offset)
+                  if s.endswith(f"@{result.run_id}")]
+        turns_per_replica.append(len(served))
+        for session, _turn in served:
+            placed[session].add(index)
+    client_turns = sum(len(p.turns) for p in result.programs.values())
+    return ModeResult(
+        mode=mode.name, about=mode.about, router_argv=router.argv, metrics=metrics,
+        cache_reset=reset, programs=len(result.programs),
+        split_programs=sum(1 for where in placed.values() if len(where) > 1),
+        turns_per_replica=turns_per_replica,
+        events_per_replica=[None if b is None or a is None else a - b
+                            for b, a in zip(events_before, events_after, strict=True)],
+        untracked_turns=client_turns - sum(turns_per_replica))
+
+
+# -- replicas ---------------------------------------------------------------------------------
+def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
+                   out: Path) -> list[ServerProcess]:
+    """``n`` emulated replicas started side by side; all stopped again if one fails."""
+    # vLLM refuses a KV cache smaller than one max-length request: cap the length to fit
+    max_model_len = min(32768, (num_gpu_blocks - 1) * 16)
+    replicas = [ServerProcess(policy=policy, profile=profile,
+                              serve_args=["--max-model-len", str(max_model_len)],
+                              vllm_args=["--num-gpu-blocks-override", str(num_gpu_blocks),
+                                         "--enable-log-requests"],
+                              log_path=out / f"replica-{i}.log",
+                              # INFO: the request log says which replica served a turn (a
+                              # caller's VLLM_LOGGING_LEVEL=ERROR would hide it)
+                              env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"})
+                for i in range(n)]
+    out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(r.start) for r in replicas]
+        errors = [f.exception() for f in futures]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        for r in replicas:
+            r.stop()
+        if isinstance(failed[0], ServerStartError):
+            raise RouterBaselineError(f"a replica did not start: {failed[0]}")
+        raise failed[0]
+    return replicas
+
+
+# -- output ----------------------------------------------------------------------------------
+def _s(value: Any) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{value:.1f} s"
+
+
+def format_table(results: Sequence[ModeResult]) -> str:
+    repeated = any(r.repeat for r in results)
+    head = ("| mode | JCT mean | JCT P95 | prefix hit rate | programs on both replicas | "
+            "turns per replica | events per replica | preemptions |")
+    rows = [head, "|" + "---|" * 8]
+    for r in results:
+        m = r.metrics
+        events = "/".join("?" if e is None else str(e) for e in r.events_per_replica)
+        turns = "/".join(str(t) for t in r.turns_per_replica)
+        if r.untracked_turns:
+            turns += f" (+{r.untracked_turns} untracked)"
+        label = f"{r.mode} #{r.repeat + 1}" if repeated else r.mode
+        rows.append(f"| {label} | {_s(m.get('jct_mean_s'))} | {_s(m.get('jct_p95_s'))} | "
+                    f"{m.get('prefix_hit_rate', math.nan):.3f} | "
+                    f"{r.split_programs}/{r.programs} | {turns} | {events} | "
+                    f"{m.get('preemptions')} |")
+    return "\n".join(rows)
+
+
+# -- command line -----------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", default="swe", help="trace name (swe, bfcl, mix, merge) or file")
+    p.add_argument("--programs", type=int, default=6)
+    p.add_argument("--jps", type=float, default=1.0, help="arrival rate, jobs/s")
+    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--time-scale", type=float, default=0.2,
+                   help="multiply arrival gaps and tool durations (default 0.2)")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help=f"comma-separated, from {', '.join(MODES)} (default {DEFAULT_MODES})")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every mode this many times (program ids, hence hash placement, "
+                   "differ per run)")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--policy", default="vllm", help="the replicas' policy (default vllm)")
+    p.add_argument("--profile", default="h100-llama-3.1-8b")
+    p.add_argument("--num-gpu-blocks", type=int, default=1024,
+                   help="KV cache per replica in 16-token blocks (default 1024: 16k tokens)")
+    p.add_argument("--out", default="runs/router-baseline",
+                   help="folder for summary.json and the replicas' and routers' logs")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.router_baseline",
+                                     description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.error(f"--modes: unknown {', '.join(unknown) or '(none given)'}; "
+                     f"choose from {', '.join(MODES)}")
+    if args.replicas < 1 or args.repeats < 1 or args.num_gpu_blocks < 16:
+        parser.error("--replicas and --repeats must be >= 1, --num-gpu-blocks >= 16")
+    if importlib.util.find_spec("vllm_router") is None:
+        print("error: the `vllm-router` package is not installed; run "
+              "`.venv/bin/pip install vllm-router==0.1.17`", file=sys.stderr)
+        return 2
+
+    from eval.bench import BenchError, make_trace
+
+    try:
+        trace = make_trace(args.trace, args.programs, args.jps, args.seed)
+        http_replay.scale_trace(trace, args.time_scale)  # validates the scale
+    except (BenchError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    out = Path(args.out)
+    # SIGTERM must unwind through the `finally` below, or the replicas outlive us
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    replicas: list[ServerProcess] = []
+    results: list[ModeResult] = []
+    try:
+        print(f"starting {args.replicas} replicas ({args.policy}, {args.profile}, "
+              f"{args.num_gpu_blocks} blocks each) ...", flush=True)
+        replicas = start_replicas(args.replicas, args.policy, args.profile,
+                                  args.num_gpu_blocks, out)
+        for repeat in range(args.repeats):
+            for name in modes:
+                print(f"{name}: {MODES[name].about} ...", flush=True)
+                result = run_mode(MODES[name], trace, replicas, out, args.time_scale)
+                result.repeat = repeat
+                results.append(result)
+    except (RouterBaselineError, HttpReplayError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; replicas and router stopped", file=sys.stderr)
+        return 130
+    finally:
+        for r in replicas:
+            r.stop()
+        signal.signal(signal.SIGTERM, previous)
+    summary = {"trace": trace.name, "programs": len(trace.programs), "jps": args.jps,
+               "seed": args.seed, "time_scale": args.time_scale, "policy": args.policy,
+               "profile": args.profile, "num_gpu_blocks": args.num_gpu_blocks,
+               "replicas": args.replicas,
+               "results": [{**r.__dict__, "metrics": _jsonable(r.metrics)} for r in results]}
+    write_json_atomic(out / "summary.json", summary)
+    print()
+    print(f"{len(trace.programs)} programs of {trace.name} at {args.jps:g} jobs/s, time scale "
+          f"{args.time_scale:g}, {args.replicas} x {args.profile} ({args.policy}, "
+          f"{args.num_gpu_blocks} blocks)")
+    print(format_table(results))
+    print(f"\nsummary and logs in {out}/")
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

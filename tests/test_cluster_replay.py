@@ -1,0 +1,139 @@
+"""The virtual-time cluster: several real engines on their own clocks behind one router."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.config import parse_cluster
+from eval.bench import make_trace
+from eval.cluster_replay import VirtualCluster, replay_cluster
+from eval.metrics import cluster_metrics, replay_metrics
+
+PROFILE = "h100-llama-3.1-8b"
+BLOCKS = 1100  # ~18k tokens per replica, so programs contend for memory
+
+
+def colocated(n: int, strategy: str, blocks: int = BLOCKS):
+    return parse_cluster({"router": {"strategy": strategy},
+                          "replicas": [{"name": "r", "count": n, "profile": PROFILE,
+                                        "policy": "vllm", "num_gpu_blocks": blocks}]})
+
+
+def run(config, trace, leaks: dict | None = None):
+    """Replay; `leaks` (if given) gets, per replica, KV blocks neither free nor evictable
+    once every program has ended (a leak: none may be left)."""
+    cluster = VirtualCluster(config)
+    try:
+        result = replay_cluster(trace, cluster)
+        if leaks is not None:
+            for replica in cluster.replicas:
+                scheduler = replica.engine.scheduler
+                pool = scheduler.kv_cache_manager.block_pool
+                leaks[replica.name] = (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
+                                       len(scheduler.pins))
+        return result
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return make_trace("swe", 8, 2.0, seed=5)
+
+
+@pytest.fixture(scope="module")
+def two(trace):
+    return {s: run(colocated(2, s), trace) for s in ("session", "round_robin")}
+
+
+def test_session_keeps_programs_whole_and_round_robin_scatters_them(trace, two):
+    session = cluster_metrics(two["session"])
+    scattered = cluster_metrics(two["round_robin"])
+    assert session["programs_split_across_replicas"] == 0
+    assert scattered["programs_split_across_replicas"] == len(trace.programs)
+    # a scattered turn finds its history on the other replica's GPU: recomputed, not cached
+    hit = {s: replay_metrics(r)["prefix_hit_rate"] for s, r in two.items()}
+    assert hit["session"] > hit["round_robin"] + 0.2
+    assert session["local_prefill_share"] == 1.0 and session["kv_bytes_moved"] == 0
+    # both replicas did work, and every turn's replica is recorded
+    assert all(r["turns_decoded"] > 0 for r in session["replicas"])
+    assert sum(r["turns_decoded"] for r in session["replicas"]) == sum(
+        p.n_turns for p in trace.programs)
+
+
+def test_same_seed_same_numbers(trace, two):
+    again = run(colocated(2, "session"), trace)
+    first = two["session"]
+    assert again.makespan == first.makespan
+    assert [t.first_token for p in again.programs.values() for t in p.turns] == [
+        t.first_token for p in first.programs.values() for t in p.turns]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--routers", "session"], "--routers compares routing strategies of a --cluster FILE"),
+    (["--cluster", "CLUSTER", "--routers", "pd"], "needs at least one `role: prefill`"),
+    (["--cluster", "CLUSTER", "--policies", "vllm+offload"], "plain policy names"),
+    (["--cluster", "CLUSTER", "--url", "http://127.0.0.1:9"], "router of `harness cluster"),
+    (["--cluster", "missing.yaml"], "no cluster file"),
+])
+def test_bench_cluster_mistakes_are_clear(tmp_path, capsys, argv, words):
+    from harness.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text("replicas: [{name: r, count: 2}]\n")
+    argv = [str(path) if a == "CLUSTER" else a for a in argv]
+    assert main(["bench", "--trace", "swe", "--programs", "2", "--out", str(tmp_path / "o"),
+                 *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_no_block_leaks_on_any_replica_after_a_mixed_run():
+    """Continuum pins on three replicas, scattered and bound programs mixed, memory tight
+    enough for pressure releases: every block comes back. (Seed 1 once hung: one program's
+    turn outgrew the 14,384-token context that 900 blocks allow; such programs are now found
+    before the run, `eval.replay.too_long_turns`, and left out here.)"""
+    from eval.replay import too_long_turns
+
+    trace = make_trace("swe", 6, 3.0, seed=1)
+    config = parse_cluster({"router": {"strategy": "session"}, "replicas": [
+        {"name": "r", "count": 3, "policy": "continuum", "num_gpu_blocks": 900}]})
+    long = {pid for pid, _, _ in too_long_turns(trace, 16 * 899)}
+    trace = trace.model_copy(update={"programs": [p for p in trace.programs
+                                                  if p.id not in long]})
+    for strategy in ("session", "round_robin"):
+        config.router.strategy = strategy
+        leaks: dict = {}
+        result = run(config, trace, leaks)
+        assert all(p.finished is not None for p in result.programs.values())
+        assert leaks == {f"r{i}": (0, 0) for i in range(3)}, strategy
+        assert result.pin_stats["pinned"] > 0
+
+
+def test_ampd_routes_every_turn_and_counts_why():
+    """AMPD on a 1P2D virtual cluster: first turns go remote (binding as `pd`), later turns by
+    Algorithm 1 from what the loop feeds the router (prefill latency, token gaps, queues)."""
+    from cluster.ampd import AMPDRouter
+
+    trace = make_trace("swe", 4, 1.0, seed=5)
+    config = parse_cluster({"router": {"strategy": "ampd"}, "replicas": [
+        {"name": "p", "role": "prefill", "profile": PROFILE, "num_gpu_blocks": BLOCKS},
+        {"name": "d", "role": "decode", "count": 2, "profile": PROFILE,
+         "num_gpu_blocks": BLOCKS}]})
+    cluster = VirtualCluster(config)
+    try:
+        assert isinstance(cluster.router, AMPDRouter)
+        result = replay_cluster(trace, cluster)
+        decisions = dict(cluster.router.decisions)
+        assert cluster.router.ttft.mean("p", result.makespan + 1e9) is None  # window passed
+        held = {r.name: r.engine.held_blocks() for r in cluster.replicas}
+    finally:
+        cluster.close()
+    turns = sum(p.n_turns for p in trace.programs)
+    assert all(p.finished is not None for p in result.programs.values())
+    assert decisions["initial"] == len(trace.programs)
+    assert sum(decisions.values()) == turns
+    metrics = cluster_metrics(result)
+    local = sum(1 for p in result.programs.values() for t in p.turns if t.prefill_replica is None)
+    assert metrics["local_prefill_share"] == pytest.approx(local / turns)
+    assert local == decisions.get("local_slack", 0) + decisions.get("local_cost", 0)
+    assert held == {"p": 0, "d0": 0, "d1": 0}

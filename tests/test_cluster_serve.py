@@ -1,0 +1,632 @@
+"""`harness cluster serve`: the router app, the launcher, and a real 2-replica cluster.
+
+Fast tests drive the router app against fake replicas (an httpx mock transport) and the
+launcher with fake replica processes. The `server` tests start a real colocated cluster of two
+emulated `harness serve` replicas (~60 s on 2 cores) once for the module, drive it with the
+`openai` package through the router, kill a replica, and stop the launcher with SIGTERM; one
+more single-replica cluster is killed with SIGKILL. In both cases no replica process may be
+left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from cluster.config import RouterSpec, load_cluster, parse_cluster
+from cluster.launcher import (
+    Launcher,
+    LauncherError,
+    group_members,
+    max_model_len,
+    replica_command,
+    replica_ports,
+)
+from cluster.router_app import (
+    KV_USAGE_METRIC,
+    ReplicaEndpoint,
+    create_app,
+    parse_metrics,
+    prefill_body,
+    program_of,
+    turn_of,
+)
+from harness.server_process import free_port
+
+MODEL = "llama-3.1-8b"
+PARAGRAPH = ("The repository keeps its parser in a single module, and the failing test shows "
+             "that nested brackets are closed in the wrong order when a quote appears inside. ")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- helpers without servers -----------------------------------------------------------------
+
+def test_parse_metrics_reads_vllm_gauges():
+    text = textwrap.dedent("""\
+        # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+        # TYPE vllm:kv_cache_usage_perc gauge
+        vllm:kv_cache_usage_perc{engine="0",model_name="llama-3.1-8b"} 0.25
+        vllm:kv_cache_usage_perc{engine="1",model_name="llama-3.1-8b"} 0.5
+        vllm:num_requests_running{engine="0",model_name="llama-3.1-8b"} 3.0
+        vllm:num_requests_running{engine="1",model_name="llama-3.1-8b"} 2.0
+        vllm:kv_cache_usage_perc_other 0.9
+        """)
+    values = parse_metrics(text)
+    assert values[KV_USAGE_METRIC] == 0.5  # the fullest engine
+    assert values["vllm:num_requests_running"] == 5.0
+    assert "vllm:num_requests_waiting" not in values
+
+
+def test_request_fields():
+    assert program_of({"session_id": "p1"}, {"X-Session-ID": "p2"}) == "p1"
+    assert program_of({}, {"X-Session-ID": "p2"}) == "p2"
+    assert program_of({}, {}) is None
+    assert turn_of({"vllm_xargs": {"turn": 3}}) == 3
+    assert turn_of({"vllm_xargs": {"turn": "x"}}) == 0 and turn_of({}) == 0
+    body = {"messages": [], "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": 50, "max_completion_tokens": 50, "min_tokens": 5}
+    first = prefill_body(body, {"do_remote_decode": True}, chat=True)
+    assert first["max_tokens"] == 1 and first["max_completion_tokens"] == 1
+    assert first["stream"] is False and "stream_options" not in first
+    assert "min_tokens" not in first and first["kv_transfer_params"] == {"do_remote_decode": True}
+    assert body["max_tokens"] == 50  # the original is untouched
+
+
+# -- the router app against fake replicas ----------------------------------------------------
+
+class FakeReplicas:
+    """Replicas behind an httpx mock transport: records what each got; `dead` refuse."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names  # port -> name
+        self.got: list[tuple[str, str, Any]] = []  # (replica, path, body)
+        self.dead: set[str] = set()
+        self.stream_breaks: set[str] = set()  # replicas whose stream dies after 2 chunks
+        self.kv: dict[str, float] = {}
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        name = self.names[request.url.port]
+        if name in self.dead:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        path = request.url.path
+        if path == "/metrics":
+            return httpx.Response(200, text=f'{KV_USAGE_METRIC}{{engine="0"}} '
+                                            f'{self.kv.get(name, 0.0)}\n')
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL, "replica": name}]})
+        raw = request.content.decode()
+        if path == "/v1/agent/events":
+            lines = [json.loads(line) for line in raw.splitlines()]
+            self.got.append((name, path, lines))
+            return httpx.Response(200, json={"accepted": len(lines), "forwarded": len(lines)})
+        body = json.loads(raw)
+        self.got.append((name, path, body))
+        params = body.get("kv_transfer_params")
+        if params and params.get("do_remote_decode"):  # a prefill replica's answer
+            return httpx.Response(200, json={"choices": [], "kv_transfer_params": {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": name, "remote_request_id": "r1",
+                "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 1}})
+        if body.get("stream"):
+            breaks = name in self.stream_breaks
+
+            async def chunks():
+                for i in range(4):
+                    if breaks and i == 2:
+                        raise httpx.ReadError("connection reset")
+                    yield f"data: {json.dumps({'i': i, 'replica': name})}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+
+            return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                  content=chunks())
+        return httpx.Response(200, json={"replica": name, "usage": {"prompt_tokens": 1}})
+
+
+def fake_cluster(roles: dict[str, str], strategy: str = "session"):
+    ports = {name: 9100 + i for i, name in enumerate(roles)}
+    fake = FakeReplicas({port: name for name, port in ports.items()})
+    endpoints = [ReplicaEndpoint(name, role, f"http://127.0.0.1:{ports[name]}")
+                 for name, role in roles.items()]
+    app = create_app(endpoints, RouterSpec(strategy=strategy), name="fake",
+                     transport=httpx.MockTransport(fake), poll_interval_s=0.05)
+    return app, fake
+
+
+def chat(client: TestClient, program: str | None, turn: int = 0, **extra: Any) -> httpx.Response:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": 8, "vllm_xargs": {"turn": turn}, **extra}
+    if program is not None:
+        body["session_id"] = program
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_router_keeps_a_program_on_one_replica_and_routes_its_events():
+    app, fake = fake_cluster({"a": "colocated", "b": "colocated", "c": "colocated"})
+    with TestClient(app) as client:
+        first = {p: chat(client, p).headers["x-harness-replica"] for p in map(str, range(12))}
+        assert len(set(first.values())) > 1  # programs spread over the replicas
+        for p, replica in first.items():
+            again = chat(client, p, turn=1)
+            assert again.status_code == 200 and again.headers["x-harness-replica"] == replica
+            assert again.json()["replica"] == replica
+        # the body reaches the replica unchanged, the program id also as a header
+        assert fake.got[-1][2]["session_id"] == "11"
+        answer = client.post("/v1/agent/events", content=(
+            '{"type": "tool_start", "program_id": "3", "tool": "bash", "predicted_s": 2}\n'
+            '{"type": "program_end", "program_id": "3"}'))
+        assert answer.status_code == 200
+        assert answer.json()["accepted"] == 2 and answer.json()["forwarded"] == 2
+        assert list(answer.json()["replicas"]) == [first["3"]]
+        assert fake.got[-1][0] == first["3"] and len(fake.got[-1][2]) == 2
+        assert app.state.cluster.router.bound("3") is None  # program_end ended the binding
+        bad = client.post("/v1/agent/events", json={"type": "tool_stop", "program_id": "3"})
+        assert bad.status_code == 400 and "type" in bad.json()["error"]
+        state = client.get("/v1/cluster").json()
+        assert state["counters"]["requests"] == 24 and state["counters"]["programs_ended"] == 1
+        assert sum(r["routed"] for r in state["replicas"]) == 24
+        assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+        assert client.get("/health").json()["alive"] == ["a", "b", "c"]
+
+
+def test_events_follow_the_program_across_replicas_under_round_robin():
+    """`cluster.placement`'s rule, served: program_start is held and reaches each replica just
+    before the program's first turn there; tool events go where the latest turn ran;
+    program_end goes to every replica the program touched."""
+    app, fake = fake_cluster({"a": "colocated", "b": "colocated"}, strategy="round_robin")
+    with TestClient(app) as client:
+        start = client.post("/v1/agent/events", json={"type": "program_start",
+                                                      "program_id": "p"})
+        assert start.json()["forwarded"] == 0 and start.json()["held"] == 1
+        served = [chat(client, "p", turn=t).headers["x-harness-replica"] for t in range(3)]
+        assert set(served) == {"a", "b"}
+        seen = [(name, path) for name, path, _ in fake.got]
+        first, second = served[0], served[1]
+        assert seen == [(first, "/v1/agent/events"), (first, "/v1/chat/completions"),
+                        (second, "/v1/agent/events"), (second, "/v1/chat/completions"),
+                        (served[2], "/v1/chat/completions")]
+        assert fake.got[0][2] == [{"type": "program_start", "program_id": "p"}]
+        tool = client.post("/v1/agent/events",
+                           json={"type": "tool_end", "program_id": "p", "seconds": 1.0})
+        assert list(tool.json()["replicas"]) == [served[2]]
+        end = client.post("/v1/agent/events", json={"type": "program_end", "program_id": "p"})
+        assert set(end.json()["replicas"]) == {"a", "b"} and end.json()["forwarded"] == 1
+        counters = client.get("/v1/cluster").json()["counters"]
+        assert counters["events_received"] == 3 and counters["events_dropped"] == 0
+        assert chat(client, None).status_code == 200  # no program id: routed all the same
+
+
+def test_streaming_is_relayed_and_a_dead_replica_is_named():
+    app, fake = fake_cluster({"a": "colocated", "b": "colocated"})
+    with TestClient(app) as client:
+        replica = chat(client, "p").headers["x-harness-replica"]
+        other = "b" if replica == "a" else "a"
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": MODEL, "messages": [], "session_id": "p", "stream": True}) as answer:
+            assert answer.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+        assert len(events) == 5 and events[-1] == "data: [DONE]"
+        assert json.loads(events[0][6:]) == {"i": 0, "replica": replica}
+
+        fake.stream_breaks.add(replica)  # the replica dies in the middle of a stream
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": MODEL, "messages": [], "session_id": "p", "stream": True}) as answer:
+            events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+        error = json.loads(events[-1][6:])["error"]
+        assert error["replica"] == replica and f"replica {replica} at 127.0.0.1:" in \
+            error["message"] and "is not answering" in error["message"]
+
+        fake.dead.add(replica)  # gone for good
+        app.state.cluster.replicas[replica].alive = True  # as if not noticed yet
+        answer = chat(client, "p", turn=1)
+        assert answer.status_code == 502
+        message = answer.json()["error"]["message"]
+        assert message.startswith(f"replica {replica} at 127.0.0.1:") and \
+            "is not answering: [Errno 111] Connection refused" in message
+        state = {r["name"]: r for r in client.get("/v1/cluster").json()["replicas"]}
+        assert state[replica]["alive"] is False and state[replica]["in_flight"] == 0
+        # the program and new ones go to the live replica
+        assert chat(client, "p", turn=2).headers["x-harness-replica"] == other
+        assert all(chat(client, f"new-{i}").headers["x-harness-replica"] == other
+                   for i in range(5))
+        assert client.get("/v1/cluster").json()["counters"]["rebinds"] == 1
+        fake.dead.add(other)
+        app.state.cluster.replicas[other].alive = False
+        answer = chat(client, "q")
+        assert answer.status_code == 503 and "no live replica" in answer.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+
+
+def test_metrics_poll_marks_dead_and_revives():
+    app, fake = fake_cluster({"a": "colocated", "b": "colocated"})
+    with TestClient(app) as client:
+        fake.kv["a"] = 0.75
+        fake.dead.add("b")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            state = {r["name"]: r for r in client.get("/v1/cluster").json()["replicas"]}
+            if state["a"]["kv_usage"] == 0.75 and not state["b"]["alive"]:
+                break
+            time.sleep(0.05)
+        assert state["a"]["kv_usage"] == 0.75 and state["b"]["alive"] is False
+        fake.dead.discard("b")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not app.state.cluster.replicas["b"].alive:
+            time.sleep(0.05)
+        assert app.state.cluster.replicas["b"].alive
+        app.state.cluster.mark_exited("b", -9)  # the launcher saw its process end: for good
+        time.sleep(0.3)
+        assert not app.state.cluster.replicas["b"].alive
+
+
+def test_pd_turn_prefills_remotely_then_decodes_with_the_returned_params():
+    pytest.importorskip("cluster.pd")
+    app, fake = fake_cluster({"p": "prefill", "d0": "decode", "d1": "decode"}, strategy="pd")
+    with TestClient(app) as client:
+        answer = chat(client, "prog", max_completion_tokens=64)
+        assert answer.status_code == 200 and answer.headers["x-harness-prefill"] == "p"
+        decode = answer.headers["x-harness-replica"]
+        (p_name, _, first), (d_name, _, second) = fake.got[-2:]
+        assert (p_name, d_name) == ("p", decode)
+        assert first["max_tokens"] == 1 and first["max_completion_tokens"] == 1
+        assert first["kv_transfer_params"]["do_remote_decode"] is True
+        assert second["max_completion_tokens"] == 64
+        assert second["kv_transfer_params"]["remote_engine_id"] == "p"
+        assert second["kv_transfer_params"]["remote_block_ids"] == [1, 2]
+        assert chat(client, "prog", turn=1).headers["x-harness-replica"] == decode
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": MODEL, "messages": [], "session_id": "prog", "stream": True,
+                "stream_options": {"include_usage": True}}) as answer:
+            events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+        assert answer.headers["x-harness-replica"] == decode and len(events) == 5
+        (_, _, first), (_, _, second) = fake.got[-2:]
+        assert first["stream"] is False and "stream_options" not in first
+        assert second["stream"] is True and second["kv_transfer_params"]["do_remote_prefill"]
+        events = client.post("/v1/agent/events", json={"type": "tool_start",
+                                                       "program_id": "prog", "tool": "bash"})
+        assert list(events.json()["replicas"]) == [decode]  # the program's decode replica
+        counters = client.get("/v1/cluster").json()["counters"]
+        assert counters["pd_prefills"] == 3 and counters["pd_fallbacks"] == 0
+
+
+# -- the launcher, with fake and real replicas -----------------------------------------------
+
+def cluster_file(tmp_path: Path, replicas: list[dict[str, Any]], name: str = "t",
+                 strategy: str = "session") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps({"name": name, "router": {"strategy": strategy},
+                                "replicas": replicas}))
+    return path
+
+
+def test_replica_commands_are_separate(tmp_path):
+    config = load_cluster(ROOT / "cluster" / "examples" / "colocated-2-tiny.yaml")
+    ports = replica_ports(config, 8200)
+    assert ports == {"d0": 8200, "d1": 8201}
+    (argv0, env0), (argv1, env1) = (replica_command(config, s, ports[s.name])
+                                    for s in config.replicas)
+    assert argv0[argv0.index("--port") + 1] == "8200"
+    assert argv0[argv0.index("--num-gpu-blocks-override") + 1] == "512"
+    assert argv0[argv0.index("--max-model-len") + 1] == str(max_model_len(config.replicas[0]))
+    assert env0["HARNESS_EVENTS_IPC"] != env1["HARNESS_EVENTS_IPC"]
+    clash = parse_cluster({"replicas": [{"name": "a", "port": 8301}, {"name": "b"}]})
+    with pytest.raises(LauncherError, match="both use port 8301"):
+        replica_ports(clash, 8300)
+
+
+FAKE_REPLICA = textwrap.dedent("""\
+    import http.server, os, signal, subprocess, sys
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stubborn: only SIGKILL ends it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """)
+
+
+def test_failed_replica_stops_the_others_and_shows_its_log(tmp_path):
+    config = load_cluster(cluster_file(tmp_path, [{"name": "good"}, {"name": "bad"}]))
+    base = free_port()
+    lines: list[str] = []
+    launcher = Launcher(config, base_port=base, log_dir=tmp_path / "logs", out=lines.append)
+    good, bad = launcher.replicas
+    good.argv = [sys.executable, "-c", "import time; time.sleep(600)"]
+    bad.argv = [sys.executable, "-c", "import sys, time; time.sleep(0.5); "
+                "print('no KV cache for you'); sys.exit(3)"]
+    with pytest.raises(LauncherError) as failure:
+        launcher.start()
+    assert "replica bad exited with code 3" in str(failure.value)
+    assert "no KV cache for you" in str(failure.value)
+    assert good.process is not None and good.process.poll() is not None  # stopped
+    assert any("bad: colocated" in line for line in lines)
+
+
+def test_sigkilled_launcher_leaves_no_process(tmp_path):
+    """PR_SET_PDEATHSIG plus the reaper: stubborn fake replicas and their children go too."""
+    script = tmp_path / "launch.py"
+    file = str(cluster_file(tmp_path, [{"name": "a"}, {"name": "b"}]))
+    logs = str(tmp_path / "logs")
+    script.write_text(textwrap.dedent(f"""\
+        import sys, time
+        from cluster.config import load_cluster
+        from cluster.launcher import Launcher
+        launcher = Launcher(load_cluster({file!r}), base_port={free_port()}, log_dir={logs!r},
+                            reap_grace_s=1.0)
+        for r in launcher.replicas:
+            r.argv = [sys.executable, "-c", {FAKE_REPLICA!r}, str(r.port)]
+        launcher.start()
+        print("PIDS", *[r.pid for r in launcher.replicas], flush=True)
+        time.sleep(600)
+        """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        line = ""
+        while not line.startswith("PIDS"):
+            line = proc.stdout.readline()
+            assert line, "the launcher ended before its replicas were up"
+        groups = [int(p) for p in line.split()[1:]]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sum(len(group_members(g)) for g in groups) < 4:
+            time.sleep(0.1)
+        assert sum(len(group_members(g)) for g in groups) == 4  # replicas + their children
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(group_members(g) for g in groups):
+            time.sleep(0.2)
+        assert not any(group_members(g) for g in groups)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# -- a real cluster ----------------------------------------------------------------------------
+
+class Cluster:
+    """`python -m harness.cluster_cli serve FILE` in a subprocess (its own session)."""
+
+    def __init__(self, tmp: Path, replicas: list[dict[str, Any]], name: str,
+                 strategy: str = "session") -> None:
+        for spec in replicas:
+            spec.setdefault("port", free_port())
+        self.file = cluster_file(tmp, replicas, name, strategy)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.out = tmp / f"{name}.out"
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "harness.cluster_cli", "serve", str(self.file), "--port",
+             str(self.port), "--log-dir", str(tmp / f"{name}-logs")],
+            stdout=self.out.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
+            start_new_session=True)
+        self.groups: list[int] = []
+
+    def wait_ready(self, timeout_s: float = 420.0) -> Cluster:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the launcher exited with {self.process.returncode}:\n"
+                            f"{self.out.read_text()}")
+            try:
+                state = httpx.get(self.url + "/v1/cluster", timeout=2).json()
+                self.groups = [r["pid"] for r in state["replicas"]]
+                self.ready_s = time.monotonic() - self.started
+                return self
+            except httpx.HTTPError:
+                time.sleep(1)
+        self.kill()
+        pytest.fail(f"the cluster did not come up in {timeout_s:.0f} s:\n{self.out.read_text()}")
+
+    def state(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/v1/cluster", timeout=5).json()
+
+    def replica(self, name: str) -> dict[str, Any]:
+        return next(r for r in self.state()["replicas"] if r["name"] == name)
+
+    def members(self) -> list[int]:
+        return [pid for g in self.groups for pid in group_members(g)]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for pid in self.groups:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    blocks = {"role": "colocated", "policy": "vllm", "num_gpu_blocks": 512}
+    c = Cluster(tmp, [{"name": "d0", **blocks}, {"name": "d1", **blocks}], "two").wait_ready()
+    print(f"2-replica cluster ready after {c.ready_s:.0f} s")
+    yield c
+    c.kill()
+
+
+def ask(c: Cluster, program: str, messages: list[dict], turn: int, **xargs: Any):
+    client = openai.OpenAI(base_url=c.url + "/v1", api_key="unused", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=16,
+        extra_body={"session_id": program, "vllm_xargs": {"turn": turn, **xargs}})
+    return raw.headers["x-harness-replica"], raw.parse()
+
+
+def cached(response) -> int:
+    details = response.usage.prompt_tokens_details
+    return int(details.cached_tokens or 0) if details else 0
+
+
+@pytest.mark.server
+def test_two_turns_of_a_program_share_a_replica_and_its_cache(cluster):
+    first = [{"role": "system", "content": "You are a careful software engineer."},
+             {"role": "user", "content": PARAGRAPH * 12 + " Program two-turns."}]
+    where1, r1 = ask(cluster, "two-turns", first, 0, tool="bash")
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content or "ok"},
+                      {"role": "user", "content": "Observation: 3 passed, 1 failed."}]
+    where2, r2 = ask(cluster, "two-turns", second, 1)
+    assert where1 == where2
+    assert r1.usage.prompt_tokens > 300
+    assert cached(r2) >= r1.usage.prompt_tokens // 16 * 16
+    # streamed through as it is made: the first chunk long before the last
+    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0)
+    started = time.monotonic()
+    stamps = [time.monotonic() - started for chunk in client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "count"}], max_tokens=300,
+        stream=True, extra_body={"session_id": "streamer",
+                                 "vllm_xargs": {"emulate_output_tokens": 300}})
+        if chunk.choices and chunk.choices[0].delta.content]
+    assert len(stamps) >= 250 and stamps[0] < stamps[-1] / 2
+
+
+@pytest.mark.server
+def test_events_reach_the_serving_replica(cluster):
+    serving, _ = ask(cluster, "evented", [{"role": "user", "content": "go"}], 0)
+    replicas = {r["name"]: r["url"] for r in cluster.state()["replicas"]}
+    before = {n: httpx.get(u + "/v1/agent/events").json()["received"]
+              for n, u in replicas.items()}
+    events = [{"type": "tool_start", "program_id": "evented", "tool": "bash:pytest",
+               "predicted_s": 1.5},
+              {"type": "tool_end", "program_id": "evented", "tool": "bash:pytest",
+               "seconds": 1.2, "return_tokens": 40}]
+    answer = httpx.post(cluster.url + "/v1/agent/events",
+                        content="\n".join(json.dumps(e) for e in events))
+    assert answer.status_code == 200 and answer.json()["forwarded"] == 2
+    assert list(answer.json()["replicas"]) == [serving]
+    after = {n: httpx.get(u + "/v1/agent/events").json()["received"]
+             for n, u in replicas.items()}
+    assert {n: after[n] - before[n] for n in replicas} == {
+        n: 2 if n == serving else 0 for n in replicas}
+
+
+@pytest.mark.server
+def test_a_dead_replica_fails_clearly_and_programs_move(cluster):
+    victim, _ = ask(cluster, "victim", [{"role": "user", "content": "go"}], 0)
+    other = "d1" if victim == "d0" else "d0"
+    address = cluster.replica(victim)["url"].split("://")[1]
+    result: dict[str, httpx.Response] = {}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a long answer"}],
+            "max_tokens": 4000, "session_id": "victim",
+            "vllm_xargs": {"turn": 1, "emulate_output_tokens": 4000}}
+    thread = threading.Thread(target=lambda: result.update(answer=httpx.post(
+        cluster.url + "/v1/chat/completions", json=body, timeout=120)))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and cluster.replica(victim)["engine_running"] < 1:
+        time.sleep(0.1)
+    assert cluster.replica(victim)["in_flight"] == 1
+    pid = cluster.replica(victim)["pid"]
+    os.kill(pid, signal.SIGKILL)  # the API server crashes; its engine core would live on
+    thread.join(60)
+    answer = result["answer"]
+    assert answer.status_code == 502
+    message = answer.json()["error"]["message"]
+    assert message.startswith(f"replica {victim} at {address} is not answering"), message
+    state = cluster.replica(victim)
+    assert state["alive"] is False and state["in_flight"] == 0
+    for program in ("victim", "newcomer-1", "newcomer-2"):
+        where, reply = ask(cluster, program, [{"role": "user", "content": "go on"}], 2)
+        assert where == other and reply.usage.completion_tokens > 0
+    assert cluster.state()["counters"]["rebinds"] >= 1
+    deadline = time.monotonic() + 10  # the launcher kills what is left of the replica's group
+    while time.monotonic() < deadline and group_members(pid):
+        time.sleep(0.2)
+    assert group_members(pid) == []
+
+
+@pytest.mark.server
+def test_sigterm_stops_every_replica_process(cluster):
+    members = cluster.members()
+    assert members, "the live replica's processes"
+    cluster.process.send_signal(signal.SIGTERM)
+    assert cluster.process.wait(timeout=90) == 0
+    assert cluster.members() == []
+    assert "harness cluster: stopped" in cluster.out.read_text()
+
+
+@pytest.mark.server
+def test_sigkill_of_the_launcher_leaves_no_replica(tmp_path):
+    c = Cluster(tmp_path, [{"name": "solo", "policy": "vllm", "num_gpu_blocks": 256}],
+                "solo").wait_ready()
+    try:
+        members = c.members()
+        assert len(members) >= 2  # vllm serve and its engine core
+        c.process.kill()
+        c.process.wait()
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and c.members():
+            time.sleep(0.5)
+        assert c.members() == []
+    finally:
+        c.kill()
+
+
+def nixl_bytes(url: str) -> tuple[float, float]:
+    """(bytes, reads) vLLM's NIXL connector metrics report on a replica (`/metrics`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = count = 0.0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "vllm:nixl_bytes_transferred_sum":
+                total += sample.value
+            elif sample.name == "vllm:nixl_bytes_transferred_count":
+                count += sample.value
+    return total, count
+
+
+@pytest.mark.server
+def test_pd_over_http_second_turn_pulls_only_its_new_blocks(tmp_path):
+    """tests/test_pd_transfer.py's two-turn program, served: a real 1P1D `harness cluster
+    serve` (router strategy `pd`), token-id prompts through `/v1/completions`. Turn 1: P
+    prefills 64 tokens and D pulls its 4 blocks (4 x 16 tokens x 131,072 bytes = 8,388,608).
+    Turn 2 (64 + 80 answered + 48 new = 192 tokens): D holds the history's 8 full blocks and
+    pulls only the last 4 of P's 12, another 8,388,608 bytes, as vLLM's NIXL metrics say."""
+    spec = {"profile": "h100-llama-3.1-8b", "policy": "vllm", "num_gpu_blocks": 64}
+    c = Cluster(tmp_path, [{"name": "p", "role": "prefill", **spec},
+                           {"name": "d", "role": "decode", **spec}], "pd", "pd").wait_ready()
+    try:
+        d_url = c.replica("d")["url"]
+
+        def turn(prompt: list[int], i: int, answer: int) -> tuple[httpx.Response, list[int]]:
+            reply = httpx.post(c.url + "/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
+                "return_token_ids": True,
+                "vllm_xargs": {"turn": i, "emulate_output_tokens": answer}})
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["x-harness-prefill"] == "p"
+            assert reply.headers["x-harness-replica"] == "d"
+            return reply, reply.json()["choices"][0]["token_ids"]
+
+        prompt1 = list(range(100, 164))
+        _, answer1 = turn(prompt1, 0, 80)
+        assert len(answer1) == 80
+        assert nixl_bytes(d_url) == (4 * 16 * 131_072, 1)
+        prompt2 = prompt1 + answer1 + list(range(300, 348))
+        reply2, _ = turn(prompt2, 1, 5)
+        assert reply2.json()["usage"]["prompt_tokens"] == 192
+        assert nixl_bytes(d_url) == (2 * 4 * 16 * 131_072, 2)
+        assert nixl_bytes(c.replica("p")["url"]) == (0, 0)  # P only serves reads
+        assert c.state()["counters"]["pd_prefills"] == 2
+    finally:
+        c.kill()
