@@ -1,0 +1,92 @@
+"""`harness plan`: AMPD's deployment planner (`cluster.planner`) from the command line.
+
+    harness plan --gpus 16 --profile h100-llama-3.1-70b --trace dureader --rate 2
+
+prints the three best (prefill TP x count, decode TP x count) deployments as AMPD's Table 2,
+with the predicted P95 TTFT and ITL, and how long planning took. Latencies are simulated on the
+virtual-time cluster (`cluster.plan_sim`), or read from `--table FILE` (JSON
+``{role: {degree: {load: tau_seconds}}}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from cluster.planner import OBJECTIVES, SOLVERS, Objective, PlanError, TableTau, plan, table
+from eval.metrics import SLO
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, required=True, help="GPUs to deploy on")
+    p.add_argument("--profile", required=True,
+                   help="GPU-MODEL without a TP size, e.g. h100-llama-3.1-70b (TP 1, 2, 4, 8 "
+                   "are tried: {gpu}x{tp}-{model})")
+    p.add_argument("--trace", required=True,
+                   help="workload: a generated trace name (toolbench, gaia, hotpotqa, dureader, "
+                   "swe, ...) or a trace file")
+    p.add_argument("--rate", type=float, required=True, help="programs per second, all replicas")
+    p.add_argument("--table", default=None, metavar="FILE",
+                   help="read tau from this JSON table instead of simulating")
+    p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
+                   help=f"TTFT SLO (s) that normalises the prefill P95 (default {SLO.ttft_s:g})")
+    p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
+                   help=f"ITL SLO (s) that normalises the decode P95 (default {SLO.tpot_s:g})")
+    p.add_argument("--objective", choices=OBJECTIVES, default="max",
+                   help="minimise the max (default) or the sum of the SLO-normalised P95s")
+    p.add_argument("--solver", choices=sorted(SOLVERS), default="ilp",
+                   help="ilp (scipy HiGHS, default) or brute (every pair, the check)")
+    p.add_argument("--top", type=int, default=3, help="plans to print (default 3)")
+    p.add_argument("--sim-programs", type=int, default=None,
+                   help="fewest programs per simulation (default 16)")
+    p.add_argument("--sim-max-programs", type=int, default=None,
+                   help="most programs per simulation (default 48)")
+    p.add_argument("--cache", default=None, metavar="FILE",
+                   help="keep simulated latencies in this JSON file and reuse them")
+    p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except PlanError as exc:
+        print(f"harness plan: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise PlanError("--top must be at least 1")
+    objective = Objective({"prefill": args.slo_ttft, "decode": args.slo_itl}, args.objective)
+    started = time.perf_counter()
+    sim = None
+    if args.table:
+        provider = TableTau.load(args.table)
+    else:
+        from cluster import plan_sim
+
+        def say(line: str) -> None:
+            if not args.quiet:
+                print(line, file=sys.stderr, flush=True)
+
+        sim = plan_sim.SimulatedTau(
+            args.profile, args.trace, args.rate, seed=args.seed, cache_path=args.cache,
+            programs=args.sim_programs or plan_sim.PROGRAMS,
+            max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say)
+        provider = sim
+    plans = plan(provider, args.gpus, args.rate, objective, top=args.top, solver=args.solver)
+    elapsed = time.perf_counter() - started
+    print(f"# {args.trace} at {args.rate:g} programs/s on {args.gpus} GPUs ({args.profile})\n")
+    print(table(plans, objective))
+    if sim is not None:
+        for degree, why in sim.skipped.items():
+            print(f"TP{degree} skipped: {why}")
+        for (role, degree), why in sim.unfit.items():
+            print(f"{role} TP{degree} left out: {why}")
+        print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s), "
+              f"the rest from the cache")
+    print(f"planning took {elapsed:.2f} s ({args.solver})")
+    return 0

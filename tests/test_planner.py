@@ -1,0 +1,215 @@
+"""AMPD's deployment planner (cluster/planner.py, cluster/plan_sim.py, `harness plan`): the ILP
+against brute force on hand-made tau tables, clear errors, the simulated provider's grid and
+cache (with the simulation itself stubbed), and the command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from cluster import plan_sim
+from cluster.planner import (
+    Curve,
+    Objective,
+    PlanError,
+    TableTau,
+    brute_force,
+    candidates,
+    plan,
+    solve_ilp,
+)
+from harness.cli import main
+
+SLO = {"prefill": 2.0, "decode": 0.1}
+
+
+def random_table(rng: np.random.Generator, rate: float, max_count: int,
+                 degrees=(1, 2, 4, 8)) -> TableTau:
+    """tau at each load rate / c: falls with the load (more replicas) and with the degree,
+    plus noise so that no two plans tie."""
+    table: dict = {}
+    for role, base in (("prefill", 1.0), ("decode", 0.05)):
+        table[role] = {}
+        for d in degrees:
+            points = {}
+            for c in range(1, max_count + 1):
+                load = rate / c
+                points[load] = base * (0.3 + load / d) * rng.uniform(0.8, 1.2)
+            table[role][d] = points
+    return TableTau(table)
+
+
+@pytest.mark.parametrize("kind", ["max", "sum"])
+@pytest.mark.parametrize("gpus", [2, 3, 5, 8, 13, 16])
+def test_ilp_equals_brute_force(kind, gpus):
+    rng = np.random.default_rng(gpus)
+    provider = random_table(rng, rate=4.0, max_count=16)
+    objective = Objective(SLO, kind)
+    cands = candidates(provider, gpus, 4.0)
+    ilp = solve_ilp(cands, gpus, objective, top=3)
+    brute = brute_force(cands, gpus, objective, top=3)
+    assert ilp[0].key() == brute[0].key()
+    assert [p.score for p in ilp] == pytest.approx([p.score for p in brute], rel=1e-9)
+    assert all(p.gpus <= gpus and p.prefill.count >= 1 and p.decode.count >= 1 for p in ilp)
+    assert len({p.key() for p in ilp}) == len(ilp)
+
+
+def test_hand_worked_optimum():
+    # 6 GPUs, rate 2: prefill TP2 x 2 (load 1 each, 0.5 s) + decode TP1 x 2 (40 ms) scores
+    # max(0.25, 0.4); every other pair that fits is worse.
+    table = TableTau({
+        "prefill": {1: {2: 9.0, 1: 3.0, 0.5: 1.0}, 2: {2: 4.0, 1: 0.5}},
+        "decode": {1: {2: 0.2, 1: 0.04, 0.5: 0.035}, 2: {2: 0.05, 1: 0.03}},
+    })
+    objective = Objective(SLO, "max")
+    best = plan(table, 6, 2.0, objective, top=1)[0]
+    assert best.key() == (2, 2, 1, 2)
+    assert best.score == pytest.approx(0.4 + 1e-3 * (0.25 + 0.4))
+    assert plan(table, 6, 2.0, objective, solver="brute")[0].key() == best.key()
+
+
+def test_256_gpus_with_a_table_agree():
+    provider = random_table(np.random.default_rng(0), rate=32.0, max_count=256)
+    objective = Objective(SLO, "max")
+    ilp = plan(provider, 256, 32.0, objective)
+    brute = plan(provider, 256, 32.0, objective, solver="brute")
+    assert ilp[0].key() == brute[0].key() and len(ilp) == 3
+
+
+def test_infeasible_gpu_counts_say_why():
+    table = TableTau({"prefill": {2: {1: 0.1, 5: 0.5}}, "decode": {4: {1: 0.01}}})
+    objective = Objective(SLO)
+    with pytest.raises(PlanError, match="at least 6 GPUs"):
+        plan(table, 5, 1.0, objective)
+    with pytest.raises(PlanError, match="integer >= 2"):
+        plan(table, 1, 1.0, objective)
+    with pytest.raises(PlanError, match="no decode replica"):  # beyond the table: overloaded
+        plan(table, 6, 5.0, objective)
+    with pytest.raises(PlanError, match="positive number"):
+        plan(table, 6, -1.0, objective)
+
+
+def test_curve_interpolates_and_refuses_beyond_its_points():
+    curve = Curve([(1.0, 2.0), (0.5, 1.0)])
+    assert curve(0.75) == pytest.approx(1.5)
+    assert curve(0.1) == 1.0  # less load: the lowest point
+    assert curve(2.0) == math.inf  # above the table: unknown, treated as overloaded
+    with pytest.raises(PlanError, match="load > 0"):
+        Curve([(0.0, 1.0)])
+
+
+def test_table_file_errors(tmp_path):
+    with pytest.raises(PlanError, match="no tau table"):
+        TableTau.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"prefill": {"3": {"1": 0.1}}, "decode": {}}))
+    with pytest.raises(PlanError, match="TP degree 3"):
+        TableTau.load(bad)
+
+
+# --- the simulated provider, its simulation stubbed -------------------------------------------
+
+
+class FakeSim(plan_sim.SimulatedTau):
+    """tau = a queue-like curve of the load; records what it was asked to simulate."""
+
+    def simulate(self, role, degree, load):
+        self.asked.append((role, degree, round(load, 6)))
+        self.simulations += 1
+        return (0.5 if role == "prefill" else 0.02) * (1 + max(0.0, load - 0.5) / degree)
+
+
+def fake(tmp_path=None, **kw) -> FakeSim:
+    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0,
+                  cache_path=None if tmp_path is None else tmp_path / "cache.json", **kw)
+    sim.asked = []
+    return sim
+
+
+def test_simulated_provider_skips_degrees_the_model_cannot_run():
+    sim = fake()
+    assert sim.valid == [2, 4, 8] and 1 in sim.skipped
+    assert "does not fit" in sim.skipped[1]
+    assert sim.partner == "h100x8-llama-3.1-70b"
+    assert sim.tau("prefill", 1, 1.0) == math.inf
+
+
+def test_simulated_provider_grid_flat_floor_and_cache(tmp_path):
+    sim = fake(tmp_path)
+    # on grid points: the simulated value; between them: linear interpolation
+    assert sim.tau("prefill", 4, 4.0) == pytest.approx(0.5 * (1 + 3.5 / 4))
+    mid = sim.tau("prefill", 4, 3.0)
+    lo_load, hi_load = 4.0 / 1.5, 4.0
+    lo = 0.5 * (1 + (lo_load - 0.5) / 4)
+    hi = 0.5 * (1 + (hi_load - 0.5) / 4)
+    assert mid == pytest.approx(lo + (hi - lo) * (3.0 - lo_load) / (hi_load - lo_load))
+    # walk down the loads as the planner does: simulations stop once tau stops falling
+    for c in range(1, 128):
+        sim.tau("decode", 2, 4.0 / c)
+    decode_runs = [a for a in sim.asked if a[0] == "decode"]
+    assert len(decode_runs) < 12
+    assert sim.tau("decode", 2, 4.0 / 1000) == pytest.approx(0.02, rel=0.03)
+    # a second provider with the same inputs reads every value from the file
+    again = fake(tmp_path)
+    for c in range(1, 128):
+        assert again.tau("decode", 2, 4.0 / c) == sim.tau("decode", 2, 4.0 / c)
+    assert again.asked == []
+    # other inputs: the file is not reused
+    other = FakeSim("h100-llama-3.1-70b", "dureader", 8.0, cache_path=tmp_path / "cache.json")
+    other.asked = []
+    other.tau("decode", 2, 8.0)
+    assert other.asked
+
+
+def test_simulated_provider_sizes_its_runs_by_littles_law():
+    sim = fake()
+    assert sim.programs_at(1e-3) == plan_sim.PROGRAMS
+    assert sim.programs_at(1e6) == plan_sim.MAX_PROGRAMS
+    assert plan_sim.PROGRAMS <= sim.programs_at(4.0) <= plan_sim.MAX_PROGRAMS
+
+
+def test_prefill_view_keeps_prompt_lengths():
+    from eval.traces import load_or_generate
+
+    trace = load_or_generate("toolbench", 5, 1.0, 0)
+    view = plan_sim.prefill_view(trace)
+    for p, q in zip(trace.programs, view.programs, strict=True):
+        assert all(t.output_tokens == 1 for t in q.turns)
+        assert [p.context_before(i) for i in range(p.n_turns)] == \
+            [q.context_before(i) for i in range(q.n_turns)]
+
+
+def test_profile_names_are_checked():
+    with pytest.raises(PlanError, match="leave the TP size out"):
+        plan_sim.split_profile("h100x8-llama-3.1-70b")
+    with pytest.raises(PlanError, match="GPU-MODEL"):
+        plan_sim.split_profile("tpu-llama")
+    with pytest.raises(PlanError, match="--trace"):
+        plan_sim.SimulatedTau("h100-llama-3.1-8b", "no-such-trace", 1.0)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_plan_command_with_a_table(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    provider = random_table(rng, rate=2.0, max_count=8, degrees=(1, 2))
+    path = tmp_path / "tau.json"
+    body = {role: {str(d): {str(load): tau for load, tau in curve.points}
+                   for (r, d), curve in provider.curves.items() if r == role}
+            for role in ("prefill", "decode")}
+    path.write_text(json.dumps(body))
+    args = ["plan", "--gpus", "8", "--profile", "h100-llama-3.1-8b", "--trace", "dureader",
+            "--rate", "2", "--table", str(path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "| TP" in line]
+    assert len(rows) == 3 and rows[0].startswith("| 1 | TP")
+    assert "planning took" in out
+    expected = plan(provider, 8, 2.0, Objective(SLO))[0]
+    assert f"| {expected.prefill.label()} | {expected.decode.label()} |" in rows[0]
+    assert main([*args[:2], "1", *args[3:]]) == 2
+    assert "harness plan: error: --gpus must be an integer >= 2" in capsys.readouterr().err
