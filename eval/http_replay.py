@@ -81,7 +81,7 @@ import httpx
 from eval.replay import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
 from eval.traces import Trace
 from harness.events_client import EventClient
-from harness.model_client import aiter_sse, api_root, usage_counts
+from harness.model_client import aiter_sse, api_root, session_headers, usage_counts
 
 #: Counters read from the server's Prometheus ``/metrics`` before and after a replay (summed
 #: over label sets, e.g. engines); the result holds their differences under these names.
@@ -406,7 +406,8 @@ class _Driver:
         got = _Turn()
         where = f"program {program.id!r} turn {i} ({len(state.tokens)} prompt tokens)"
         try:
-            async with self.client.stream("POST", self.url, json=body) as response:
+            async with self.client.stream("POST", self.url, json=body,
+                                          headers=session_headers(body)) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise HttpReplayError(f"{where}: the server answered "

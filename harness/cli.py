@@ -82,10 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     from eval import bench
+    from harness import cluster_cli
 
+    cluster_cli.add_arguments(sub.add_parser(
+        "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
     p = sub.add_parser("bench", help="compare policies on a trace in virtual time (JCT vs load)")
     bench.add_arguments(p)
     p.set_defaults(func=_bench)
+
+    from harness import plan_cli
+
+    plan_cli.add_arguments(sub.add_parser(
+        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
 
     p = sub.add_parser("sandbox", help="the Docker sandbox image")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")

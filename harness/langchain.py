@@ -61,6 +61,7 @@ from harness.model_client import (
     chat_body,
     iter_sse,
     retrying,
+    session_headers,
     status_error,
     unreachable,
     usage_counts,
@@ -397,7 +398,8 @@ class ChatHarness(BaseChatModel):
         client, url = self._sync_client(), self.url
 
         def send() -> httpx.Response:
-            request = client.build_request("POST", url, json=body, headers=self._headers)
+            request = client.build_request("POST", url, json=body,
+                                           headers={**self._headers, **session_headers(body)})
             try:
                 response = client.send(request, stream=True)
             except httpx.TransportError as exc:
@@ -414,7 +416,8 @@ class ChatHarness(BaseChatModel):
         client, url = self._async_client(), self.url
 
         async def send() -> httpx.Response:
-            request = client.build_request("POST", url, json=body, headers=self._headers)
+            request = client.build_request("POST", url, json=body,
+                                           headers={**self._headers, **session_headers(body)})
             try:
                 response = await client.send(request, stream=True)
             except httpx.TransportError as exc:

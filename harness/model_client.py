@@ -65,7 +65,8 @@ class ChatClient:
 
     async def _send(self, body: dict[str, Any], started: float) -> Completion:
         try:
-            async with self._client.stream("POST", self.url, json=body) as response:
+            async with self._client.stream("POST", self.url, json=body,
+                                           headers=session_headers(body)) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     raise status_error(response.status_code, text)
@@ -119,6 +120,17 @@ def api_root(url: str) -> str:
     if "://" not in root:
         root = "http://" + root
     return root.removesuffix("/v1")
+
+
+#: The program id as a header too: vLLM reads the body's `session_id`, but routers in front of
+#: replicas (ours, `vllm-router`'s consistent hash) hash this header, not the body.
+SESSION_HEADER = "X-Session-ID"
+
+
+def session_headers(body: dict[str, Any]) -> dict[str, str]:
+    """`{X-Session-ID: program id}` for a body that carries one, else nothing."""
+    session = body.get("session_id")
+    return {SESSION_HEADER: str(session)} if session is not None else {}
 
 
 def chat_body(model: str, messages: list[dict[str, Any]], *, program_id: str | None = None,
