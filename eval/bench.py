@@ -19,12 +19,12 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from eval.metrics import SLO, replay_metrics
-from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge
+from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
 from harness.atomic import atomic_path, write_text_atomic
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
@@ -69,6 +69,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest conversation (prompt + output tokens) a replayed engine takes "
                    "(default: the model's context, 131,072 for Llama-3.1; a small "
                    "--num-gpu-blocks lowers it)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="tokens one engine step may compute, for every policy of the run "
+                   "(vLLM's chunked-prefill budget; default vLLM's, 8,192; Continuum's "
+                   "evaluation used 2048)")
+    p.add_argument("--offload-gib", type=float, default=None, metavar="GIB",
+                   help="give every policy of the run vLLM's CPU KV offloading with this much "
+                   "host memory (the equal-memory comparison); NAME+offload turns it on for "
+                   "one policy only (at this size, or the default)")
     p.add_argument("--too-long", choices=("error", "skip"), default="error",
                    help="a program with a turn longer than that: stop before replaying, naming "
                    "it (error, the default), or leave it out and say so (skip)")
@@ -139,14 +147,16 @@ def _run(args: argparse.Namespace) -> int:
         concurrency = _concurrency(args.concurrency)
     if not (0.0 <= args.steady < 0.5):
         raise BenchError(f"--steady {args.steady:g}: give a fraction in [0, 0.5)")
+    settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
+                              args.max_num_batched_tokens, args.offload_gib)
+    settings.check(cluster=cluster is not None, http=http is not None)
     summary = bench(args.trace, policies, programs=args.programs,
                     jps=[None] if concurrency else _loads(args.jps, args.trace),
                     concurrency=concurrency, steady=args.steady,
                     profile=args.profile, seed=args.seed,
-                    out=out, num_gpu_blocks=args.num_gpu_blocks, console=console, http=http,
+                    out=out, settings=settings, console=console, http=http,
                     time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot),
-                    cluster=cluster, max_model_len=args.max_model_len,
-                    too_long=args.too_long)
+                    cluster=cluster, too_long=args.too_long)
     print_table(summary, console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
                   f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
@@ -297,14 +307,57 @@ def make_trace(name: str, programs: int | None, jps: float | None, seed: int) ->
         raise BenchError(str(exc)) from None
 
 
-def _fingerprint(trace: Trace, profile: str, seed: int) -> str:
+def _fingerprint(trace: Trace, profile: str, seed: int,
+                 settings: EngineSettings | None = None) -> str:
     """Identifies the programs' contents (not their arrivals) and the engine."""
     body = [p.model_dump(exclude={"arrival_s"}) for p in trace.programs]
-    text = json.dumps({"programs": body, "profile": profile, "seed": seed}, sort_keys=True)
+    engine = None
+    if settings is not None and settings != EngineSettings():
+        engine = asdict(settings)
+    text = json.dumps({"programs": body, "profile": profile, "seed": seed,
+                       **({"engine": engine} if engine else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # -- the sweep ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine of a run shares, whatever its policy, set in one place: a comparison
+    between policies is only fair when these are equal (the isolated bound uses them too)."""
+
+    num_gpu_blocks: int | None = None
+    max_model_len: int | None = None
+    #: vLLM's per-step token budget (chunked prefill); None: vLLM's default
+    max_num_batched_tokens: int | None = None
+    #: host memory for vLLM's CPU KV offloading, for every policy; None: only for the
+    #: policies that need it or are named NAME+offload
+    offload_gib: float | None = None
+
+    def check(self, *, cluster: bool = False, http: bool = False) -> None:
+        """Refuse values no engine takes, naming the flag."""
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise BenchError(f"--num-gpu-blocks {self.num_gpu_blocks}: give at least 2")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 16:
+            raise BenchError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: give at "
+                             "least 16 tokens (one block)")
+        if self.offload_gib is not None and not (self.offload_gib > 0
+                                                 and math.isfinite(self.offload_gib)):
+            raise BenchError(f"--offload-gib {self.offload_gib}: give a positive size in GiB")
+        if http and (self.max_num_batched_tokens is not None or self.offload_gib is not None):
+            raise BenchError("--url: the running server has its own engine settings; start "
+                             "`harness serve` with them instead")
+        if cluster and self.offload_gib is not None:
+            raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
+
+    def offload_for(self, offload: bool) -> float | None:
+        """Host memory for a policy named with (`offload`) or without ``+offload``."""
+        from harness.serve import DEFAULT_OFFLOAD_GIB
+
+        if self.offload_gib is not None:
+            return self.offload_gib
+        return DEFAULT_OFFLOAD_GIB if offload else None
+
+
 @dataclass(frozen=True)
 class HttpTarget:
     """Where a wall-clock replay goes (`eval.http_replay`)."""
@@ -316,14 +369,14 @@ class HttpTarget:
 
 def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
           jps: Sequence[float | None], profile: str, seed: int, out: Path,
-          num_gpu_blocks: int | None = None, console: Any = None,
+          settings: EngineSettings | None = None, console: Any = None,
           http: HttpTarget | None = None, time_scale: float = 1.0,
           slo: SLO | None = None, cluster: ClusterRuns | None = None,
-          max_model_len: int | None = None, too_long: str = "error",
-          concurrency: Sequence[int] | None = None, steady: float = 0.0) -> dict[str, Any]:
-    """`concurrency`: closed-loop runs, one per value (then `jps` is ``[None]`` and only the
-    trace's programs and their order matter). `steady`: the share of programs left out of the
-    metrics at each end (by start time)."""
+          too_long: str = "error", concurrency: Sequence[int] | None = None,
+          steady: float = 0.0) -> dict[str, Any]:
+    """`settings`: every engine's (`EngineSettings`). `concurrency`: closed-loop runs, one per
+    value (then `jps` is ``[None]`` and only the trace's programs and their order matter).
+    `steady`: the share of programs left out of the metrics at each end (by start time)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server.perf_model import load_profile
@@ -335,8 +388,10 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     from eval.http_replay import scale_trace
 
     slo = slo or SLO()
+    settings = settings or EngineSettings()
     if cluster is not None:
-        profile, num_gpu_blocks = cluster.isolated_profile()
+        profile, blocks = cluster.isolated_profile()
+        settings = replace(settings, num_gpu_blocks=blocks)
     # closed loop: arrivals are not used, any rate gives the same programs in the same order
     traces = {x: scale_trace(make_trace(trace_name, programs, 1.0 if concurrency else x, seed),
                              time_scale) for x in jps}
@@ -344,8 +399,8 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         [(None, c) for c in concurrency] if concurrency else [(x, None) for x in jps])
     skipped: list[str] = []
     if http is None:  # a served engine answers a too-long request itself (HTTP 400)
-        traces, skipped = _fit_context(traces, cluster, profile, num_gpu_blocks, max_model_len,
-                                       too_long)
+        traces, skipped = _fit_context(traces, cluster, profile, settings.num_gpu_blocks,
+                                       settings.max_model_len, too_long)
         for line in skipped:
             if console is not None:
                 console.print(f"[yellow]skipped[/yellow] {line}")
@@ -365,17 +420,16 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
             isolated = isolated_jcts_over_http(first, http.url, model=http.model,
                                                progress=iso_progress)
         else:
-            isolated = _isolated(first, profile, seed, out, num_gpu_blocks, iso_progress,
-                                 max_model_len)
+            isolated = _isolated(first, profile, seed, out, settings, iso_progress)
         progress.update(iso_task, completed=n)
         for policy in policies:
             for x, closed in loads:
                 trace = traces[x]
                 label = f"{policy} @ {_load_text(x, closed)}"
                 task = progress.add_task(label, total=n)
-                row = _one_run(trace, policy, x, profile, seed, num_gpu_blocks, isolated, out,
+                row = _one_run(trace, policy, x, profile, seed, settings, isolated, out,
                                lambda k, t=task: progress.update(t, completed=k), http, slo,
-                               cluster, max_model_len, closed, steady)
+                               cluster, closed, steady)
                 progress.update(task, completed=n)
                 rows.append(row)
                 if console is not None and not console.is_terminal:  # a log file: one line a run
@@ -389,8 +443,11 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "programs": n,
         "profile": profile,
         "seed": seed,
-        "num_gpu_blocks": num_gpu_blocks,
-        "max_model_len": max_model_len,
+        "num_gpu_blocks": settings.num_gpu_blocks,
+        "max_model_len": settings.max_model_len,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "offload_gib": settings.offload_gib,
+        "trace_stats": summarize(first).model_dump(),
         "skipped_too_long": skipped,
         "time_scale": time_scale,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
@@ -482,7 +539,8 @@ def context_limit(profile: str, num_gpu_blocks: int | None,
 
 def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
                 offload_gib: float | None = None, replica: Any = None,
-                cluster: Any = None, max_model_len: int | None = None) -> Any:
+                cluster: Any = None, max_model_len: int | None = None,
+                max_num_batched_tokens: int | None = None) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
     a prefill or decode replica also gets its KV-transfer connector."""
@@ -491,27 +549,39 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
 
     max_len = context_limit(profile, num_gpu_blocks, max_model_len)
     name, offload = _base_policy(policy)
+    if offload and offload_gib is None:
+        offload_gib = DEFAULT_OFFLOAD_GIB
     options: dict[str, Any] = {}
     if replica is not None and replica.role != "colocated":
         from cluster.pd import virtual_engine_options
 
         options = virtual_engine_options(replica, cluster)
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
-                         num_gpu_blocks=num_gpu_blocks,
-                         offload_gib=DEFAULT_OFFLOAD_GIB if offload else offload_gib, **options)
+                         num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
+                         max_num_batched_tokens=max_num_batched_tokens, **options)
 
 
-def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: int | None,
-              progress: Callable[[int], None],
-              max_model_len: int | None = None) -> dict[str, float]:
+def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
+    """`make_engine` for a single-engine run under the run's `EngineSettings`."""
+    return make_engine(policy, profile, seed, settings.num_gpu_blocks,
+                       settings.offload_for(_base_policy(policy)[1]),
+                       max_model_len=settings.max_model_len,
+                       max_num_batched_tokens=settings.max_num_batched_tokens)
+
+
+def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
+              progress: Callable[[int], None]) -> dict[str, float]:
+    """Each program alone on an engine of the run's settings (no offloading: alone, nothing
+    is evicted); cached in `out` by the programs' contents and the settings."""
     from eval.replay import isolated_jcts
 
-    path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed)}.json"
+    plain = replace(settings, offload_gib=None)
+    path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed, plain)}.json"
     if path.exists():
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}
-    engine = make_engine("vllm", profile, seed, num_gpu_blocks, max_model_len=max_model_len)
+    engine = settings_engine("vllm", profile, seed, plain)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
     finally:
@@ -521,11 +591,10 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: 
 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
-             num_gpu_blocks: int | None, isolated: dict[str, float], out: Path,
+             settings: EngineSettings, isolated: dict[str, float], out: Path,
              progress: Callable[[int], None], http: HttpTarget | None = None,
              slo: SLO | None = None, cluster: ClusterRuns | None = None,
-             max_model_len: int | None = None, concurrency: int | None = None,
-             steady: float = 0.0) -> dict[str, Any]:
+             concurrency: int | None = None, steady: float = 0.0) -> dict[str, Any]:
     from eval.replay import replay, steady_programs
 
     wall = time.perf_counter()
@@ -538,7 +607,7 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(
             spec.policy, spec.profile, seed, spec.num_gpu_blocks, spec.offload_gib, spec, config,
-            max_model_len))
+            settings.max_model_len, settings.max_num_batched_tokens))
         try:
             result = replay_cluster(trace, engines, progress=progress, concurrency=concurrency)
         finally:
@@ -557,7 +626,7 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
             raise BenchError(str(exc)) from None
         row.update(http_replay_metrics(result, isolated, slo))
     else:
-        engine = make_engine(name, profile, seed, num_gpu_blocks, max_model_len=max_model_len)
+        engine = settings_engine(name, profile, seed, settings)
         try:
             result = replay(trace, engine, progress=progress, hints=hints,
                             concurrency=concurrency)
@@ -644,8 +713,30 @@ def report_markdown(summary: dict[str, Any]) -> str:
     if summary.get("cluster"):
         lines += ["", *_cluster_section(summary)]
     lines += ["", "## Which is fastest, and why", "", *reading(summary["results"]), ""]
+    lines += _replayed_section(summary)
     lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def _replayed_section(summary: dict[str, Any]) -> list[str]:
+    """What was replayed (the trace's statistics, so a reader sees which regime the table is
+    about) and the engine settings every policy shared."""
+    from eval.traces import TraceStats
+
+    settings = [f"{key} {summary[key]:,}" if isinstance(summary.get(key), int)
+                else f"{key} {summary[key]:g}"
+                for key in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens",
+                            "offload_gib") if summary.get(key) is not None]
+    lines = ["## What was replayed", ""]
+    if summary.get("trace_stats"):
+        lines += [TraceStats(**summary["trace_stats"]).markdown(), ""]
+    lines += ["Engine settings for every policy: "
+              + ("; ".join(settings) if settings else "the profile's and vLLM's defaults")
+              + ".", ""]
+    if summary.get("skipped_too_long"):
+        lines += [f"Left out ({len(summary['skipped_too_long'])} programs longer than the "
+                  "context): " + "; ".join(summary["skipped_too_long"][:10]), ""]
+    return lines
 
 
 def _cluster_section(summary: dict[str, Any]) -> list[str]:
