@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
                    "one policy only (at this size, or the default)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="replays to run at once, one process each (default 1); the figures "
+                   "do not change, only the wall time (each process takes a core)")
     p.add_argument("--too-long", choices=("error", "skip"), default="error",
                    help="a program with a turn longer than that: stop before replaying, naming "
                    "it (error, the default), or leave it out and say so (skip)")
@@ -147,6 +150,10 @@ def _run(args: argparse.Namespace) -> int:
         concurrency = _concurrency(args.concurrency)
     if not (0.0 <= args.steady < 0.5):
         raise BenchError(f"--steady {args.steady:g}: give a fraction in [0, 0.5)")
+    if args.jobs < 1:
+        raise BenchError(f"--jobs {args.jobs}: give at least 1")
+    if args.jobs > 1 and args.url:
+        raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
     settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
                               args.max_num_batched_tokens, args.offload_gib)
     settings.check(cluster=cluster is not None, http=http is not None)
@@ -156,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
                     profile=args.profile, seed=args.seed,
                     out=out, settings=settings, console=console, http=http,
                     time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot),
-                    cluster=cluster, too_long=args.too_long)
+                    cluster=cluster, too_long=args.too_long, jobs=args.jobs)
     print_table(summary, console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
                   f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
@@ -373,10 +380,13 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
           http: HttpTarget | None = None, time_scale: float = 1.0,
           slo: SLO | None = None, cluster: ClusterRuns | None = None,
           too_long: str = "error", concurrency: Sequence[int] | None = None,
-          steady: float = 0.0) -> dict[str, Any]:
+          steady: float = 0.0, jobs: int = 1) -> dict[str, Any]:
     """`settings`: every engine's (`EngineSettings`). `concurrency`: closed-loop runs, one per
     value (then `jps` is ``[None]`` and only the trace's programs and their order matter).
-    `steady`: the share of programs left out of the metrics at each end (by start time)."""
+    `steady`: the share of programs left out of the metrics at each end (by start time).
+    `jobs`: replays run at once, each in its own process (the isolated JCTs are one of them);
+    every replay is deterministic and alone on its engine, so the figures are the same as with
+    one job (only wall and CPU times differ)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server.perf_model import load_profile
@@ -414,7 +424,12 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         iso_task = progress.add_task("isolated JCTs", total=n)
         iso_progress = lambda k: progress.update(iso_task, completed=k)  # noqa: E731
-        if http is not None and http.isolated_over_http:
+        runs = [(policy, x, closed) for policy in policies for x, closed in loads]
+        if jobs > 1 and http is None:
+            rows = _parallel(runs, traces, first, profile, seed, settings, out, slo, cluster,
+                             steady, jobs, progress, iso_task, console)
+            isolated = _isolated(first, profile, seed, out, settings, None)  # cached by now
+        elif http is not None and http.isolated_over_http:
             from eval.http_replay import isolated_jcts_over_http
 
             isolated = isolated_jcts_over_http(first, http.url, model=http.model,
@@ -422,21 +437,16 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         else:
             isolated = _isolated(first, profile, seed, out, settings, iso_progress)
         progress.update(iso_task, completed=n)
-        for policy in policies:
-            for x, closed in loads:
-                trace = traces[x]
-                label = f"{policy} @ {_load_text(x, closed)}"
-                task = progress.add_task(label, total=n)
-                row = _one_run(trace, policy, x, profile, seed, settings, isolated, out,
-                               lambda k, t=task: progress.update(t, completed=k), http, slo,
-                               cluster, closed, steady)
-                progress.update(task, completed=n)
-                rows.append(row)
-                if console is not None and not console.is_terminal:  # a log file: one line a run
-                    console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
-                                  f"{row.get('jct_mean_s', math.nan):.2f} s, wall "
-                                  f"{row['wall_s']:.1f} s, "
-                                  f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
+        for policy, x, closed in runs if not rows else ():
+            trace = traces[x]
+            label = f"{policy} @ {_load_text(x, closed)}"
+            task = progress.add_task(label, total=n)
+            row = _one_run(trace, policy, x, profile, seed, settings, isolated, out,
+                           lambda k, t=task: progress.update(t, completed=k), http, slo,
+                           cluster, closed, steady)
+            progress.update(task, completed=n)
+            rows.append(row)
+            _log_run(console, label, row, n)
     summary = {
         "trace": trace_name,
         "trace_name": first.name,
@@ -457,6 +467,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "jps": [x for x in jps],
         "concurrency": list(concurrency) if concurrency else None,
         "steady": steady,
+        "jobs": jobs,
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
         "wall_s": time.perf_counter() - started,
         "results": rows,
@@ -465,6 +476,48 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     _write_text(out / "report.md", report_markdown(summary))
     plot(summary, out)
     return summary
+
+
+def _log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:
+    """One plain line per finished run when the output goes to a log file (no live bar)."""
+    if console is not None and not console.is_terminal:
+        console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
+                      f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s, "
+                      f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
+
+
+def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any, Trace],
+              first: Trace, profile: str, seed: int, settings: EngineSettings, out: Path,
+              slo: SLO, cluster: ClusterRuns | None, steady: float, jobs: int,
+              progress: Any, iso_task: Any, console: Any) -> list[dict[str, Any]]:
+    """The isolated JCTs and every replay as separate processes, `jobs` at a time; rows are
+    made once all are in (they need the isolated JCTs), in the serial order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = len(first)
+    tasks = {run: progress.add_task(f"{run[0]} @ {_load_text(run[1], run[2])}", total=n)
+             for run in runs}
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        iso = pool.submit(_isolated, first, profile, seed, out, settings, None)
+        futures = {run: pool.submit(_replay_once, traces[run[1]], run[0], profile, seed,
+                                    settings, None, None, cluster, run[2], steady)
+                   for run in runs}
+        isolated = iso.result()
+        progress.update(iso_task, completed=n)
+        done: dict[Any, tuple[Any, float]] = {}
+        for run, future in futures.items():  # in order; later ones may already be done
+            done[run] = future.result()
+            progress.update(tasks[run], completed=n)
+    rows = []
+    for run in runs:
+        result, wall = done[run]
+        row = _row(result, wall, run[0], run[1], isolated, out, slo, cluster is not None,
+                   False, run[2])
+        rows.append(row)
+        _log_run(console, f"{run[0]} @ {_load_text(run[1], run[2])}", row, n)
+    return rows
 
 
 def _jps_label(x: float | None, closed: int | None = None) -> str:
@@ -592,17 +645,27 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: Engine
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
              settings: EngineSettings, isolated: dict[str, float], out: Path,
-             progress: Callable[[int], None], http: HttpTarget | None = None,
+             progress: Callable[[int], None] | None, http: HttpTarget | None = None,
              slo: SLO | None = None, cluster: ClusterRuns | None = None,
              concurrency: int | None = None, steady: float = 0.0) -> dict[str, Any]:
+    """Replay one policy at one load and make its row (and its runs/ file)."""
+    result, wall = _replay_once(trace, policy, profile, seed, settings, progress, http,
+                                cluster, concurrency, steady)
+    return _row(result, wall, policy, x, isolated, out, slo, cluster is not None,
+                http is not None, concurrency)
+
+
+def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: EngineSettings,
+                 progress: Callable[[int], None] | None, http: HttpTarget | None,
+                 cluster: ClusterRuns | None, concurrency: int | None,
+                 steady: float) -> tuple[Any, float]:
+    """The replay alone (what a `--jobs` worker runs): its result and wall seconds."""
     from eval.replay import replay, steady_programs
 
     wall = time.perf_counter()
     name, hints = split_policy(policy)
-    row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
     if cluster is not None:
         from eval.cluster_replay import VirtualCluster, replay_cluster
-        from eval.metrics import cluster_metrics
 
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(
@@ -613,10 +676,8 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
         finally:
             engines.close()
         result.measured = steady_programs(result, steady)
-        row.update(replay_metrics(result, isolated, slo))
-        row.update(cluster_metrics(result, slo))
     elif http is not None:
-        from eval.http_replay import HttpReplayError, http_replay_metrics, replay_over_http
+        from eval.http_replay import HttpReplayError, replay_over_http
 
         if hints != "none":
             raise BenchError("--url: client hints (@...) are only replayed in virtual time")
@@ -624,7 +685,6 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
             result = replay_over_http(trace, http.url, model=http.model, progress=progress)
         except HttpReplayError as exc:
             raise BenchError(str(exc)) from None
-        row.update(http_replay_metrics(result, isolated, slo))
     else:
         engine = settings_engine(name, profile, seed, settings)
         try:
@@ -633,9 +693,26 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
         finally:
             engine.close()
         result.measured = steady_programs(result, steady)
+    return result, time.perf_counter() - wall
+
+
+def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[str, float],
+         out: Path, slo: SLO | None, cluster: bool, http: bool,
+         concurrency: int | None) -> dict[str, Any]:
+    """A replay's metrics row; its per-program records go to ``out/runs/``."""
+    row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
+    if http:
+        from eval.http_replay import http_replay_metrics
+
+        row.update(http_replay_metrics(result, isolated, slo))
+    else:
         row.update(replay_metrics(result, isolated, slo))
-    row["wall_s"] = time.perf_counter() - wall
-    if http is None:  # the replay's own speed: engine steps (all replicas) per wall second
+    if cluster:
+        from eval.metrics import cluster_metrics
+
+        row.update(cluster_metrics(result, slo))
+    row["wall_s"] = wall
+    if not http:  # the replay's own speed: engine steps (all replicas) per wall second
         row["engine_steps_per_s"] = row.get("engine_steps", 0) / max(row["wall_s"], 1e-9)
     measured = getattr(result, "measured", None)
     records = {

@@ -115,6 +115,21 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     assert "num_gpu_blocks 1,100" in report
 
 
+def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
+    """--jobs 2: the isolated JCTs and each replay in their own process; every figure but the
+    wall and CPU times is the serial run's."""
+    common = dict(programs=3, jps=[3.0], profile=PROFILE, seed=0,
+                  settings=EngineSettings(num_gpu_blocks=BLOCKS))
+    serial = bench("swe", ["continuum"], out=tmp_path / "serial", **common)
+    parallel = bench("swe", ["continuum"], out=tmp_path / "parallel", jobs=2, **common)
+    assert parallel["jobs"] == 2
+    timing = {"wall_s", "engine_steps_per_s", "sched_cpu_ms_per_step"}
+    for a, b in zip(serial["results"], parallel["results"], strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing}
+    assert (tmp_path / "parallel" / "runs" / "continuum-jps3.json").exists()
+
+
 def test_engine_settings_reach_every_policys_engine():
     """--max-num-batched-tokens and --offload-gib are set once for all policies: vllm gets the
     CPU tier it would not have by default, and every engine the same step budget."""
@@ -146,6 +161,7 @@ def test_engine_settings_reach_every_policys_engine():
     (["--trace", "swe", "--time-scale", "0"], "--time-scale"),
     (["--trace", "swe", "--slo-tpot", "-1"], "--slo-tpot must be a positive"),
     (["--trace", "swe", "--max-num-batched-tokens", "8"], "at least 16 tokens"),
+    (["--trace", "swe", "--jobs", "0"], "--jobs 0: give at least 1"),
     (["--trace", "swe", "--offload-gib", "0"], "--offload-gib 0.0: give a positive"),
     (["--trace", "swe", "--offload-gib", "2", "--url", "http://127.0.0.1:9",
       "--policies", "vllm"], "own engine settings"),
