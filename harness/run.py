@@ -127,6 +127,12 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
+    bench.run_id = run_id
+
+    def log(message: str) -> None:
+        console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    bench.log = log  # type: ignore[method-assign]
     async with EventClient(base_url) as events:
         agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits,
                       text_model)

@@ -136,6 +136,7 @@ class SweBench(Benchmark):
         self.tasks_dir: Path | None = None
         self.test_timeout = TEST_TIMEOUT
         self.command_timeout = COMMAND_TIMEOUT
+        self._images_reported: set[str] = set()
 
     # -- tasks -----------------------------------------------------------------
 
@@ -167,10 +168,18 @@ class SweBench(Benchmark):
                     problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT)}]
 
     async def image(self, task: Task) -> str:
+        """The task's image (built, or reused when one of the same content exists); the run's
+        output says which, once per image."""
+        def progress(message: str) -> None:
+            if task.id not in self._images_reported:
+                self._images_reported.add(task.id)
+                self.log(message)
+
+        labels = {"harness.run": self.run_id} if self.run_id else {}
         try:
             client = shared_client()
             return await asyncio.to_thread(grading.ensure_task_image, client, task.data,
-                                           self.tasks_dir)
+                                           self.tasks_dir, progress=progress, labels=labels)
         except (grading.TaskImageError, SandboxImageError) as exc:
             raise TaskSetupError(str(exc)) from None
 
