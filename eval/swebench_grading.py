@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.tools import labels as lb
 from harness.tools.sandbox_image import AGENT_UID, AGENT_USER, DEFAULT_IMAGE, TESTBED
 
 TASK_IMAGE_PREFIX = "harness-task"
@@ -177,8 +178,9 @@ def pack_repository(source: Path, out: Any) -> str:
 
 # -- content keys -------------------------------------------------------------------------
 
-TASK_IMAGE_RECIPE = "2"  # bump when the build below changes: every task image is rebuilt
+TASK_IMAGE_RECIPE = "3"  # bump when the build below changes: every task image is rebuilt
 KEY_LABEL = "harness.task.key"
+SOURCE_LABEL = "harness.task.repo_src"  # the repository's absolute path on the building host
 _digests: dict[tuple[str, int, int], str] = {}
 _digests_guard = threading.Lock()
 
@@ -287,9 +289,11 @@ def ensure_task_image(client: Any, instance: dict[str, Any], tasks_dir: Path | N
         started = time.monotonic()
         with tempfile.TemporaryFile() as context:
             _write_context(context, source, instance_id, base_commit, base_image, {
-                TASK_LABEL: instance_id, KEY_LABEL: key,
+                TASK_LABEL: instance_id, lb.TASK_LABEL: instance_id, KEY_LABEL: key,
                 "harness.task.repo_sha256": digest, "harness.task.base_commit": base_commit,
-                "harness.task.sandbox_id": sandbox_id, **(labels or {})})
+                "harness.task.sandbox_id": sandbox_id, SOURCE_LABEL: str(source.resolve()),
+                **lb.process_labels(),
+                **(labels or {})})
             context.seek(0)
             try:
                 client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True,
@@ -392,8 +396,11 @@ def _sh(container: Any, script: str, env: dict[str, str] | None = None) -> tuple
 
 
 def grade(client: Any, instance: dict[str, Any], model_patch: str | None, image: str,
-          timeout: float = DEFAULT_TEST_TIMEOUT) -> dict[str, Any]:
-    """Grade one model patch in a fresh container of `image`; returns the report."""
+          timeout: float = DEFAULT_TEST_TIMEOUT,
+          labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Grade one model patch in a fresh container of `image`; returns the report.
+
+    The container carries this process's labels (`harness.tools.labels`) and `labels`."""
     f2p, p2p = test_ids(instance.get("FAIL_TO_PASS")), test_ids(instance.get("PASS_TO_PASS"))
     base = instance["base_commit"]
     report: dict[str, Any] = {
@@ -405,7 +412,8 @@ def grade(client: Any, instance: dict[str, Any], model_patch: str | None, image:
         image, ["sleep", "infinity"], detach=True, init=True, user="0:0", network_mode="none",
         working_dir=TESTBED, mem_limit="2g", pids_limit=512,
         name=f"harness-grade-{uuid.uuid4().hex[:10]}",
-        labels={GRADE_LABEL: instance["instance_id"], "harness.owner": str(os.getpid())})
+        labels={**lb.process_labels(task=instance["instance_id"]), **(labels or {}),
+                GRADE_LABEL: instance["instance_id"], "harness.owner": str(os.getpid())})
     try:
         if model_patch and model_patch.strip():
             _put_file(container, "/tmp/model.diff", model_patch if model_patch.endswith("\n")

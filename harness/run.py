@@ -202,6 +202,21 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     console.print(f"summary: {out / 'summary.json'}; trajectories: {out / 'trajectories'}")
 
 
+def warn_leftovers(console: Console) -> None:
+    """Say so when dead runs left containers or stale task images (never stops the run)."""
+    from harness.sandbox_prune import leftover_warning
+    from harness.tools.bash import shared_client
+    from harness.tools.sandbox_image import SandboxImageError
+
+    try:
+        client = shared_client()
+    except SandboxImageError:
+        return  # each task then says what is wrong
+    warning = leftover_warning(client)
+    if warning:
+        console.print(warning, markup=False, highlight=False, soft_wrap=True)
+
+
 def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("benchmark", help="gsm8k, hotpotqa, alfworld or swe-bench")
     if policy:
@@ -255,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
     model = spec.value if spec.kind == "name" else EMULATED_MODEL
     replays = load_replays(bench, todo, spec)
     text_model = load_text_model(args.predictor)
+    if bench.uses_docker:
+        warn_leftovers(console)
     started = time.monotonic()
     limits = Limits(max_steps=args.max_steps)
     with contextlib.ExitStack() as stack:

@@ -145,8 +145,20 @@ def roman_tree(tmp_path):
     return unpack(DATA / "repos" / "roman.tar.gz", tmp_path / "roman")
 
 
+@pytest.fixture
+def built(docker_client):
+    """Tags of images a test builds from its temporary repositories: removed at its end."""
+    tags: list[str] = []
+    yield tags
+    for tag in tags:
+        try:
+            docker_client.images.remove(tag)
+        except Exception:  # noqa: BLE001 - never built, or in use elsewhere
+            pass
+
+
 def test_both_tarball_layouts_give_the_repository_at_testbed(docker_client, roman_tree,
-                                                              tmp_path):
+                                                              tmp_path, built):
     instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
     flat = pack(roman_tree, tmp_path / "flat.tar.gz", "")
     wrapped = pack(roman_tree, tmp_path / "wrapped.tar.gz", "roman-main")
@@ -156,6 +168,7 @@ def test_both_tarball_layouts_give_the_repository_at_testbed(docker_client, roma
         tag = grading.ensure_task_image(docker_client, dict(instance, repo_src=str(tarball)),
                                         None, progress=notes.append)
         tags.append(tag)
+        built.append(tag)
         assert notes and "built task image" in notes[0]
         labels = docker_client.images.get(tag).labels
         assert labels["harness.task.unwrapped"] == ("roman-main" if tarball == wrapped else "")
@@ -185,13 +198,15 @@ def test_base_commit_that_cannot_be_checked_out(docker_client, roman_tree, tmp_p
 
 
 def test_changed_tarball_rebuilds_the_image_and_grades_the_new_code(docker_client,
-                                                                    roman_tree, tmp_path):
+                                                                    roman_tree, tmp_path,
+                                                                    built):
     instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
     tarball = tmp_path / "repo.tar.gz"
     task = dict(instance, repo_src=str(tarball))
     pack(roman_tree, tarball, "")
     notes: list[str] = []
     old = grading.ensure_task_image(docker_client, task, None, progress=notes.append)
+    built.append(old)
     assert grading.ensure_task_image(docker_client, task, None, progress=notes.append) == old
     assert "built task image" in notes[0] and "reusing task image" in notes[1]
     assert not grading.grade(docker_client, task, "", old)["resolved"]  # the bug is there
@@ -200,6 +215,7 @@ def test_changed_tarball_rebuilds_the_image_and_grades_the_new_code(docker_clien
     source.write_text(source.read_text().replace("number < MAX_VALUE", "number <= MAX_VALUE"))
     pack(roman_tree, tarball, "")
     new = grading.ensure_task_image(docker_client, task, None, progress=notes.append)
+    built.append(new)
     assert new != old and "built task image" in notes[2]
     assert grading.grade(docker_client, task, "", new)["resolved"]
 
