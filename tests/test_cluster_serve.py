@@ -11,6 +11,7 @@ left behind.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -704,3 +705,14 @@ def test_served_ampd_routes_by_what_the_router_observes():
     assert [(i.prompt_tokens, i.history_tokens) for i in seen] == [(50, 0), (80, 50), (95, 80)]
     assert state["decisions"] == {"initial": 1, "remote_slack": 1, "local_slack": 1}
     assert app.state.cluster.book.queued == {}
+
+
+def test_served_vs_virtual_ranks_with_ties():
+    from eval.served_vs_virtual import ranking
+
+    rows = {"pd": {"jct_mean_s": 4.0}, "ampd": {"jct_mean_s": 4.3},
+            "session": {"jct_mean_s": 6.0}, "rr": {"jct_mean_s": math.nan}}
+    assert ranking(rows, "jct_mean_s", False, 0.1) == [["pd", "ampd"], ["session"], ["rr"]]
+    assert ranking(rows, "jct_mean_s", False, 0.05) == [["pd"], ["ampd"], ["session"], ["rr"]]
+    slo = {"pd": {"slo": 0.5}, "ampd": {"slo": 0.9}}
+    assert ranking(slo, "slo", True, 0.0) == [["ampd"], ["pd"]]
