@@ -385,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         if args.server:
             base_url = api_root(args.server)
+            check_reachable(base_url)
         else:
             serve_args = ["--model", spec.value] if spec.kind == "path" else []
             console.print(f"starting harness serve --policy {args.policy} ...")
@@ -404,6 +405,17 @@ def run(args: argparse.Namespace) -> int:
     write_json_atomic(out / "summary.json", summary)
     print_summary(console, summary, out)
     return report_unfinished(console, summary, args, out)
+
+
+def check_reachable(base_url: str) -> None:
+    """A `--server` nobody answers at is a mistake to say before any program starts (any
+    HTTP answer will do: servers differ in what they serve at `/v1/models`)."""
+    try:
+        httpx.get(base_url + "/v1/models", timeout=10)
+    except httpx.HTTPError as exc:
+        raise RunError(f"--server {base_url}: no server answers there ({type(exc).__name__}: "
+                       f"{exc}); start one (`harness serve`) or leave out --server to have "
+                       "harness run start it") from None
 
 
 def report_unfinished(console: Console, summary: dict[str, Any], args: argparse.Namespace,

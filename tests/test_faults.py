@@ -209,3 +209,13 @@ def test_an_engine_that_stops_answering_ends_the_program_as_sandbox_error(tmp_pa
     assert trajectory.status == "sandbox_error" and trajectory.info["retryable"]
     assert "stopped answering" in trajectory.info["error"]
     assert len(trajectory.steps) == 1  # no second turn on a dead sandbox
+
+
+def test_a_server_that_never_answers_is_a_clear_error_before_any_program(tmp_path):
+    from harness.server_process import free_port
+
+    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "gsm8k", "--server",
+                          f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "o")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "no server answers there" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "o" / "results").exists()
