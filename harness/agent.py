@@ -17,8 +17,8 @@ from typing import Any
 
 from harness.actions import FormatError, parse_action
 from harness.events_client import EventClient, EventSink
-from harness.model_client import ChatClient, ModelError
-from harness.tools.base import Observation, Tool
+from harness.model_client import ChatClient, ModelError, ModelUnavailable
+from harness.tools.base import Observation, SandboxError, Tool
 from harness.trajectory import Step, Trajectory, record_token_ids, save
 from predictor.durations import Source, ToolDurationModel, split_key
 
@@ -121,6 +121,12 @@ class Agent:
         except ModelError as exc:
             traj.status = "model_error"
             traj.info["error"] = str(exc)
+            # the server is gone or broken, not this request: the task may run again
+            traj.info["retryable"] = isinstance(exc, ModelUnavailable)
+        except SandboxError as exc:  # the Docker engine or the program's container failed
+            traj.status = "sandbox_error"
+            traj.info["error"] = str(exc)
+            traj.info["retryable"] = True
         finally:
             self.events.emit("program_end", program_id)
             traj.finished_at = time.time()
@@ -194,6 +200,12 @@ class Agent:
         started = time.monotonic()
         try:
             observation = await fn(argument)
+        except SandboxError:
+            record.tool_s = time.monotonic() - started
+            record.ok = False
+            self.events.emit("tool_end", traj.program_id, tool=event_tool,
+                             seconds=round(record.tool_s, 4), return_tokens=0)
+            raise  # the program's sandbox is gone: it cannot go on
         except Exception as exc:  # noqa: BLE001 - a broken tool is an observation, not a crash
             observation = Observation(f"Tool {tool} failed: {exc}", ok=False)
         record.tool_s = time.monotonic() - started

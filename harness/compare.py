@@ -42,11 +42,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/compare-{args.benchmark}-{stamp}")
     console = Console()
     summaries: dict[str, dict[str, Any]] = {}
+    status = 0  # 1 when a run left tasks unfinished (a server or Docker failure)
     for policy in policies:
         console.rule(f"{args.benchmark} --policy {policy}")
         one = copy.copy(args)
         one.policy, one.out = policy, str(out / policy)
-        run_mod.run(one)
+        status = max(status, run_mod.run(one))
         summaries[policy] = json.loads((out / policy / "summary.json").read_text())
     table = Table(title=f"harness compare {args.benchmark}")
     table.add_column("metric")
@@ -67,4 +68,4 @@ def run(args: argparse.Namespace) -> int:
                                     for p, s in summaries.items()}}
     write_json_atomic(out / "compare.json", result)
     console.print(f"comparison: {out / 'compare.json'}")
-    return 0
+    return status

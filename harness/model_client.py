@@ -26,6 +26,11 @@ class TransientModelError(ModelError):
     """A connection error or a 5xx: worth another try."""
 
 
+class ModelUnavailable(ModelError):
+    """The server stayed unreachable (or kept answering 5xx) through every retry: the server
+    is down or broken, not the request. A run keeps the program's task for `--resume`."""
+
+
 T = TypeVar("T")
 
 
@@ -218,27 +223,34 @@ async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
 
 def retrying(send: Callable[[], T], max_retries: int, backoff_s: float) -> T:
     """Call `send`, retrying a `TransientModelError` with exponential backoff; after the last
-    try it is raised as a plain `ModelError`."""
+    try it is raised as `ModelUnavailable` (a `ModelError`) saying how long it tried."""
+    started = time.monotonic()
     for attempt in range(max_retries + 1):
         try:
             return send()
         except TransientModelError as exc:
             if attempt == max_retries:
-                raise ModelError(str(exc)) from exc
+                raise gave_up(exc, attempt + 1, time.monotonic() - started) from exc
         time.sleep(backoff_s * 2**attempt)
     raise AssertionError("unreachable")
 
 
 async def aretrying(send: Callable[[], Awaitable[T]], max_retries: int, backoff_s: float) -> T:
     """`retrying` for a coroutine function."""
+    started = time.monotonic()
     for attempt in range(max_retries + 1):
         try:
             return await send()
         except TransientModelError as exc:
             if attempt == max_retries:
-                raise ModelError(str(exc)) from exc
+                raise gave_up(exc, attempt + 1, time.monotonic() - started) from exc
         await asyncio.sleep(backoff_s * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def gave_up(exc: TransientModelError, tries: int, seconds: float) -> ModelUnavailable:
+    """The error after the last retry: what the server last did, and how long we tried."""
+    return ModelUnavailable(f"{exc} (gave up after {tries} tries over {seconds:.1f} s)")
 
 
 def _completion(data: dict[str, Any], seconds: float) -> Completion:

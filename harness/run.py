@@ -5,6 +5,13 @@ runs every task as an agent program with live progress, scores it as its benchma
 writes `OUT/summary.json` beside the trajectories. Each finished program's result is written
 the moment it finishes (`OUT/results/<task>.json`), so an interrupted run loses nothing that
 finished, and `--resume` skips those tasks.
+
+Faults. When the model server dies (or keeps failing) every running program ends as
+`model_error` with a message saying what happened, programs not yet started are not started,
+and the run exits with status 1; when the Docker engine fails under a program (it restarts,
+the program's container is removed or stopped) that program ends as `sandbox_error`. Such a
+result is marked `retryable`, is neither scored nor graded, and `--resume` runs its task again
+(against a fresh server), so no task is run or graded twice.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import inspect
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ from harness.benchmarks import Benchmark, BenchmarkError, Task, TaskSetupError, 
 from harness.events_client import EventClient
 from harness.model_client import ChatClient, api_root
 from harness.server_process import ServerProcess
+from harness.tools.base import SandboxError
 from predictor.durations import ToolDurationModel
 
 EMULATED_MODEL = "llama-3.1-8b"
@@ -73,9 +82,33 @@ def result_path(out: Path, task_id: str) -> Path:
     return out / "results" / f"{task_id}.json"
 
 
+def is_finished(out: Path, task_id: str) -> bool:
+    """Whether the task has a final result: one that is not `retryable` (a model server or
+    Docker engine failure), which `--resume` runs again."""
+    path = result_path(out, task_id)
+    if not path.is_file():
+        return False
+    try:
+        return not json.loads(path.read_text()).get("retryable")
+    except (json.JSONDecodeError, AttributeError):
+        return False  # a torn or foreign file: run the task again
+
+
+def interrupted(task_id: str, program_id: str, status: str, error: str,
+                started_at: float, steps: int = 0) -> dict[str, Any]:
+    """The result of a program the infrastructure stopped: not scored, run again on resume."""
+    return {"task_id": task_id, "program_id": program_id, "status": status, "error": error,
+            "retryable": True, "jct_s": time.time() - started_at, "steps": steps,
+            "llm_s": 0.0, "tool_s": 0.0, "passed": False}
+
+
 async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | None,
-                   out: Path, run_id: str) -> dict[str, Any]:
+                   out: Path, run_id: str,
+                   diagnose: Callable[[], str | None] | None = None) -> dict[str, Any]:
+    """Run, score and record one task. `diagnose` says what became of the model server (a
+    co-located one that died), added to a `model_error`'s message."""
     program_id = f"{run_id}-{task.id}"
+    started_at = time.time()
     try:
         toolbox = await bench.toolbox(task, program_id)
     except TaskSetupError as exc:  # this task cannot run (say its repository is missing)
@@ -84,17 +117,43 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
                   "passed": False}
         write_json_atomic(result_path(out, task.id), result)
         return result
+    except SandboxError as exc:  # the engine failed before the program began
+        result = interrupted(task.id, program_id, "sandbox_error",
+                             f"the Docker sandbox failed: {exc}", started_at)
+        write_json_atomic(result_path(out, task.id), result)
+        return result
     try:
         trajectory = await agent.run(task.id, program_id, bench.name, bench.messages(task),
                                      toolbox, replay)
     finally:
         await toolbox.aclose()
-    score = bench.score(task, trajectory)
-    if inspect.isawaitable(score):  # e.g. grading in a container
-        score = await score
+    steps = len(trajectory.steps)
+    if trajectory.info.get("retryable"):  # the server or the engine failed: not a verdict
+        error = str(trajectory.info.get("error"))
+        if trajectory.status == "model_error":
+            error = f"the model server stopped answering mid-run: {error}"
+            found = diagnose() if diagnose is not None else None
+            if found:
+                error += f"; {found}"
+        else:
+            error = f"the Docker sandbox failed mid-run: {error}"
+        result = interrupted(task.id, program_id, trajectory.status, error,
+                             trajectory.started_at, steps)
+        write_json_atomic(result_path(out, task.id), result)
+        return result
+    try:
+        score = bench.score(task, trajectory)
+        if inspect.isawaitable(score):  # e.g. grading in a container
+            score = await score
+    except SandboxError as exc:  # the engine failed under the grader
+        result = interrupted(task.id, program_id, "sandbox_error",
+                             f"the Docker sandbox failed while grading: {exc}",
+                             trajectory.started_at, steps)
+        write_json_atomic(result_path(out, task.id), result)
+        return result
     result = {"task_id": task.id, "program_id": program_id, "status": trajectory.status,
               "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
-              "steps": len(trajectory.steps), "llm_s": sum(s.llm_s for s in trajectory.steps),
+              "steps": steps, "llm_s": sum(s.llm_s for s in trajectory.steps),
               "tool_s": sum(s.tool_s for s in trajectory.steps), **score}
     if "token_id_turns" in trajectory.info:
         result["token_id_turns"] = trajectory.info["token_id_turns"]
@@ -125,13 +184,17 @@ def load_text_model(directory: str | None) -> Any:
 
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
-                  console: Console, text_model: Any = None,
-                  token_ids: bool = True) -> dict[str, int]:
+                  console: Console, text_model: Any = None, token_ids: bool = True,
+                  diagnose: Callable[[], str | None] | None = None) -> dict[str, Any]:
+    """Run the tasks; returns the events sent / dropped, the tasks not started (once the
+    model server is gone no new program starts) and why."""
     client = ChatClient(base_url, model, token_ids=token_ids)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
     bench.run_id = run_id
+    halted: str | None = None  # why no new program starts: the model server is gone
+    not_started = 0
 
     def log(message: str) -> None:
         console.print(message, markup=False, highlight=False, soft_wrap=True)
@@ -147,10 +210,17 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
             passed = 0
 
             async def one(task: Task) -> None:
-                nonlocal passed
+                nonlocal passed, halted, not_started
                 async with semaphore:
+                    if halted is not None:
+                        not_started += 1
+                        return
                     result = await run_task(bench, task, agent, replays.get(task.id), out,
-                                            run_id)
+                                            run_id, diagnose)
+                if result.get("retryable") and result["status"] == "model_error" \
+                        and halted is None:
+                    halted = str(result["error"])
+                    log(f"{task.id}: {halted}; no new program starts")
                 passed += bool(result["passed"])
                 progress.update(bar, advance=1, passed=passed)
 
@@ -163,7 +233,29 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
                 with contextlib.suppress(BaseException):
                     await asyncio.gather(*jobs, return_exceptions=True)
     await client.aclose()
-    return {"sent": events.sent, "dropped": events.dropped}
+    if bench.uses_docker:
+        sweep_containers(run_id, log)
+    return {"sent": events.sent, "dropped": events.dropped, "not_started": not_started,
+            "halted": halted}
+
+
+def sweep_containers(run_id: str, log: Callable[[str], None]) -> None:
+    """Remove what programs whose engine failed could not (their containers), saying so."""
+    from harness.sandbox_prune import sweep_run
+    from harness.tools.bash import shared_client
+    from harness.tools.sandbox_image import SandboxImageError
+
+    try:
+        client = shared_client()
+    except SandboxImageError as exc:
+        log(f"could not check for containers left by run {run_id}: {exc}")
+        return
+    removed, problem = sweep_run(client, run_id)
+    if removed:
+        log(f"removed {len(removed)} container(s) that failed programs left: "
+            f"{', '.join(removed)}")
+    if problem:
+        log(problem)
 
 
 def server_events_received(base_url: str) -> int | None:
@@ -194,7 +286,9 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
             "jct_mean_s": jct["jct_mean_s"], "jct_p95_s": jct["jct_p95_s"],
             "events_sent": events["sent"], "events_dropped": events["dropped"],
             "events_received_by_server": received, "wall_s": wall_s,
-            "statuses": dict(Counter(r["status"] for r in results))}
+            "statuses": dict(Counter(r["status"] for r in results)),
+            "retryable": sum(bool(r.get("retryable")) for r in results),
+            "not_started": len(tasks) - len(results)}
 
 
 def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
@@ -270,9 +364,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.resume and (out / "results").is_dir() and any((out / "results").iterdir()):
         raise RunError(f"{out} already holds results: pass --resume to continue that run, or "
                        "choose another --out")
-    todo = [t for t in tasks if not (args.resume and result_path(out, t.id).is_file())]
-    if len(todo) < len(tasks):
-        console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done")
+    todo = [t for t in tasks if not (args.resume and is_finished(out, t.id))]
+    if len(todo) < len(tasks) or args.resume:
+        again = sum(result_path(out, t.id).is_file() for t in todo)
+        console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done"
+                      + (f"; {again} interrupted by a model server or Docker failure run "
+                         "again" if again else ""))
     spec = ModelSpec.parse(args.model)
     if spec.kind == "name" and not args.server:
         raise RunError(f"--model {spec.value}: a model name needs --server URL (or give a "
@@ -284,24 +381,55 @@ def run(args: argparse.Namespace) -> int:
         warn_leftovers(console)
     started = time.monotonic()
     limits = Limits(max_steps=args.max_steps)
+    diagnose: Callable[[], str | None] | None = None
     with contextlib.ExitStack() as stack:
         if args.server:
             base_url = api_root(args.server)
+            check_reachable(base_url)
         else:
             serve_args = ["--model", spec.value] if spec.kind == "path" else []
             console.print(f"starting harness serve --policy {args.policy} ...")
             server = stack.enter_context(ServerProcess(policy=args.policy, profile=args.profile,
                                                        serve_args=serve_args))
             base_url = server.base_url
+            diagnose = server.exit_description
             if spec.kind == "path":
                 model = Path(spec.value).name
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
                                      args.concurrency, limits, console, text_model,
-                                     not getattr(args, "no_token_ids", False))) if todo \
-            else {"sent": 0, "dropped": 0}
+                                     not getattr(args, "no_token_ids", False), diagnose)) \
+            if todo else {"sent": 0, "dropped": 0}
         received = server_events_received(base_url)
     summary = build_summary(bench, args.policy, tasks, out, events, model,
                             time.monotonic() - started, received)
     write_json_atomic(out / "summary.json", summary)
     print_summary(console, summary, out)
-    return 0
+    return report_unfinished(console, summary, args, out)
+
+
+def check_reachable(base_url: str) -> None:
+    """A `--server` nobody answers at is a mistake to say before any program starts (any
+    HTTP answer will do: servers differ in what they serve at `/v1/models`)."""
+    try:
+        httpx.get(base_url + "/v1/models", timeout=10)
+    except httpx.HTTPError as exc:
+        raise RunError(f"--server {base_url}: no server answers there ({type(exc).__name__}: "
+                       f"{exc}); start one (`harness serve`) or leave out --server to have "
+                       "harness run start it") from None
+
+
+def report_unfinished(console: Console, summary: dict[str, Any], args: argparse.Namespace,
+                      out: Path) -> int:
+    """0 when every task has a final result; else say what is left and how to finish it, 1."""
+    if not summary["retryable"] and not summary["not_started"]:
+        return 0
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["statuses"].items())
+                         if s in ("model_error", "sandbox_error"))
+    console.print(f"unfinished: {summary['retryable']} program(s) stopped by the model server "
+                  f"or the Docker engine ({statuses or 'none'}), {summary['not_started']} "
+                  f"task(s) not started; finished results are kept in {out / 'results'} "
+                  f"(errors in each result's `error`). Finish the run with: harness run "
+                  f"{args.benchmark} --out {out} --resume"
+                  + (" --server URL" if args.server else ""),
+                  markup=False, highlight=False, soft_wrap=True)
+    return 1

@@ -57,6 +57,32 @@ def dead_containers(client: Any, run_id: str | None = None) -> list[Leftover]:
     return found
 
 
+def run_containers(client: Any, run_id: str) -> list[Any]:
+    """The containers this process made for run `run_id` that still exist."""
+    return [c for c in client.containers.list(all=True, filters={"label": [
+        f"{lb.RUN_LABEL}={run_id}", f"{lb.PID_LABEL}={os.getpid()}"]})]
+
+
+def sweep_run(client: Any, run_id: str) -> tuple[list[str], str | None]:
+    """Remove the containers this process made for `run_id` that are still there (a program
+    whose engine failed could not remove its own): their names, and why not all could be
+    removed (None when all were)."""
+    removed: list[str] = []
+    try:
+        for container in run_containers(client, run_id):
+            try:
+                container.remove(force=True)
+            except Exception as exc:  # noqa: BLE001 - NotFound: gone already; else said below
+                if getattr(exc, "status_code", None) != 404:
+                    raise
+            removed.append(container.name)
+    except Exception as exc:  # noqa: BLE001 - the engine is down: say so, prune later
+        return removed, (f"could not remove the run's containers ({type(exc).__name__}: "
+                         f"{exc}); once the Docker engine answers, `harness sandbox prune "
+                         f"--run {run_id}` removes them")
+    return removed, None
+
+
 def stale_task_images(client: Any, run_id: str | None = None) -> list[Leftover]:
     images = client.images.list(filters={"label": grading.TASK_LABEL})
     existing = {image.id for image in client.images.list(all=True)}

@@ -54,6 +54,21 @@ class ServerProcess:
         except OSError:
             return "(no log)"
 
+    def exit_description(self) -> str | None:
+        """What became of the server process when it has ended ("harness serve (pid 12) was
+        killed by SIGKILL; its log: ..."), None while it runs (or before it started)."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        code = self.process.returncode
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        return f"harness serve (pid {self.process.pid}) {how}; its log: {self.log_path}"
+
     def start(self) -> ServerProcess:
         argv = [sys.executable, "-m", "harness.cli", "serve", "--policy", self.policy,
                 "--port", str(self.port)]

@@ -35,7 +35,7 @@ from harness.benchmarks.base import (
     load_jsonl,
 )
 from harness.tools.base import Observation
-from harness.tools.bash import BashTool, shared_client
+from harness.tools.bash import BashTool, engine_failure, shared_client
 from harness.tools.labels import PROGRAM_LABEL, RUN_LABEL, TASK_LABEL
 from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
@@ -189,6 +189,11 @@ class SweBench(Benchmark):
                                            self.tasks_dir, progress=progress, labels=labels)
         except (grading.TaskImageError, SandboxImageError) as exc:
             raise TaskSetupError(str(exc)) from None
+        except Exception as exc:  # the engine went away: the task may run again
+            failure = engine_failure(exc, f"the image of {task.id} was looked up or built")
+            if failure is None:
+                raise
+            raise failure from exc
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         image = await self.image(task)
@@ -215,7 +220,14 @@ class SweBench(Benchmark):
                                           base_commit], user="agent")
             return out.decode("utf-8", errors="replace") if rc == 0 else ""
 
-        return await asyncio.to_thread(diff)
+        try:
+            return await asyncio.to_thread(diff)
+        except Exception as exc:  # a lost container must not submit an empty patch
+            failure = engine_failure(exc, f"the patch of program {tool.program_id} was "
+                                          "collected")
+            if failure is None:
+                raise
+            raise failure from exc
 
     # -- scoring -----------------------------------------------------------------
 
@@ -231,6 +243,11 @@ class SweBench(Benchmark):
         except TaskSetupError as exc:
             report = {"instance_id": task.id, "resolved": False, "reason": str(exc),
                       "grader": grading.grader_name()}
+        except Exception as exc:  # the engine failed under the grader: no report, no verdict
+            failure = engine_failure(exc, f"the patch of {task.id} was graded")
+            if failure is None:
+                raise
+            raise failure from exc
         if self.out_dir is not None:
             grading.write_report(self.out_dir, report)
             grading.append_prediction(self.out_dir / "predictions.jsonl", task.id, patch)

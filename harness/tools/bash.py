@@ -36,6 +36,11 @@ left out.  Blocking Docker calls run in threads; the one that reads a
 command's output runs in its own daemon thread, so that many programs running
 long commands at once do not exhaust asyncio's default thread pool.
 
+When the engine itself fails (it stops answering or restarts, the program's container is
+removed or stopped under a running command), the tool raises ``SandboxError`` naming what
+happened instead of returning an observation: the program cannot go on in that sandbox, and
+the run keeps its task for ``--resume``.
+
 Containers carry the labels ``harness.tool=bash``, ``harness.program`` and
 ``harness.owner`` (the harness's pid or run id), the process that made them
 (``harness.host``, ``harness.pid``, ``harness.pid_started``) and what the caller
@@ -63,7 +68,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.tools.base import Observation, Tool
+from harness.tools.base import Observation, SandboxError, Tool
 from harness.tools.labels import PROGRAM_LABEL, process_labels
 from harness.tools.sandbox_image import (
     AGENT_UID,
@@ -198,6 +203,26 @@ def shared_client() -> Any:
                 ) from exc
             _shared_client = client
         return _shared_client
+
+
+def engine_failure(exc: BaseException, doing: str) -> SandboxError | None:
+    """A ``SandboxError`` saying what broke when ``exc`` is the Docker engine failing under
+    ``doing`` (it stopped answering or restarted, a container is gone); None for anything
+    else (then it is the caller's own error)."""
+    import docker.errors  # type: ignore[import-untyped]
+    import requests
+
+    if isinstance(exc, SandboxError):
+        return exc
+    if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+        return SandboxError(f"the Docker engine stopped answering while {doing} "
+                            f"({type(exc).__name__}: {exc}); was it restarted or stopped?")
+    if isinstance(exc, docker.errors.NotFound):
+        return SandboxError(f"the container was gone while {doing} ({exc.explanation or exc}): "
+                            "it was removed outside the harness, or the Docker engine lost it")
+    if isinstance(exc, docker.errors.APIError) and (exc.status_code or 0) >= 500:
+        return SandboxError(f"the Docker engine failed while {doing}: {exc}")
+    return None
 
 
 def remove_leftovers(client: Any = None, owner: str | None = None) -> list[str]:
@@ -581,17 +606,24 @@ class BashTool(Tool):
                 ok=False,
                 info={"exit_code": None, "timed_out": False, "truncated": False, "seconds": 0.0},
             )
-        container = await asyncio.to_thread(self._ensure_started)
-        api = self.client.api
-        t0 = time.monotonic()
-        tag = uuid.uuid4().hex
-        limit_arg = f"{limit:g}"
-        exec_id = await asyncio.to_thread(
-            self._exec_create,
-            container,
-            ["sh", RUNNER, limit_arg, command, str(self._pids_high)],
-            tag,
-        )
+        doing = f"program {self.program_id} started a command"
+        try:
+            container = await asyncio.to_thread(self._ensure_started)
+            api = self.client.api
+            t0 = time.monotonic()
+            tag = uuid.uuid4().hex
+            limit_arg = f"{limit:g}"
+            exec_id = await asyncio.to_thread(
+                self._exec_create,
+                container,
+                ["sh", RUNNER, limit_arg, command, str(self._pids_high)],
+                tag,
+            )
+        except Exception as exc:
+            failure = engine_failure(exc, doing)
+            if failure is None:
+                raise
+            raise failure from exc
         capture = _Capture(self.head_chars, self.tail_chars)
         reader = _Exec(api, exec_id, capture)
         reader.start()
@@ -602,10 +634,18 @@ class BashTool(Tool):
             reader.shutdown()
             threading.Thread(target=self._kill, args=(["sh", KILLER, tag],), daemon=True).start()
             raise
-        if reader.error is not None:
-            raise reader.error
-
-        exit_code = await asyncio.to_thread(self._exit_code, exec_id)
+        doing = f"program {self.program_id}'s command ran in container {container.name}"
+        try:
+            if reader.error is not None:
+                raise reader.error
+            exit_code = await asyncio.to_thread(self._exit_code, exec_id)
+            if exit_code in (None, 137) and not host_killed:  # killed: by whom?
+                await asyncio.to_thread(self._check_running, container)
+        except Exception as exc:
+            failure = engine_failure(exc, doing)
+            if failure is None:
+                raise
+            raise failure from exc
         seconds = time.monotonic() - t0
         timed_out = bool(host_killed) or (exit_code == 137 and seconds >= limit - 0.05)
         output, elided = capture.text()
@@ -673,6 +713,15 @@ class BashTool(Tool):
                 raise
         container.start()  # its files survive; only its processes are gone
         return create()
+
+    @staticmethod
+    def _check_running(container: Any) -> None:
+        """Raise ``SandboxError`` when the container stopped (a command killed with it)."""
+        container.reload()
+        if container.status != "running":
+            raise SandboxError(
+                f"the container {container.name} stopped ({container.status}) while a "
+                "command ran: the Docker engine restarted, or someone stopped the container")
 
     def _kill(self, cmd: list[str]) -> None:
         """Start a kill command as the agent (who may signal its own processes); never raise."""

@@ -1,0 +1,279 @@
+"""Load: many agent programs at once against one `harness serve`, with real tools.
+
+    .venv/bin/python eval/load_bench.py --programs 200 --out runs/load
+
+runs N programs concurrently (default 200), split over the benchmarks of `--mix` (default all
+four: gsm8k's calculator, hotpotqa's Wikipedia through a local MediaWiki stub server in its
+own process, ALFWorld's TextWorld games, swe-bench's bash in one Docker container per program
+plus a grading container), with the replay model: the emulated server says each task's
+recorded turns, so every request, event and tool call is real and the programs finish with
+their recorded verdicts. A benchmark with fewer tasks than programs runs its tasks again, each
+copy in its own folder (`OUT/<benchmark>/c<k>/`, laid out as `harness run`'s `OUT`). It
+prints, and writes to `OUT/load.json`: programs by status, errors, programs passed, events
+sent / dropped (and received by the server), containers of the run left on the engine
+afterwards, peak memory (RSS) of this harness process (the server and the stub are other
+processes), and wall time. Target: no error, nothing left behind, no event dropped.
+
+Exit status: 0 when that target is met, 1 otherwise, 2 for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python eval/load_bench.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from harness.agent import Agent, Limits  # noqa: E402
+from harness.atomic import write_json_atomic  # noqa: E402
+from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark  # noqa: E402
+from harness.events_client import EventClient  # noqa: E402
+from harness.model_client import ChatClient, api_root  # noqa: E402
+from harness.run import (  # noqa: E402
+    EMULATED_MODEL,
+    ModelSpec,
+    RunError,
+    load_replays,
+    run_task,
+    server_events_received,
+)
+from harness.server_process import ServerProcess, ServerStartError, free_port  # noqa: E402
+from harness.tools.labels import RUN_LABEL  # noqa: E402
+from predictor.durations import ToolDurationModel  # noqa: E402
+
+DEFAULT_MIX = "gsm8k,hotpotqa,alfworld,swe-bench"
+# statuses a replayed program ends with when nothing went wrong
+CLEAN = {"submitted", "step_limit", "replay_exhausted", "format_error"}
+
+
+class LoadError(ValueError):
+    """Bad options; printed without a traceback."""
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """`gsm8k,swe-bench=2` -> {name: weight}; a name alone weighs 1."""
+    mix: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, weight = part.partition("=")
+        if name not in BENCHMARKS:
+            raise LoadError(f"--mix: unknown benchmark {name!r}; choose from "
+                            f"{', '.join(sorted(BENCHMARKS))}")
+        try:
+            mix[name] = float(weight) if weight else 1.0
+        except ValueError:
+            raise LoadError(f"--mix: {part!r}: the weight must be a number") from None
+        if mix[name] <= 0:
+            raise LoadError(f"--mix: {part!r}: the weight must be positive")
+    if not mix:
+        raise LoadError("--mix names no benchmark")
+    return mix
+
+
+def split(programs: int, mix: dict[str, float]) -> dict[str, int]:
+    """Programs per benchmark in proportion to the weights (largest remainders)."""
+    total = sum(mix.values())
+    exact = {name: programs * w / total for name, w in mix.items()}
+    counts = {name: int(x) for name, x in exact.items()}
+    for name in sorted(exact, key=lambda n: exact[n] - counts[n], reverse=True):
+        if sum(counts.values()) >= programs:
+            break
+        counts[name] += 1
+    return counts
+
+
+class WikiStub:
+    """The MediaWiki stub in a process of its own (its memory is not the harness's)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> str:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "harness.tools.mediawiki_stub", "--port", str(self.port)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if "serving" not in line:
+            self.process.kill()
+            raise LoadError(f"the MediaWiki stub did not start: {line.strip()}")
+        return line.rsplit(" at ", 1)[1].strip()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+
+
+def plan(counts: dict[str, int], out: Path, run_id: str) -> list[tuple[Benchmark, Task, Any,
+                                                                        Path, str]]:
+    """(benchmark copy, task, replay, out folder, program-id prefix) per program."""
+    jobs = []
+    for name, count in counts.items():
+        if count == 0:
+            continue
+        try:
+            tasks = get_benchmark(name).load_tasks()
+        except BenchmarkError as exc:
+            raise LoadError(str(exc)) from None
+        replays = load_replays(get_benchmark(name), tasks, ModelSpec("replay", ""))
+        copies: dict[int, Benchmark] = {}
+        for i in range(count):
+            k, task = divmod(i, len(tasks))[0], tasks[i % len(tasks)]
+            if k not in copies:  # a fresh benchmark per copy, with its tasks loaded
+                bench = copies[k] = get_benchmark(name)
+                bench.load_tasks()
+                bench.out_dir = out / name / f"c{k}"
+                bench.run_id = run_id
+            jobs.append((copies[k], task, replays[task.id], out / name / f"c{k}",
+                         f"{run_id}-{name}-c{k}"))
+    return jobs
+
+
+async def run_load(jobs: list[tuple[Benchmark, Task, Any, Path, str]], base_url: str,
+                   concurrency: int, log: Any) -> dict[str, Any]:
+    client = ChatClient(base_url, EMULATED_MODEL, token_ids=True)
+    semaphore = asyncio.Semaphore(concurrency)
+    durations = ToolDurationModel()
+    results: list[dict[str, Any]] = []
+    crashes: list[str] = []
+    async with EventClient(base_url) as events:
+        agents = {folder: Agent(client, events, durations, folder / "trajectories", Limits())
+                  for _, _, _, folder, _ in jobs}
+
+        async def one(bench: Benchmark, task: Task, replay: Any, folder: Path,
+                      prefix: str) -> None:
+            async with semaphore:
+                try:
+                    results.append(await run_task(bench, task, agents[folder], replay, folder,
+                                                  prefix))
+                except Exception as exc:  # noqa: BLE001 - counted as an error, the rest go on
+                    crashes.append(f"{prefix}-{task.id}: {type(exc).__name__}: {exc}")
+
+        async def progress() -> None:
+            started = time.monotonic()
+            while True:
+                await asyncio.sleep(15)
+                log(f"  {time.monotonic() - started:5.0f} s: {len(results)} of {len(jobs)} "
+                    f"programs done, {events.sent} events sent")
+
+        ticker = asyncio.create_task(progress())
+        try:
+            await asyncio.gather(*(one(*job) for job in jobs))
+        finally:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+    await client.aclose()
+    return {"results": results, "crashes": crashes, "sent": events.sent,
+            "dropped": events.dropped}
+
+
+def containers_left(run_id: str) -> int | None:
+    """Containers labelled with this run still on the engine (None: no engine answers)."""
+    from harness.tools.bash import shared_client
+    from harness.tools.sandbox_image import SandboxImageError
+
+    try:
+        client = shared_client()
+        return len(client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}))
+    except (SandboxImageError, Exception):  # noqa: BLE001 - reported as unknown
+        return None
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--programs", type=int, default=200, help="programs in all (200)")
+    parser.add_argument("--mix", default=DEFAULT_MIX,
+                        help="benchmarks and weights, e.g. gsm8k,swe-bench=2 (default: "
+                        f"{DEFAULT_MIX}, equal shares)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="programs at once (default: all of them)")
+    parser.add_argument("--policy", default="continuum")
+    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
+    parser.add_argument("--server", default=None, help="a running harness serve (emulated)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/load-TIME)")
+    args = parser.parse_args(argv)
+    try:
+        return bench(args)
+    except (LoadError, RunError, ServerStartError) as exc:
+        print(f"load_bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def bench(args: argparse.Namespace) -> int:
+    if args.programs < 1:
+        raise LoadError("--programs must be at least 1")
+    concurrency = args.concurrency or args.programs
+    if concurrency < 1:
+        raise LoadError("--concurrency must be at least 1")
+    counts = split(args.programs, parse_mix(args.mix))
+    out = Path(args.out or f"runs/load-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        raise LoadError(f"{out} is not empty: choose another --out")
+    run_id = f"load{int(time.time())}"
+    jobs = plan(counts, out, run_id)
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    log(f"load: {len(jobs)} programs ({', '.join(f'{n} {b}' for b, n in counts.items())}), "
+        f"{concurrency} at once, run {run_id}, out {out}")
+    wiki: str | None = None
+    with contextlib.ExitStack() as stack:
+        if counts.get("hotpotqa"):
+            wiki = os.environ["HARNESS_WIKI"] = stack.enter_context(WikiStub())
+        if args.server:
+            base_url = api_root(args.server)
+        else:
+            log(f"starting harness serve --policy {args.policy} ...")
+            base_url = stack.enter_context(ServerProcess(policy=args.policy,
+                                                         profile=args.profile)).base_url
+        started = time.monotonic()
+        done = asyncio.run(run_load(jobs, base_url, concurrency, log))
+        wall_s = time.monotonic() - started
+        received = server_events_received(base_url)
+    results = done["results"]
+    statuses = Counter(r["status"] for r in results)
+    errors = [f"{r['program_id']}: {r['status']}: {r.get('error', '')}" for r in results
+              if r["status"] not in CLEAN] + done["crashes"]
+    left = containers_left(run_id) if counts.get("swe-bench") else 0
+    figures = {
+        "programs": len(jobs), "by_benchmark": counts, "concurrency": concurrency,
+        "statuses": dict(statuses), "errors": len(errors), "error_examples": errors[:10],
+        "passed": sum(bool(r.get("passed")) for r in results),
+        "events_sent": done["sent"], "events_dropped": done["dropped"],
+        "events_received_by_server": received, "containers_left": left, "wikipedia": wiki,
+        "peak_rss_mib": round(peak_rss_mib(), 1), "wall_s": round(wall_s, 1),
+        "programs_per_s": round(len(results) / wall_s, 2) if wall_s else None,
+    }
+    write_json_atomic(out / "load.json", figures)
+    for key in ("programs", "statuses", "errors", "passed", "events_sent", "events_dropped",
+                "events_received_by_server", "containers_left", "peak_rss_mib", "wall_s",
+                "programs_per_s"):
+        log(f"{key:>26}: {figures[key]}")
+    for line in errors[:10]:
+        log(f"  error: {line}")
+    log(f"figures: {out / 'load.json'}")
+    ok = not errors and left == 0 and done["dropped"] == 0 and len(results) == len(jobs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
