@@ -904,29 +904,32 @@ def plot(summary: dict[str, Any], out: Path) -> None:
 
     rows = summary["results"]
     policies = summary["policies"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for policy in policies:
+    colors = plt.get_cmap("tab20" if len(policies) > 10 else "tab10")  # one colour each
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, policy in enumerate(policies):
         mine = [r for r in rows if r["policy"] == policy]
         xs = [_load_value(r) for r in mine]
-        line = ax.plot(xs, [r["jct_mean_s"] for r in mine], marker="o", label=f"{policy} mean")
+        line = ax.plot(xs, [r["jct_mean_s"] for r in mine], marker="o", label=policy,
+                       color=colors(i))
         ax.plot(xs, [r["jct_p95_s"] for r in mine], marker="x", linestyle="--",
-                color=line[0].get_color(), label=f"{policy} P95")
+                color=line[0].get_color(), label="_nolegend_")
     ax.axhline(summary["isolated_jct_mean_s"], color="grey", linestyle=":",
                label="isolated mean")
     closed = bool(summary.get("concurrency"))
     _finish_plot(plt, fig, ax, "programs at once (closed loop)" if closed else "load (jobs/s)",
-                 "JCT (s)", f"JCT against load: {summary['trace_name']}",
+                 "JCT (s): mean solid, P95 dashed",
+                 f"JCT against load: {summary['trace_name']}",
                  out / "jct_vs_load.png")
 
     top_row = max(rows, key=_load_value)
     top, top_closed = top_row["jps"], top_row.get("concurrency")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for policy in policies:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, policy in enumerate(policies):
         path = out / "runs" / f"{policy}-jps{_jps_label(top, top_closed)}.json"
         jcts = sorted(p["jct_s"] for p in json.loads(path.read_text())["programs"]
                       if p.get("measured", True))
         ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
-        ax.step(jcts, ys, where="post", label=policy)
+        ax.step(jcts, ys, where="post", label=policy, color=colors(i))
     _finish_plot(plt, fig, ax, "JCT (s)", "fraction of programs",
                  f"JCT CDF at {_load_text(top, top_closed)}", out / "jct_cdf.png")
 
@@ -944,11 +947,12 @@ def _finish_plot(plt: Any, fig: Any, ax: Any, xlabel: str, ylabel: str, title: s
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize="small")
+    # beside the axes, not on them: a sweep of ten policies would cover the lines
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
+        fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")
     plt.close(fig)
 
 
