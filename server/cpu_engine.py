@@ -158,8 +158,9 @@ class CpuEngine:
                                log_stats=True)
         self.scheduler = self.core.scheduler
         self._pending: dict[str, Any] = {}
+        self._recording = False
         if self.record_steps:
-            self._wrap_schedule()
+            self.start_recording()
 
     # -- inputs ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], *,
@@ -276,9 +277,13 @@ class CpuEngine:
         self.close()
 
     # -- step records (for `harness profile --device cpu`) ------------------------------
-    def _wrap_schedule(self) -> None:
-        """Time every executed step and note its batch shape (prefill chunks with their
-        context, decode contexts), as `server.perf_model` features describe a batch."""
+    def start_recording(self) -> None:
+        """From now on time every executed step and note its batch shape (prefill chunks
+        with their context, decode contexts) in `steps`, as `server.perf_model` features
+        describe a batch."""
+        if self._recording:
+            return
+        self._recording = True
         core = self.core
         scheduler = self.scheduler
         inner_step = core.step

@@ -181,6 +181,27 @@ def scenario_random_workload(engine: Any) -> dict[str, Any]:
     return {"finished": finished, "stats": stats(engine), "pins": sorted(engine.scheduler.pins)}
 
 
+def profile(engine: Any, table_path: str) -> dict[str, Any]:
+    """`harness profile --device cpu`'s measuring loop over a few shapes that fit this small
+    cache; the table is written for the pytest side to load as the emulator would."""
+    from server.cpu_engine import model_folder
+    from server.profile_cpu import measure, table_from_steps
+
+    set_policy(engine, "vllm")
+    shapes = [("decode", 1, 64), ("decode", 4, 96), ("prefill", 64, 0), ("prefill", 64, 128),
+              ("mixed", 32, 2)]
+    t0 = time.time()
+    try:
+        steps = measure(engine, shapes, repeats=2, log=sys.stderr, mixed_context=256)
+        table = table_from_steps(model_folder(engine.model), steps)
+    except Exception:  # noqa: BLE001 - reported to the test that asserts on it
+        return {"error": traceback.format_exc()}
+    with open(table_path, "w") as f:
+        json.dump(table, f)
+    return {"table": table_path, "steps": len(steps), "seconds": time.time() - t0,
+            "held_after": engine.held_blocks(), "has_work_after": engine.has_work()}
+
+
 SCENARIOS = [scenario_handoff, scenario_expiry, scenario_program_end, scenario_pressure,
              scenario_vllm_frees, scenario_random_workload]
 
@@ -206,6 +227,7 @@ def main(out_path: str) -> int:
             result["has_work_after"] = engine.has_work()
             result["seconds"] = time.time() - t0
             results[name] = result
+        results["profile"] = profile(engine, out_path + ".table.json")
     finally:
         engine.close()
     with open(out_path, "w") as f:

@@ -180,3 +180,23 @@ def test_served_events_endpoint(cpu_server):
     assert ok.status_code == 200 and ok.json() == {"accepted": 2, "forwarded": 2}
     bad = httpx.post(url, json={"type": "tool_start", "program_id": "p", "predicted_s": -1})
     assert bad.status_code == 400 and "predicted_s" in bad.json()["error"]
+
+
+# -- `harness profile --device cpu`: its measuring loop, and the table in the emulator -------
+def test_profile_table_loads_in_the_emulator(scenarios):
+    from server.perf_model import TableProfile, load_profile
+
+    r = scenario(scenarios, "profile")
+    table = json.loads(Path(r["table"]).read_text())
+    assert table["gpu"] == "cpu" and table["model"] == MODEL and table["measured"] == "step"
+    rows = table["measurements"]
+    assert len(rows) == r["steps"] >= 10 and all(row["seconds"] > 0 for row in rows)
+    # the shapes the drive asked for are among the steps it recorded
+    assert {"prefill": [[64, 128]], "decode": []} in [
+        {"prefill": row["prefill"], "decode": row["decode"]} for row in rows]
+    assert any(row["prefill"] and row["decode"] for row in rows)  # a mixed batch
+    assert any(len(row["decode"]) == 4 and not row["prefill"] for row in rows)
+    assert set(table["fit_errors"]) == {"median", "p90", "mean"}
+    profile = load_profile(r["table"])
+    assert isinstance(profile, TableProfile)
+    assert profile.step_seconds([(64, 0)], [128] * 4) > 0
