@@ -110,11 +110,16 @@ class Driver:
 
     def mixed(self, chunk: int, decodes: int, repeats: int) -> None:
         ids = []
+        # the first decoders must still run when the last has its prompt in: one token per
+        # step while the others' prompts go through
+        budget = int(self.engine.scheduler.max_num_scheduled_tokens)
+        prefill_steps = -(-decodes * self.mixed_context // budget) + decodes
         for _ in range(decodes):
             ids.append(self._id())
             self.engine.add_request(ids[-1], self.tokens(self.mixed_context),
-                                    max_tokens=4 * repeats + 8)
-        while any(self.engine.scheduler.requests[i].num_output_tokens == 0 for i in ids):
+                                    max_tokens=prefill_steps + 2 * repeats + 8)
+        requests = self.engine.scheduler.requests
+        while any(i in requests and requests[i].num_output_tokens == 0 for i in ids):
             self.engine.step()  # until all are decoding
         for _ in range(repeats):
             extra = self._id()
@@ -146,10 +151,22 @@ def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int,
         before = len(engine.steps)
         driver.run(shape, repeats)
         new = engine.steps[before:]
-        ms = statistics.median(s.seconds for s in new) * 1e3 if new else float("nan")
+        own = [s for s in new if _of_shape(s, shape)]
+        ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
         print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
-              f"median {ms:.2f} ms", file=log, flush=True)
+              f"{len(own)} of the shape, median {ms:.2f} ms", file=log, flush=True)
     return list(engine.steps)
+
+
+def _of_shape(step: StepRecord, shape: Shape) -> bool:
+    """Whether a recorded step is the batch the drive was after (the others are the steps
+    that set it up: prompts of decoders, the cached history of a chunk)."""
+    kind, a, b = shape
+    if kind == "decode":
+        return not step.prefill and len(step.decode) == a
+    if kind == "prefill":
+        return step.prefill == [(a, b)] and not step.decode
+    return any(c == a for c, _ in step.prefill) and len(step.decode) >= b
 
 
 def errors(profile: Any, steps: Sequence[StepRecord]) -> dict[str, float]:

@@ -200,3 +200,10 @@ def test_profile_table_loads_in_the_emulator(scenarios):
     profile = load_profile(r["table"])
     assert isinstance(profile, TableProfile)
     assert profile.step_seconds([(64, 0)], [128] * 4) > 0
+
+
+def test_fidelity_without_a_table_says_how_to_make_one(tmp_path, capsys):
+    from eval.fidelity import main
+
+    assert main(["--table", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
+    assert "harness profile --device cpu" in capsys.readouterr().err
