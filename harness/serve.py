@@ -183,6 +183,12 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
         folder = model_folder(model or DEFAULT_CPU_MODEL)
     except ModelFolderError as exc:
         raise ServeError(f"--model: {exc}") from None
+    if offload_gib(policy, offload) is not None:
+        # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
+        # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
+        raise ServeError(f"--device cpu cannot offload KV (policy {policy!r} or --offload-gib): "
+                         "vLLM 0.32's native offloading runs only on CUDA and XPU devices; pick "
+                         "a policy that does not swap (e.g. continuum, vllm, preserve)")
     python = cpu_python()
     if profile:
         from server.perf_model import load_profile
@@ -201,8 +207,7 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
             "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
             "--gpu-memory-utilization", str(CPU_MEMORY_SHARE),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            *offload_args(offload_gib(policy, offload))]
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
     if not has_weights(folder):

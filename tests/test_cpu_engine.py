@@ -42,6 +42,14 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
         build_command(device="cpu", model=str(tmp_path / "missing"))
 
 
+def test_offloading_policies_are_refused_on_cpu():
+    # vLLM's native KV offloading worker raises on its CPU platform; say so up front
+    with pytest.raises(ServeError, match="cannot offload KV"):
+        build_command(device="cpu", model=MODEL, policy="swap")
+    with pytest.raises(ServeError, match="cannot offload KV"):
+        build_command(device="cpu", model=MODEL, policy="continuum", offload=4.0)
+
+
 def test_cli_reports_a_missing_config_without_a_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "harness.cli", "serve", "--device", "cpu",
                              "--model", str(tmp_path)], capture_output=True, text=True,
