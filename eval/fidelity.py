@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV cache size in tokens on both sides (default 8192)")
     p.add_argument("--max-model-len", type=int, default=6144)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--served-emulator", action="store_true",
+                   help="also replay over HTTP on the emulator (`harness serve --profile "
+                   "TABLE`), which tells the step model's error from the HTTP path's")
     p.add_argument("--out", type=Path, default=Path("runs/fidelity"))
 
 
@@ -88,6 +91,21 @@ def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
         load_after = os.getloadavg()[0]
     return result, {"startup_s": round(startup, 1), "wall_s": round(result.wall_s, 1),
                     "loadavg_before": load_before, "loadavg_after": load_after}
+
+
+def served_emulator(trace: Any, policy: str, table_path: Path,
+                    args: argparse.Namespace) -> Any:
+    """The emulator behind the same HTTP path (`harness serve --profile TABLE`: its steps
+    sleep the table's time): what differs from (a) is only the step model, what differs from
+    (b) only the HTTP and API-server path."""
+    from eval.http_replay import replay_over_http
+    from harness.server_process import ServerProcess
+
+    with ServerProcess(policy=policy, profile=str(table_path),
+                       serve_args=["--max-model-len", str(args.max_model_len)],
+                       vllm_args=["--num-gpu-blocks-override", str(args.kv_tokens // 16 + 1)],
+                       startup_timeout_s=400) as server:
+        return replay_over_http(trace, server.base_url)
 
 
 def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace) -> Any:
@@ -149,6 +167,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[{policy}] emulated ...", file=sys.stderr, flush=True)
         emu_result = emulated(trace, policy, args.table, args)
         real, emu = per_program(real_result), per_program(emu_result)
+        over_http: dict[str, Any] = {}
+        if args.served_emulator:
+            print(f"[{policy}] emulated over HTTP ...", file=sys.stderr, flush=True)
+            emu_http = per_program(served_emulator(trace, policy, args.table, args))
+            over_http = {
+                "mean_jct_emulated_http_s": statistics.fmean(
+                    v["jct"] for p, v in emu_http.items() if p in real),
+                "jct_error_http": quantiles(rel_errors(real, emu_http, "jct")),
+                "ttft_error_http": quantiles(rel_errors(real, emu_http, "ttft")),
+                "mean_ttft_s": {
+                    "real": statistics.fmean(v["ttft"] for v in real.values()),
+                    "emulated": statistics.fmean(v["ttft"] for v in emu.values()),
+                    "emulated_http": statistics.fmean(v["ttft"] for v in emu_http.values())}}
         mean_real = statistics.fmean(v["jct"] for v in real.values())
         mean_emu = statistics.fmean(v["jct"] for p, v in emu.items() if p in real)
         rows[policy] = {
@@ -158,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "jct_error": quantiles(rel_errors(real, emu, "jct")),
             "ttft_error": quantiles(rel_errors(real, emu, "ttft")),
             "per_program": {p: {"real": real[p], "emulated": emu.get(p)} for p in real},
+            **over_http,
         }
     by_real = sorted(policies, key=lambda p: rows[p]["mean_jct_real_s"])
     by_emu = sorted(policies, key=lambda p: rows[p]["mean_jct_emulated_s"])
@@ -186,6 +218,19 @@ def report(summary: dict[str, Any]) -> str:
             f"{r['mean_jct_error']:+.1%} | {r['jct_error']['median']:.1%} / "
             f"{r['jct_error']['p90']:.1%} | {r['ttft_error']['median']:.1%} / "
             f"{r['ttft_error']['p90']:.1%} | {r['loadavg_before']:.1f}-{r['loadavg_after']:.1f} |")
+    http = {p: r for p, r in summary["policies"].items() if "ttft_error_http" in r}
+    if http:
+        lines += ["", "the emulator behind the same HTTP path (`harness serve --profile TABLE`):",
+                  "", "| policy | mean JCT | error | TTFT err median / P90 | mean TTFT real / "
+                  "emulated / emulated over HTTP |", "|---|---:|---:|---:|---:|"]
+        for policy, r in http.items():
+            t = r["mean_ttft_s"]
+            err = (r["mean_jct_emulated_http_s"] - r["mean_jct_real_s"]) / r["mean_jct_real_s"]
+            lines.append(
+                f"| {policy} | {r['mean_jct_emulated_http_s']:.2f} s | {err:+.1%} | "
+                f"{r['ttft_error_http']['median']:.1%} / {r['ttft_error_http']['p90']:.1%} | "
+                f"{t['real'] * 1e3:.0f} / {t['emulated'] * 1e3:.0f} / "
+                f"{t['emulated_http'] * 1e3:.0f} ms |")
     lines += ["", f"ranking by mean JCT: real {' < '.join(summary['ranking_real'])}; emulated "
               f"{' < '.join(summary['ranking_emulated'])}: "
               f"{'same' if summary['same_ranking'] else 'DIFFERENT'}"]

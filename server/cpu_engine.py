@@ -95,6 +95,19 @@ def is_cpu_build() -> bool:
 
 
 @dataclass
+class _Pending:
+    """A request in flight: what `Finished` will say about it."""
+
+    arrival: float
+    program_id: str | None
+    prompt_tokens: int
+    first_token: float | None = None
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class StepRecord:
     """One engine step as executed: wall seconds of the whole step (schedule, forward pass,
     sampling, output processing) and the batch it ran, as the emulator's features see it."""
@@ -157,7 +170,7 @@ class CpuEngine:
         self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config),
                                log_stats=True)
         self.scheduler = self.core.scheduler
-        self._pending: dict[str, Any] = {}
+        self._pending: dict[str, _Pending] = {}
         self._recording = False
         if self.record_steps:
             self.start_recording()
@@ -171,8 +184,6 @@ class CpuEngine:
         would send (`tool`, `turn`, `predicted_s`, `last`, ...)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.engine import EngineCoreRequest
-
-        from server.engine import _Pending
 
         needed = len(prompt_token_ids) + max_tokens
         if needed > self.context_limit:
