@@ -225,6 +225,41 @@ class SimulatedTau:
                           f"({len(trace.programs)} programs): P95 {tau:.4g} s ({elapsed:.1f} s)")
         return tau
 
+    def deployment(self, prefill: tuple[int, int], decode: tuple[int, int],
+                   programs: int) -> tuple[float, float]:
+        """The whole deployment (``(degree, count)`` per role) replayed at the full rate on
+        the virtual-time cluster, `pd` routing: (P95 TTFT over every turn, P95 ITL). What the
+        plan's per-replica simulations predict, measured without their simplifications (a
+        partner per role, one replica at its share of the load)."""
+        from cluster.config import parse_cluster
+        from eval.bench import make_engine
+        from eval.cluster_replay import VirtualCluster, replay_cluster
+        from eval.metrics import percentile, tpot_of
+
+        trace = self._workload(programs, self.rate)
+        replicas = [{"name": "p", "role": "prefill", "profile": self.profile(prefill[0]),
+                     "count": prefill[1]},
+                    {"name": "d", "role": "decode", "profile": self.profile(decode[0]),
+                     "count": decode[1]}]
+        config = parse_cluster({"name": "plan-check", "router": {"strategy": "pd"},
+                                "replicas": replicas})
+        longest = max(p.final_context_tokens for p in trace.programs)
+
+        def build(spec: Any) -> Any:
+            return make_engine(spec.policy, spec.profile, self.seed, spec.num_gpu_blocks,
+                               spec.offload_gib, spec, config, max_model_len=longest)
+
+        cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
+        try:
+            result = replay_cluster(trace, cluster)
+        finally:
+            cluster.close()
+        turns = [t for p in result.programs.values() for t in p.turns]
+        ttft = [t.first_token - t.arrival for t in turns if t.first_token is not None]
+        itl = [x for x in (tpot_of(t) for t in turns) if x is not None]
+        return (percentile(ttft, 95) if ttft else math.inf,
+                percentile(itl, 95) if itl else math.inf)
+
     @staticmethod
     def _program_seconds(trace: Any, profile: Any) -> float:
         """Mean duration of a program alone: tools plus one decode step per output token."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
+from typing import Any
 
 from cluster.planner import OBJECTIVES, SOLVERS, Objective, PlanError, TableTau, plan, table
 from eval.metrics import SLO
@@ -45,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default=None, metavar="FILE",
                    help="keep simulated latencies in this JSON file and reuse them")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="replay the top K plans as whole deployments at --rate (virtual time, "
+                   "`pd` routing) and rank them by the measured objective: does the planner's "
+                   "first choice come out best? (default 0: no)")
+    p.add_argument("--verify-programs", type=int, default=60,
+                   help="programs each --verify replay runs (default 60)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
 
@@ -77,10 +85,15 @@ def _run(args: argparse.Namespace) -> int:
             programs=args.sim_programs or plan_sim.PROGRAMS,
             max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say)
         provider = sim
-    plans = plan(provider, args.gpus, args.rate, objective, top=args.top, solver=args.solver)
+    if args.verify < 0 or args.verify_programs < 2:
+        raise PlanError("--verify must be >= 0 and --verify-programs >= 2")
+    if args.verify and sim is None:
+        raise PlanError("--verify replays deployments on the emulated GPUs: drop --table")
+    plans = plan(provider, args.gpus, args.rate, objective,
+                 top=max(args.top, args.verify), solver=args.solver)
     elapsed = time.perf_counter() - started
     print(f"# {args.trace} at {args.rate:g} programs/s on {args.gpus} GPUs ({args.profile})\n")
-    print(table(plans, objective))
+    print(table(plans[:args.top], objective))
     if sim is not None:
         for degree, why in sim.skipped.items():
             print(f"TP{degree} skipped: {why}")
@@ -89,4 +102,34 @@ def _run(args: argparse.Namespace) -> int:
         print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s), "
               f"the rest from the cache")
     print(f"planning took {elapsed:.2f} s ({args.solver})")
+    if args.verify:
+        assert sim is not None
+        print()
+        print(verify(sim, plans[:args.verify], objective, args.verify_programs))
     return 0
+
+
+def verify(sim: Any, plans: list[Any], objective: Objective, programs: int) -> str:
+    """The plans replayed whole, ranked by the measured objective (markdown)."""
+    rows = []
+    for rank, p in enumerate(plans, 1):
+        started = time.perf_counter()
+        ttft, itl = sim.deployment((p.prefill.degree, p.prefill.count),
+                                   (p.decode.degree, p.decode.count), programs)
+        score = objective.score(replace(p.prefill, tau=ttft), replace(p.decode, tau=itl))
+        rows.append((score, rank, p, ttft, itl, time.perf_counter() - started))
+        print(f"replayed plan {rank} ({p.prefill.label()} + {p.decode.label()}): P95 TTFT "
+              f"{ttft:.3f} s, P95 ITL {1000 * itl:.1f} ms ({rows[-1][-1]:.0f} s)",
+              file=sys.stderr, flush=True)
+    lines = [f"Whole deployments replayed ({programs} programs at the full rate, `pd` routing), "
+             "best measured first:", "",
+             "| measured rank | planned rank | prefill | decode | P95 TTFT | P95 ITL | "
+             "measured objective | planned objective |", "|---:|---:|---|---|---:|---:|---:|---:|"]
+    for i, (score, rank, p, ttft, itl, _) in enumerate(sorted(rows, key=lambda r: r[0]), 1):
+        lines.append(f"| {i} | {rank} | {p.prefill.label()} | {p.decode.label()} | "
+                     f"{ttft:.3f} s | {1000 * itl:.1f} ms | {score:.3f} | {p.score:.3f} |")
+    best = min(rows, key=lambda r: r[0])
+    lines += ["", "The planner's first choice is the best measured."
+              if best[1] == 1 else f"The planner's first choice is not the best measured: "
+              f"plan {best[1]} is."]
+    return "\n".join(lines)

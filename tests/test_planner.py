@@ -213,3 +213,29 @@ def test_plan_command_with_a_table(tmp_path, capsys):
     assert f"| {expected.prefill.label()} | {expected.decode.label()} |" in rows[0]
     assert main([*args[:2], "1", *args[3:]]) == 2
     assert "harness plan: error: --gpus must be an integer >= 2" in capsys.readouterr().err
+
+
+def test_verify_ranks_replayed_deployments_by_the_measured_objective():
+    """`harness plan --verify`: each plan's whole deployment is replayed (here a stand-in
+    returns the measured P95s) and scored with the planner's own objective."""
+    from cluster.planner import Candidate, Objective, Plan
+    from harness.plan_cli import verify
+
+    def plan_of(p: int, d: int, score: float) -> Plan:
+        return Plan(Candidate("prefill", 8, p, 0.5), Candidate("decode", 8, d, 0.01), score)
+
+    measured = {(1, 1): (0.9, 0.02), (1, 2): (0.5, 0.01)}
+
+    class Replays:
+        def deployment(self, prefill, decode, programs):
+            assert programs == 12
+            return measured[(prefill[1], decode[1])]
+
+    objective = Objective({"prefill": 1.0, "decode": 0.1})
+    text = verify(Replays(), [plan_of(1, 1, 0.5), plan_of(1, 2, 0.6)], objective, 12)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "TP8" in line]
+    # plan 2 measures 0.5 / 1.0 against plan 1's 0.9: it ranks first
+    assert rows[0].startswith("| 1 | 2 |") and rows[1].startswith("| 2 | 1 |")
+    assert "not the best measured: plan 2 is" in text
+    text = verify(Replays(), [plan_of(1, 2, 0.5)], objective, 12)
+    assert "first choice is the best measured" in text
