@@ -310,7 +310,8 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                     rows.append(row)
                     if console is not None and not console.is_terminal:  # a log: one line a run
                         console.print(f"{label}: SLO {row['slo_attainment']:.3f}, mean JCT "
-                                      f"{row['jct_mean_s']:.2f} s, wall {row['wall_s']:.1f} s")
+                                      f"{row['jct_mean_s']:.2f} s, wall {row['wall_s']:.1f} s",
+                                      soft_wrap=True)
     summary = {
         "what": "AMPD vs baselines (eval.ampd_bench), virtual time",
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -483,7 +484,7 @@ def run(args: argparse.Namespace) -> int:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
     print_table(summary, console)
     written = ["rows.json", "report.md"] + ([] if args.no_plot else ["slo_vs_load.png"])
-    console.print("wrote " + ", ".join(str(Path(args.out) / w) for w in written))
+    console.print("wrote " + ", ".join(str(Path(args.out) / w) for w in written), soft_wrap=True)
     return 0
 
 
