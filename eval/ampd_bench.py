@@ -57,6 +57,11 @@ DEFAULT_PROFILE = "h20x4-llama-3.1-70b"
 DEFAULT_TRACES = "hotpotqa,toolbench"
 DEFAULT_JPS = "0.25,0.5,1"
 DEFAULT_LAYOUTS = "1p3d,2p2d"
+#: How a prefill replica gets the history it lacks (the program's last turns ran elsewhere, e.g.
+#: locally under AMPD): ``pull`` reads it from the decode replica's export (vLLM's
+#: `bidirectional_kv_xfer`, AMPD's remote path, priced by its Eq. 2), ``recompute`` prefills it
+#: again (a P/D deployment without the export).
+HISTORY = ("pull", "recompute")
 GPUS_PER_NODE = 8  # a node of 8 GPUs (AMPD section 7.1), for which link a KV transfer takes
 
 
@@ -202,14 +207,16 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
         raise AmpdBenchError(str(exc)) from None
 
 
-def _engine_factory(config: Any, seed: int, slo: SLO) -> Callable[[Any], Any]:
-    """`eval.bench.make_engine`, then the AMPD queue policy told the run's TTFT SLO (it is
-    built by name with the policy module's default; Algorithm 2 counts tasks against it)."""
+def _engine_factory(config: Any, seed: int, slo: SLO,
+                    history: str = "pull") -> Callable[[Any], Any]:
+    """`eval.bench.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``), then
+    the AMPD queue policy told the run's TTFT SLO (it is built by name with the policy
+    module's default; Algorithm 2 counts tasks against it)."""
     from eval.bench import make_engine
 
     def build(spec: Any) -> Any:
         engine = make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                             spec.offload_gib, spec, config)
+                             spec.offload_gib, spec, config, bidirectional=history == "pull")
         policy = engine.scheduler.agent_policy
         if hasattr(policy, "ttft_slo_s"):
             policy.ttft_slo_s = slo.ttft_s
@@ -225,16 +232,20 @@ def attainment(programs: Sequence[Any], slo: SLO) -> float:
 
 
 def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
-            num_gpu_blocks: int | None = None,
+            num_gpu_blocks: int | None = None, history: str = "pull",
             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`)."""
+    """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`). `history`
+    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks."""
+    if history not in HISTORY:
+        raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
     from eval.cluster_replay import VirtualCluster, replay_cluster
     from server.engine import ContextTooLong
 
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
                             num_gpu_blocks=num_gpu_blocks)
     wall = time.perf_counter()
-    cluster = VirtualCluster(config, seed=seed, make_engine=_engine_factory(config, seed, slo))
+    cluster = VirtualCluster(config, seed=seed,
+                             make_engine=_engine_factory(config, seed, slo, history))
     try:
         result = replay_cluster(trace, cluster, progress=progress)
         decisions = dict(getattr(cluster.router, "decisions", {}))
@@ -254,6 +265,8 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     row["jct_p90_s"] = percentile([p.jct for p in programs], 90)
     row["ttft_slo_attainment"] = attainment(programs, SLO(slo.ttft_s, math.inf))
     row["itl_slo_attainment"] = attainment(programs, SLO(math.inf, slo.tpot_s))
+    row["kv_bytes_to_prefill"] = sum(r["kv_bytes_in"] for r in metrics["replicas"]
+                                     if r["role"] == "prefill")
     row["decisions"] = decisions
     row["wall_s"] = time.perf_counter() - wall
     return row
@@ -264,7 +277,8 @@ ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_
             "ttft_p95_s", "ttft_initial_mean_s", "ttft_incremental_mean_s", "itl_mean_s",
             "itl_p95_s", "slo_attainment", "program_slo_attainment", "slo_attainment_initial",
             "slo_attainment_incremental", "goodput_turns_per_s", "prefix_hit_rate",
-            "local_prefill_share", "local_prefills", "remote_prefills", "kv_bytes_moved",
+            "recomputed_tokens", "local_prefill_share", "local_prefills", "remote_prefills",
+            "kv_bytes_moved",
             "kv_seconds_moved", "preemptions", "load_balance_colocated", "load_balance_prefill",
             "load_balance_decode", "engine_steps")
 
@@ -272,7 +286,7 @@ ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_
 # -- the sweep ---------------------------------------------------------------------------------
 def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[float], *,
           programs: int, replicas: int, profile: str, slo: SLO, seed: int, out: Path,
-          num_gpu_blocks: int | None = None, plot: bool = True,
+          num_gpu_blocks: int | None = None, history: str = "pull", plot: bool = True,
           console: Any = None) -> dict[str, Any]:
     """Every trace x load x config; writes ``rows.json``, ``report.md`` (and the plot).
     The same programs (trace, count, seed) are replayed at every load and by every config."""
@@ -302,7 +316,7 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                     label = f"{name} @ {x:g} jobs/s: {run.label}"
                     task = bar.add_task(label, total=len(trace))
                     row = run_one(trace, run, replicas=replicas, profile=profile, slo=slo,
-                                  seed=seed, num_gpu_blocks=num_gpu_blocks,
+                                  seed=seed, num_gpu_blocks=num_gpu_blocks, history=history,
                                   progress=lambda k, t=task: bar.update(t, completed=k))
                     row.update(trace=name, jps=x)
                     bar.update(task, completed=len(trace), visible=False)
@@ -317,7 +331,7 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "traces": list(traces), "jps": list(loads), "programs": programs,
         "replicas": replicas, "profile": profile, "gpus_per_node": GPUS_PER_NODE,
-        "num_gpu_blocks": num_gpu_blocks, "seed": seed,
+        "num_gpu_blocks": num_gpu_blocks, "seed": seed, "history": history,
         "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.tpot_s},
         "configs": [{"config": c.label, "router": c.strategy.router,
                      "policy": c.strategy.policy, "about": c.strategy.about} for c in configs],
@@ -346,6 +360,7 @@ COLUMNS = [("trace", "trace", "{}"), ("jps", "jobs/s", "{:g}"), ("config", "conf
            ("ttft_incremental_mean_s", "TTFT incr. s", "{:.3f}"),
            ("itl_mean_s", "ITL mean ms", "ms"),
            ("local_prefill_share", "local prefills", "{:.3f}"),
+           ("recomputed_tokens", "recomputed tok", "{}"),
            ("decisions", "AMPD decisions", "decisions")]
 
 #: short names of `cluster.ampd.AMPDRouter.decisions` for the table
@@ -395,7 +410,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
         f"{summary['programs']} programs per trace and load, {summary['replicas']} replicas "
         f"of `{summary['profile']}` ({summary['gpus_per_node']} GPUs per node), seed "
         f"{summary['seed']}. SLO per turn: TTFT <= {slo['ttft_s']:g} s and mean ITL <= "
-        f"{slo['itl_s']:g} s (SLO: both). Wall time {summary['wall_s']:.0f} s.", "",
+        f"{slo['itl_s']:g} s (SLO: both). History a prefill replica lacks: "
+        f"{summary.get('history', 'pull')}. Wall time {summary['wall_s']:.0f} s.", "",
         "Configs: " + "; ".join(f"`{c['config']}` = {c['about']}"
                                 for c in summary["configs"]) + ".", "",
         "AMPD decisions: init = first turn (remote, binds the decode replica); R-slack / "
@@ -443,6 +459,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{SLO.tpot_s:g})")
     p.add_argument("--num-gpu-blocks", type=int, default=None,
                    help="KV cache size per replica in 16-token blocks (default: the profile's)")
+    p.add_argument("--history", choices=HISTORY, default="pull",
+                   help="how a prefill replica gets the history it lacks: pull it from the "
+                   "decode replica (vLLM's bidirectional_kv_xfer; default) or recompute it")
     p.add_argument("--seed", type=int, default=0, help="trace and router seed (default 0)")
     p.add_argument("--out", default="runs/ampd-bench", help="output folder")
     p.add_argument("--no-plot", action="store_true", help="skip slo_vs_load.png")
@@ -478,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
                         programs=args.programs, replicas=args.replicas, profile=args.profile,
                         slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed,
                         out=Path(args.out), num_gpu_blocks=args.num_gpu_blocks,
-                        plot=not args.no_plot, console=console)
+                        history=args.history, plot=not args.no_plot, console=console)
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)

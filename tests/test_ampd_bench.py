@@ -25,7 +25,7 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     configs = [RunConfig(STRATEGIES["ampd"], (1, 1)), RunConfig(STRATEGIES["vllm"], None)]
     summary = ampd_bench.bench(["hotpotqa"], configs, [2.0], programs=6, replicas=2,
                                profile=PROFILE, slo=slo, seed=1, out=tmp_path,
-                               num_gpu_blocks=1024, plot=True)
+                               num_gpu_blocks=4096, plot=True)
     rows = {r["config"]: r for r in summary["rows"]}
     assert set(rows) == {"ampd 1P1D", "vllm"}
     ampd, vllm = rows["ampd 1P1D"], rows["vllm"]
@@ -47,6 +47,9 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     assert ampd["local_prefills"] == local and ampd["remote_prefills"] == remote
     assert 0.0 < ampd["local_prefill_share"] < 1.0
     assert ampd["kv_bytes_moved"] > 0
+    # history pull (the default): a remote prefill after a local turn reads the history from
+    # the decode replica's export instead of recomputing it
+    assert ampd["kv_bytes_to_prefill"] > 0
     assert vllm["decisions"] == {} and vllm["local_prefill_share"] == 1.0
     assert vllm["kv_bytes_moved"] == 0
     written = json.loads((tmp_path / "rows.json").read_text())
@@ -56,6 +59,24 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     assert "| hotpotqa | 2 | ampd 1P1D |" in report
     assert "init 6" in report
     assert (tmp_path / "slo_vs_load.png").stat().st_size > 0
+
+
+def test_history_recompute_recomputes_what_pull_reads(tmp_path):
+    """The same AMPD run with `recompute`: no KV flows decode -> prefill, and the history a
+    prefill replica lacks after a local turn is computed again."""
+    from eval.traces import load_or_generate
+
+    trace = load_or_generate("hotpotqa", 6, 2.0, 1)
+    run = RunConfig(STRATEGIES["ampd"], (1, 1))
+    rows = {h: ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE,
+                                  slo=SLO(0.04, 0.1), seed=1, num_gpu_blocks=4096, history=h)
+            for h in ("pull", "recompute")}
+    assert rows["recompute"]["kv_bytes_to_prefill"] == 0
+    assert rows["pull"]["kv_bytes_to_prefill"] > 0
+    assert rows["recompute"]["recomputed_tokens"] > rows["pull"]["recomputed_tokens"]
+    with pytest.raises(AmpdBenchError, match="--history 'fetch'"):
+        ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE, slo=SLO(), seed=1,
+                           history="fetch")
 
 
 def test_layouts_fill_nodes_and_carry_the_slo():
