@@ -512,7 +512,7 @@ def serve_cluster(config: ClusterConfig, *, host: str = "127.0.0.1",
             return 0
         endpoints = [ReplicaEndpoint(name=r.name, role=r.spec.role, url=r.url, pid=r.pid)
                      for r in launcher.replicas]
-        app = create_app(endpoints, config.router, name=config.name)
+        app = create_app(endpoints, config.router, name=config.name, cluster=config)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                access_log=False, timeout_keep_alive=30))
         state = app.state.cluster

@@ -26,6 +26,8 @@ Endpoints:
   `program_end` goes to every replica the program touched and ends the router's binding. A
   program no turn of which was routed yet (events before its first request) falls back to its
   binding (`session`, `pd`: bound now) and, for strategies that do not bind, reaches nobody.
+* Cost-model strategies (`ampd`) also get each turn's `TurnInfo`, the replicas' queued prefill
+  tokens and windowed TTFT / ITL, kept by `cluster.served_turns` from the relayed traffic.
 * `GET /v1/models` (from the first live replica), `GET /health` (200 while a replica lives),
   `GET /v1/cluster` (per-replica state and the routing counters).
 
@@ -54,7 +56,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.placement import Placement
-from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, make_router
+from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, TurnInfo, make_router
+from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
 
 log = logging.getLogger("harness.cluster.router")
 
@@ -154,6 +157,7 @@ class ClusterState:
             "pd_prefills": 0, "pd_fallbacks": 0, "events_received": 0, "events_forwarded": 0,
             "events_dropped": 0, "programs_ended": 0}
         self.placement = Placement()  # who has served each program, for the events fan-out
+        self.book = TurnBook()  # prompt / history lengths and prefill queues (AMPD's inputs)
         self.starts: dict[str, str] = {}  # program -> its program_start line, until it ends
 
     @property
@@ -161,15 +165,18 @@ class ClusterState:
         return any(r.role in ("prefill", "decode") for r in self.replicas.values())
 
     def loads(self) -> list[ReplicaLoad]:
-        return [r.load() for r in self.replicas.values()]
+        loads = [r.load() for r in self.replicas.values()]
+        for load in loads:
+            load.queued_prefill_tokens = self.book.queued.get(load.name, 0)
+        return loads
 
     def live(self) -> list[ReplicaState]:
         return [r for r in self.replicas.values() if r.alive]
 
-    def route(self, program_id: str, turn: int) -> Route:
+    def route(self, program_id: str, turn: int, info: TurnInfo | None = None) -> Route:
         """The router's decision (raises `NoReplicaError`), counting rebinds."""
         before = self.router.bound(program_id)
-        route = self.router.route(program_id, turn, self.loads())
+        route = self.router.route(program_id, turn, self.loads(), info)
         if before is not None and before != self.router.bound(program_id):
             self.counters["rebinds"] += 1
         return route
@@ -212,13 +219,38 @@ class ClusterState:
         replica.exited = code if code is not None else -1
         replica.mark_dead(f"replica {name} at {replica.address} exited with code {code}")
 
+    def observe(self, kind: str, replica: str, seconds: float | None) -> None:
+        """A TTFT (prefill replica) or ITL (decode replica) sample, for strategies that read
+        them (`observe_ttft` / `observe_itl`)."""
+        hook = getattr(self.router, f"observe_{kind}", None)
+        if hook is not None and seconds is not None:
+            hook(replica, seconds, time.monotonic())
+
     def to_json(self) -> dict[str, Any]:
         bound = getattr(getattr(self.router, "_binding", None), "of", None)
+        decisions = getattr(self.router, "decisions", None)
         return {"name": self.name, "strategy": self.strategy,
                 "uptime_s": round(time.time() - self.started, 1),
                 "replicas": [r.to_json() for r in self.replicas.values()],
                 "counters": {**self.counters,
-                             "programs_bound": len(bound) if bound is not None else None}}
+                             "programs_bound": len(bound) if bound is not None else None},
+                **({"decisions": dict(decisions)} if decisions is not None else {})}
+
+
+@dataclass
+class _Turn:
+    """One relayed turn's accounting: its prompt, and where its new tokens wait to be
+    prefilled (cleared once, at the first token or the prefill's answer)."""
+
+    program: str
+    prompt_tokens: int
+    new_tokens: int
+    queued_on: str | None = None
+
+    def prefilled(self, book: TurnBook) -> None:
+        if self.queued_on is not None:
+            book.prefill_done(self.queued_on, self.new_tokens)
+            self.queued_on = None
 
 
 # -- pure helpers (unit-tested without servers) ----------------------------------------------
@@ -331,11 +363,12 @@ def _pd_module() -> Any:
 def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                name: str = "cluster", poll_interval_s: float = 0.5,
                transport: httpx.AsyncBaseTransport | None = None,
-               connect_timeout_s: float = 5.0) -> FastAPI:
-    """The router app. `router`: a `cluster.routing.Router`, or a `RouterSpec` to build one.
+               connect_timeout_s: float = 5.0, cluster: Any = None) -> FastAPI:
+    """The router app. `router`: a `cluster.routing.Router`, or a `RouterSpec` to build one
+    (`ampd` needs `cluster`, the `ClusterConfig`, whose profiles and links price its estimates).
     `transport`: an httpx transport for the upstream client (tests use a mock one)."""
     if not isinstance(router, Router):
-        router = make_router(router)
+        router = make_router(router, cluster)
     state = ClusterState(replicas, router, name=name)
     pd = _pd_module() if state.pd else None
     holder: dict[str, httpx.AsyncClient] = {}
@@ -376,8 +409,10 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
         given = program_of(body, request.headers)
         program = given if given is not None else f"anon-{uuid.uuid4().hex}"
         state.counters["requests"] += 1
+        tokens = prompt_tokens_of(body)
+        info = state.book.info(program, tokens, time.monotonic())
         try:
-            route = state.route(program, turn_of(body))
+            route = state.route(program, turn_of(body), info)
         except NoReplicaError as exc:
             state.counters["no_replica"] += 1
             return error_response(f"no live replica can take the request ({exc}); "
@@ -386,16 +421,25 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
         if given is not None:
             for name in state.placed(program, route):
                 await _post_events(name, [state.starts[program]])
+        turn = _Turn(program, tokens, info.new_tokens)
         if route.prefill is not None:
             assert pd is not None
-            work = _pd_turn(path, body, headers, route, pd)
+            work = _pd_turn(path, body, headers, route, pd, turn)
         else:
-            work = _forward(path, raw, headers, route.decode, stream=bool(body.get("stream")))
+            state.book.prefill_queued(route.decode, turn.new_tokens)
+            turn.queued_on = route.decode
+            work = _forward(path, raw, headers, route.decode, stream=bool(body.get("stream")),
+                            turn=turn)
+        response = None
         try:
-            return await _unless_disconnected(request, work)
+            response = await _unless_disconnected(request, work)
+            return response
         finally:
+            if not isinstance(response, StreamingResponse):  # a stream clears it when it runs
+                turn.prefilled(state.book)  # answered or failed: no longer queued
             if given is None:
                 state.router.program_end(program)  # an anonymous request binds nothing
+                state.book.end(program)
 
     async def _unless_disconnected(request: Request, work: Any) -> Response:
         """Run `work`; if the client goes away first, cancel it (closing the upstream
@@ -415,7 +459,7 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
         return task.result()
 
     async def _pd_turn(path: str, body: dict[str, Any], headers: dict[str, str],
-                       route: Route, pd: Any) -> Response:
+                       route: Route, pd: Any, turn: _Turn) -> Response:
         prefill = state.replicas[route.prefill]  # type: ignore[index]
         request_id = next((v for k, v in headers.items() if k.lower() == "x-request-id"),
                           None) or f"pd-{uuid.uuid4().hex}"
@@ -424,6 +468,9 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
         prefill.in_flight += 1
         prefill.prefills += 1
         state.counters["pd_prefills"] += 1
+        state.book.prefill_queued(prefill.name, turn.new_tokens)
+        turn.queued_on = prefill.name
+        sent = time.monotonic()
         try:
             answer = await client().post(prefill.url + path, json=first, headers=headers)
         except _GONE as exc:
@@ -432,6 +479,9 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
             return _failed(prefill, exc)
         finally:
             prefill.in_flight -= 1
+            turn.prefilled(state.book)
+        if answer.status_code == 200:
+            state.observe("ttft", prefill.name, time.monotonic() - sent)
         if answer.status_code != 200:
             state.counters["failed"] += 1
             return Response(answer.content, status_code=answer.status_code,
@@ -449,10 +499,19 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
             second = dict(body)
         return await _forward(path, json.dumps(second).encode(), headers, route.decode,
                               stream=bool(body.get("stream")),
-                              extra_headers={PREFILL_HEADER: prefill.name})
+                              extra_headers={PREFILL_HEADER: prefill.name}, turn=turn)
+
+    def _answered(turn: _Turn | None, name: str, payload: bytes, itl: float | None) -> None:
+        """A turn's answer is complete: its history for the next turn, the decode ITL."""
+        if turn is None:
+            return
+        completion = completion_tokens_of(payload)
+        state.book.turn_done(turn.program, turn.prompt_tokens, completion)
+        state.observe("itl", name, itl)
 
     async def _forward(path: str, content: bytes, headers: dict[str, str], name: str,
-                       stream: bool, extra_headers: dict[str, str] | None = None) -> Response:
+                       stream: bool, extra_headers: dict[str, str] | None = None,
+                       turn: _Turn | None = None) -> Response:
         replica = state.replicas[name]
         replica.routed += 1
         out_headers = {REPLICA_HEADER: name, **(extra_headers or {})}
@@ -461,6 +520,7 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                                                    "application/json"})
         replica.in_flight += 1
         relaying = False  # once the stream is handed to `relay`, it does the accounting
+        sent = time.monotonic()
         try:
             try:
                 answer = await client().send(upstream, stream=stream)
@@ -470,6 +530,10 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                 return _failed(replica, exc)
             if not stream:
                 state.counters["completed" if answer.status_code == 200 else "failed"] += 1
+                if answer.status_code == 200 and turn is not None:
+                    tokens = completion_tokens_of(answer.content)
+                    _answered(turn, name, answer.content, (time.monotonic() - sent) / tokens
+                              if tokens else None)
                 return Response(answer.content, status_code=answer.status_code,
                                 media_type=answer.headers.get("content-type"),
                                 headers=out_headers)
@@ -491,10 +555,17 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
 
         async def relay() -> AsyncIterator[bytes]:
             outcome = "cancelled"  # unless it ends below: the client went away
+            clock = StreamClock()
+            tail = b""  # the last chunks, where the usage is
             try:
                 async for chunk in answer.aiter_raw():
+                    clock.chunk(time.monotonic())
+                    if turn is not None:
+                        turn.prefilled(state.book)  # the first token is out
+                        tail = (tail + chunk)[-4096:]
                     yield chunk
                 outcome = "completed"
+                _answered(turn, name, tail, clock.itl())
             except _GONE as exc:
                 outcome = "failed"
                 message = replica.not_answering(exc)
@@ -509,6 +580,8 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
             finally:
                 replica.in_flight -= 1
                 state.counters[outcome] += 1
+                if turn is not None:
+                    turn.prefilled(state.book)
                 await answer.aclose()  # a client gone: closing aborts the request upstream
 
         return StreamingResponse(relay(), status_code=200,
@@ -572,6 +645,7 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
         for event in events:
             if event.type == "program_end":
                 state.router.program_end(event.program_id)
+                state.book.end(event.program_id)
                 state.starts.pop(event.program_id, None)
                 state.counters["programs_ended"] += 1
         held = sum(1 for i, e in enumerate(events) if id(e) in kept and i not in reached)

@@ -19,12 +19,12 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from eval.metrics import SLO, replay_metrics
-from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge
+from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
 from harness.atomic import atomic_path, write_text_atomic
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
@@ -69,6 +69,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest conversation (prompt + output tokens) a replayed engine takes "
                    "(default: the model's context, 131,072 for Llama-3.1; a small "
                    "--num-gpu-blocks lowers it)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="tokens one engine step may compute, for every policy of the run "
+                   "(vLLM's chunked-prefill budget; default vLLM's, 8,192; Continuum's "
+                   "evaluation used 2048)")
+    p.add_argument("--offload-gib", type=float, default=None, metavar="GIB",
+                   help="give every policy of the run vLLM's CPU KV offloading with this much "
+                   "host memory (the equal-memory comparison); NAME+offload turns it on for "
+                   "one policy only (at this size, or the default)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="replays to run at once, one process each (default 1); the figures "
+                   "do not change, only the wall time (each process takes a core)")
     p.add_argument("--too-long", choices=("error", "skip"), default="error",
                    help="a program with a turn longer than that: stop before replaying, naming "
                    "it (error, the default), or leave it out and say so (skip)")
@@ -139,14 +150,20 @@ def _run(args: argparse.Namespace) -> int:
         concurrency = _concurrency(args.concurrency)
     if not (0.0 <= args.steady < 0.5):
         raise BenchError(f"--steady {args.steady:g}: give a fraction in [0, 0.5)")
+    if args.jobs < 1:
+        raise BenchError(f"--jobs {args.jobs}: give at least 1")
+    if args.jobs > 1 and args.url:
+        raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
+    settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
+                              args.max_num_batched_tokens, args.offload_gib)
+    settings.check(cluster=cluster is not None, http=http is not None)
     summary = bench(args.trace, policies, programs=args.programs,
                     jps=[None] if concurrency else _loads(args.jps, args.trace),
                     concurrency=concurrency, steady=args.steady,
                     profile=args.profile, seed=args.seed,
-                    out=out, num_gpu_blocks=args.num_gpu_blocks, console=console, http=http,
+                    out=out, settings=settings, console=console, http=http,
                     time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot),
-                    cluster=cluster, max_model_len=args.max_model_len,
-                    too_long=args.too_long)
+                    cluster=cluster, too_long=args.too_long, jobs=args.jobs)
     print_table(summary, console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
                   f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
@@ -297,14 +314,57 @@ def make_trace(name: str, programs: int | None, jps: float | None, seed: int) ->
         raise BenchError(str(exc)) from None
 
 
-def _fingerprint(trace: Trace, profile: str, seed: int) -> str:
+def _fingerprint(trace: Trace, profile: str, seed: int,
+                 settings: EngineSettings | None = None) -> str:
     """Identifies the programs' contents (not their arrivals) and the engine."""
     body = [p.model_dump(exclude={"arrival_s"}) for p in trace.programs]
-    text = json.dumps({"programs": body, "profile": profile, "seed": seed}, sort_keys=True)
+    engine = None
+    if settings is not None and settings != EngineSettings():
+        engine = asdict(settings)
+    text = json.dumps({"programs": body, "profile": profile, "seed": seed,
+                       **({"engine": engine} if engine else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # -- the sweep ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine of a run shares, whatever its policy, set in one place: a comparison
+    between policies is only fair when these are equal (the isolated bound uses them too)."""
+
+    num_gpu_blocks: int | None = None
+    max_model_len: int | None = None
+    #: vLLM's per-step token budget (chunked prefill); None: vLLM's default
+    max_num_batched_tokens: int | None = None
+    #: host memory for vLLM's CPU KV offloading, for every policy; None: only for the
+    #: policies that need it or are named NAME+offload
+    offload_gib: float | None = None
+
+    def check(self, *, cluster: bool = False, http: bool = False) -> None:
+        """Refuse values no engine takes, naming the flag."""
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise BenchError(f"--num-gpu-blocks {self.num_gpu_blocks}: give at least 2")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 16:
+            raise BenchError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: give at "
+                             "least 16 tokens (one block)")
+        if self.offload_gib is not None and not (self.offload_gib > 0
+                                                 and math.isfinite(self.offload_gib)):
+            raise BenchError(f"--offload-gib {self.offload_gib}: give a positive size in GiB")
+        if http and (self.max_num_batched_tokens is not None or self.offload_gib is not None):
+            raise BenchError("--url: the running server has its own engine settings; start "
+                             "`harness serve` with them instead")
+        if cluster and self.offload_gib is not None:
+            raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
+
+    def offload_for(self, offload: bool) -> float | None:
+        """Host memory for a policy named with (`offload`) or without ``+offload``."""
+        from harness.serve import DEFAULT_OFFLOAD_GIB
+
+        if self.offload_gib is not None:
+            return self.offload_gib
+        return DEFAULT_OFFLOAD_GIB if offload else None
+
+
 @dataclass(frozen=True)
 class HttpTarget:
     """Where a wall-clock replay goes (`eval.http_replay`)."""
@@ -316,14 +376,17 @@ class HttpTarget:
 
 def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
           jps: Sequence[float | None], profile: str, seed: int, out: Path,
-          num_gpu_blocks: int | None = None, console: Any = None,
+          settings: EngineSettings | None = None, console: Any = None,
           http: HttpTarget | None = None, time_scale: float = 1.0,
           slo: SLO | None = None, cluster: ClusterRuns | None = None,
-          max_model_len: int | None = None, too_long: str = "error",
-          concurrency: Sequence[int] | None = None, steady: float = 0.0) -> dict[str, Any]:
-    """`concurrency`: closed-loop runs, one per value (then `jps` is ``[None]`` and only the
-    trace's programs and their order matter). `steady`: the share of programs left out of the
-    metrics at each end (by start time)."""
+          too_long: str = "error", concurrency: Sequence[int] | None = None,
+          steady: float = 0.0, jobs: int = 1) -> dict[str, Any]:
+    """`settings`: every engine's (`EngineSettings`). `concurrency`: closed-loop runs, one per
+    value (then `jps` is ``[None]`` and only the trace's programs and their order matter).
+    `steady`: the share of programs left out of the metrics at each end (by start time).
+    `jobs`: replays run at once, each in its own process (the isolated JCTs are one of them);
+    every replay is deterministic and alone on its engine, so the figures are the same as with
+    one job (only wall and CPU times differ)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from server.perf_model import load_profile
@@ -335,8 +398,10 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     from eval.http_replay import scale_trace
 
     slo = slo or SLO()
+    settings = settings or EngineSettings()
     if cluster is not None:
-        profile, num_gpu_blocks = cluster.isolated_profile()
+        profile, blocks = cluster.isolated_profile()
+        settings = replace(settings, num_gpu_blocks=blocks)
     # closed loop: arrivals are not used, any rate gives the same programs in the same order
     traces = {x: scale_trace(make_trace(trace_name, programs, 1.0 if concurrency else x, seed),
                              time_scale) for x in jps}
@@ -344,8 +409,8 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         [(None, c) for c in concurrency] if concurrency else [(x, None) for x in jps])
     skipped: list[str] = []
     if http is None:  # a served engine answers a too-long request itself (HTTP 400)
-        traces, skipped = _fit_context(traces, cluster, profile, num_gpu_blocks, max_model_len,
-                                       too_long)
+        traces, skipped = _fit_context(traces, cluster, profile, settings.num_gpu_blocks,
+                                       settings.max_model_len, too_long)
         for line in skipped:
             if console is not None:
                 console.print(f"[yellow]skipped[/yellow] {line}")
@@ -359,38 +424,40 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         iso_task = progress.add_task("isolated JCTs", total=n)
         iso_progress = lambda k: progress.update(iso_task, completed=k)  # noqa: E731
-        if http is not None and http.isolated_over_http:
+        runs = [(policy, x, closed) for policy in policies for x, closed in loads]
+        if jobs > 1 and http is None:
+            rows = _parallel(runs, traces, first, profile, seed, settings, out, slo, cluster,
+                             steady, jobs, progress, iso_task, console)
+            isolated = _isolated(first, profile, seed, out, settings, None)  # cached by now
+        elif http is not None and http.isolated_over_http:
             from eval.http_replay import isolated_jcts_over_http
 
             isolated = isolated_jcts_over_http(first, http.url, model=http.model,
                                                progress=iso_progress)
         else:
-            isolated = _isolated(first, profile, seed, out, num_gpu_blocks, iso_progress,
-                                 max_model_len)
+            isolated = _isolated(first, profile, seed, out, settings, iso_progress)
         progress.update(iso_task, completed=n)
-        for policy in policies:
-            for x, closed in loads:
-                trace = traces[x]
-                label = f"{policy} @ {_load_text(x, closed)}"
-                task = progress.add_task(label, total=n)
-                row = _one_run(trace, policy, x, profile, seed, num_gpu_blocks, isolated, out,
-                               lambda k, t=task: progress.update(t, completed=k), http, slo,
-                               cluster, max_model_len, closed, steady)
-                progress.update(task, completed=n)
-                rows.append(row)
-                if console is not None and not console.is_terminal:  # a log file: one line a run
-                    console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
-                                  f"{row.get('jct_mean_s', math.nan):.2f} s, wall "
-                                  f"{row['wall_s']:.1f} s, "
-                                  f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
+        for policy, x, closed in runs if not rows else ():
+            trace = traces[x]
+            label = f"{policy} @ {_load_text(x, closed)}"
+            task = progress.add_task(label, total=n)
+            row = _one_run(trace, policy, x, profile, seed, settings, isolated, out,
+                           lambda k, t=task: progress.update(t, completed=k), http, slo,
+                           cluster, closed, steady)
+            progress.update(task, completed=n)
+            rows.append(row)
+            _log_run(console, label, row, n)
     summary = {
         "trace": trace_name,
         "trace_name": first.name,
         "programs": n,
         "profile": profile,
         "seed": seed,
-        "num_gpu_blocks": num_gpu_blocks,
-        "max_model_len": max_model_len,
+        "num_gpu_blocks": settings.num_gpu_blocks,
+        "max_model_len": settings.max_model_len,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "offload_gib": settings.offload_gib,
+        "trace_stats": summarize(first).model_dump(),
         "skipped_too_long": skipped,
         "time_scale": time_scale,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
@@ -400,6 +467,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "jps": [x for x in jps],
         "concurrency": list(concurrency) if concurrency else None,
         "steady": steady,
+        "jobs": jobs,
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
         "wall_s": time.perf_counter() - started,
         "results": rows,
@@ -408,6 +476,48 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     _write_text(out / "report.md", report_markdown(summary))
     plot(summary, out)
     return summary
+
+
+def _log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:
+    """One plain line per finished run when the output goes to a log file (no live bar)."""
+    if console is not None and not console.is_terminal:
+        console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
+                      f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s, "
+                      f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
+
+
+def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any, Trace],
+              first: Trace, profile: str, seed: int, settings: EngineSettings, out: Path,
+              slo: SLO, cluster: ClusterRuns | None, steady: float, jobs: int,
+              progress: Any, iso_task: Any, console: Any) -> list[dict[str, Any]]:
+    """The isolated JCTs and every replay as separate processes, `jobs` at a time; rows are
+    made once all are in (they need the isolated JCTs), in the serial order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = len(first)
+    tasks = {run: progress.add_task(f"{run[0]} @ {_load_text(run[1], run[2])}", total=n)
+             for run in runs}
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        iso = pool.submit(_isolated, first, profile, seed, out, settings, None)
+        futures = {run: pool.submit(_replay_once, traces[run[1]], run[0], profile, seed,
+                                    settings, None, None, cluster, run[2], steady)
+                   for run in runs}
+        isolated = iso.result()
+        progress.update(iso_task, completed=n)
+        done: dict[Any, tuple[Any, float]] = {}
+        for run, future in futures.items():  # in order; later ones may already be done
+            done[run] = future.result()
+            progress.update(tasks[run], completed=n)
+    rows = []
+    for run in runs:
+        result, wall = done[run]
+        row = _row(result, wall, run[0], run[1], isolated, out, slo, cluster is not None,
+                   False, run[2])
+        rows.append(row)
+        _log_run(console, f"{run[0]} @ {_load_text(run[1], run[2])}", row, n)
+    return rows
 
 
 def _jps_label(x: float | None, closed: int | None = None) -> str:
@@ -483,6 +593,7 @@ def context_limit(profile: str, num_gpu_blocks: int | None,
 def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
                 offload_gib: float | None = None, replica: Any = None,
                 cluster: Any = None, max_model_len: int | None = None,
+                max_num_batched_tokens: int | None = None,
                 bidirectional: bool = False) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
@@ -493,27 +604,39 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
 
     max_len = context_limit(profile, num_gpu_blocks, max_model_len)
     name, offload = _base_policy(policy)
+    if offload and offload_gib is None:
+        offload_gib = DEFAULT_OFFLOAD_GIB
     options: dict[str, Any] = {}
     if replica is not None and replica.role != "colocated":
         from cluster.pd import virtual_engine_options
 
         options = virtual_engine_options(replica, cluster, bidirectional=bidirectional)
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
-                         num_gpu_blocks=num_gpu_blocks,
-                         offload_gib=DEFAULT_OFFLOAD_GIB if offload else offload_gib, **options)
+                         num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
+                         max_num_batched_tokens=max_num_batched_tokens, **options)
 
 
-def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: int | None,
-              progress: Callable[[int], None],
-              max_model_len: int | None = None) -> dict[str, float]:
+def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
+    """`make_engine` for a single-engine run under the run's `EngineSettings`."""
+    return make_engine(policy, profile, seed, settings.num_gpu_blocks,
+                       settings.offload_for(_base_policy(policy)[1]),
+                       max_model_len=settings.max_model_len,
+                       max_num_batched_tokens=settings.max_num_batched_tokens)
+
+
+def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
+              progress: Callable[[int], None]) -> dict[str, float]:
+    """Each program alone on an engine of the run's settings (no offloading: alone, nothing
+    is evicted); cached in `out` by the programs' contents and the settings."""
     from eval.replay import isolated_jcts
 
-    path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed)}.json"
+    plain = replace(settings, offload_gib=None)
+    path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed, plain)}.json"
     if path.exists():
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}
-    engine = make_engine("vllm", profile, seed, num_gpu_blocks, max_model_len=max_model_len)
+    engine = settings_engine("vllm", profile, seed, plain)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
     finally:
@@ -523,33 +646,40 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, num_gpu_blocks: 
 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
-             num_gpu_blocks: int | None, isolated: dict[str, float], out: Path,
-             progress: Callable[[int], None], http: HttpTarget | None = None,
+             settings: EngineSettings, isolated: dict[str, float], out: Path,
+             progress: Callable[[int], None] | None, http: HttpTarget | None = None,
              slo: SLO | None = None, cluster: ClusterRuns | None = None,
-             max_model_len: int | None = None, concurrency: int | None = None,
-             steady: float = 0.0) -> dict[str, Any]:
+             concurrency: int | None = None, steady: float = 0.0) -> dict[str, Any]:
+    """Replay one policy at one load and make its row (and its runs/ file)."""
+    result, wall = _replay_once(trace, policy, profile, seed, settings, progress, http,
+                                cluster, concurrency, steady)
+    return _row(result, wall, policy, x, isolated, out, slo, cluster is not None,
+                http is not None, concurrency)
+
+
+def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: EngineSettings,
+                 progress: Callable[[int], None] | None, http: HttpTarget | None,
+                 cluster: ClusterRuns | None, concurrency: int | None,
+                 steady: float) -> tuple[Any, float]:
+    """The replay alone (what a `--jobs` worker runs): its result and wall seconds."""
     from eval.replay import replay, steady_programs
 
     wall = time.perf_counter()
     name, hints = split_policy(policy)
-    row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
     if cluster is not None:
         from eval.cluster_replay import VirtualCluster, replay_cluster
-        from eval.metrics import cluster_metrics
 
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(
             spec.policy, spec.profile, seed, spec.num_gpu_blocks, spec.offload_gib, spec, config,
-            max_model_len))
+            settings.max_model_len, settings.max_num_batched_tokens))
         try:
             result = replay_cluster(trace, engines, progress=progress, concurrency=concurrency)
         finally:
             engines.close()
         result.measured = steady_programs(result, steady)
-        row.update(replay_metrics(result, isolated, slo))
-        row.update(cluster_metrics(result, slo))
     elif http is not None:
-        from eval.http_replay import HttpReplayError, http_replay_metrics, replay_over_http
+        from eval.http_replay import HttpReplayError, replay_over_http
 
         if hints != "none":
             raise BenchError("--url: client hints (@...) are only replayed in virtual time")
@@ -557,18 +687,34 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
             result = replay_over_http(trace, http.url, model=http.model, progress=progress)
         except HttpReplayError as exc:
             raise BenchError(str(exc)) from None
-        row.update(http_replay_metrics(result, isolated, slo))
     else:
-        engine = make_engine(name, profile, seed, num_gpu_blocks, max_model_len=max_model_len)
+        engine = settings_engine(name, profile, seed, settings)
         try:
             result = replay(trace, engine, progress=progress, hints=hints,
                             concurrency=concurrency)
         finally:
             engine.close()
         result.measured = steady_programs(result, steady)
+    return result, time.perf_counter() - wall
+
+
+def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[str, float],
+         out: Path, slo: SLO | None, cluster: bool, http: bool,
+         concurrency: int | None) -> dict[str, Any]:
+    """A replay's metrics row; its per-program records go to ``out/runs/``."""
+    row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
+    if http:
+        from eval.http_replay import http_replay_metrics
+
+        row.update(http_replay_metrics(result, isolated, slo))
+    else:
         row.update(replay_metrics(result, isolated, slo))
-    row["wall_s"] = time.perf_counter() - wall
-    if http is None:  # the replay's own speed: engine steps (all replicas) per wall second
+    if cluster:
+        from eval.metrics import cluster_metrics
+
+        row.update(cluster_metrics(result, slo))
+    row["wall_s"] = wall
+    if not http:  # the replay's own speed: engine steps (all replicas) per wall second
         row["engine_steps_per_s"] = row.get("engine_steps", 0) / max(row["wall_s"], 1e-9)
     measured = getattr(result, "measured", None)
     records = {
@@ -646,8 +792,30 @@ def report_markdown(summary: dict[str, Any]) -> str:
     if summary.get("cluster"):
         lines += ["", *_cluster_section(summary)]
     lines += ["", "## Which is fastest, and why", "", *reading(summary["results"]), ""]
+    lines += _replayed_section(summary)
     lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def _replayed_section(summary: dict[str, Any]) -> list[str]:
+    """What was replayed (the trace's statistics, so a reader sees which regime the table is
+    about) and the engine settings every policy shared."""
+    from eval.traces import TraceStats
+
+    settings = [f"{key} {summary[key]:,}" if isinstance(summary.get(key), int)
+                else f"{key} {summary[key]:g}"
+                for key in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens",
+                            "offload_gib") if summary.get(key) is not None]
+    lines = ["## What was replayed", ""]
+    if summary.get("trace_stats"):
+        lines += [TraceStats(**summary["trace_stats"]).markdown(), ""]
+    lines += ["Engine settings for every policy: "
+              + ("; ".join(settings) if settings else "the profile's and vLLM's defaults")
+              + ".", ""]
+    if summary.get("skipped_too_long"):
+        lines += [f"Left out ({len(summary['skipped_too_long'])} programs longer than the "
+                  "context): " + "; ".join(summary["skipped_too_long"][:10]), ""]
+    return lines
 
 
 def _cluster_section(summary: dict[str, Any]) -> list[str]:

@@ -88,6 +88,7 @@ __all__ = [
     "TraceStats",
     "Turn",
     "ampd_like",
+    "swe_long_like",
     "arrival_times",
     "bfcl_like",
     "gamma_arrivals",
@@ -936,6 +937,101 @@ def swe_like(n: int, jps: float, seed: int = 0, *, cv: float | None = None) -> T
     )
 
 
+# --- long SWE-bench programs (public mini-swe-agent runs) ------------------------------------
+
+#: 500 public mini-swe-agent runs on SWE-bench Verified (a frontier model, 2025), counted with our
+#: tokenizer: 40.3 +- 19.9 model calls per program (median 36); first prompt 1.89k tokens;
+#: output per call mean 257 (median ~71); observation per call mean 285 (median ~75); final
+#: context 23.5k +- 16k (max ~93k).
+SWE_LONG_TARGETS = {
+    "turns_mean": 40.3,
+    "turns_sd": 19.9,
+    "first_prompt_mean": 1890.0,
+    "output_tokens_per_turn_mean": 257.0,
+    "output_tokens_per_turn_median": 71.0,
+    "tool_return_tokens_mean": 285.0,
+    "tool_return_tokens_median": 75.0,
+    "final_context_mean": 23_500.0,
+}
+
+
+def _with_median(mean: float, median: float, lo: float, hi: float) -> ClippedLogNormal:
+    """The clipped lognormal with this mean and median (the runs report those two, not an sd):
+    the sd is found by bisection, since a larger sd with the mean held moves the median down.
+    (A lognormal's own ``sd = mean sqrt(exp(2 ln(mean/median)) - 1)`` would not do: the clip
+    removes part of the tail, and refitting to that sd drags the median far below.)"""
+
+    def gap(sd: float) -> float:
+        return math.exp(ClippedLogNormal(mean, sd, lo, hi).params[0]) - median
+
+    low, high = 0.05 * mean, 0.1 * mean
+    while gap(high) > 0:
+        low, high = high, high * 1.5
+    return ClippedLogNormal(mean, float(optimize.brentq(gap, low, high, xtol=1e-6)), lo, hi)
+
+
+# mini-swe-agent has one tool, bash; its commands fall in the same three families as the `swe`
+# tools (edits, look-ups, runs of Python), named as command classes (`bash:<class>`, what the
+# harness's own agent sends). The runs record no tool time (only the time between model calls,
+# mean 7 s with the model's own latency), so each class keeps the per-call seconds of the `swe`
+# family it matches, whose mixture has Continuum's measured SWE-bench mean and sd.
+_SWE_LONG_TOOLS = (
+    ToolSpec("bash:edit", 0.35, _SWE_TOOLS[0].seconds),
+    ToolSpec("bash:grep", 0.45, _SWE_TOOLS[1].seconds),
+    ToolSpec("bash:python", 0.20, _SWE_TOOLS[2].seconds),
+)
+_SWE_LONG_PREFIX = 1200  # mini-swe-agent's system prompt + instance template, shared by all
+_SWE_LONG_TURNS = DiscreteNormal(40.3, 19.9, 3, 150)
+_SWE_LONG_PROMPT = ClippedLogNormal(1890.0 - _SWE_LONG_PREFIX, 350.0, 100.0, 6000.0)
+_SWE_LONG_OUTPUT = _with_median(257.0, 71.0, 5.0, 12_000.0)
+_SWE_LONG_RETURN = _with_median(285.0, 75.0, 1.0, 16_000.0)
+
+
+def _swe_long_spec() -> ShapeSpec:
+    return ShapeSpec(
+        benchmark="swe",
+        turns=_SWE_LONG_TURNS,
+        prompt=_SWE_LONG_PROMPT,
+        output=_SWE_LONG_OUTPUT,
+        tool_return=_SWE_LONG_RETURN,
+        tools=_SWE_LONG_TOOLS,
+        shared_prefix_tokens=_SWE_LONG_PREFIX,
+        shared_prefix_id="swe-long-system",
+    )
+
+
+def swe_long_like(n: int, jps: float, seed: int = 0, *, cv: float | None = None) -> Trace:
+    """Long SWE-bench programs like public mini-swe-agent runs (`SWE_LONG_TARGETS`), where
+    `swe` follows the Continuum paper's shorter GPT-5 programs (10.9 turns).
+
+    * Turns: integers 3..150 with mean and sd exactly 40.3 and 19.9 (the runs' median, 36, is a
+      little below the mean; a discrete normal does not hold that skew).
+    * First prompt 1.89k tokens, 1.2k of them shared by all programs (id ``swe-long-system``).
+    * Output and tool return per call: lognormal with the runs' mean and median (257 / 71 and
+      285 / 75 tokens), clipped at 12k and 16k; so the final context is about
+      1.89k + 40.3 x 257 + 39.3 x 285 = 23.5k, as measured, with a tail past 100k.
+    * Tools: `bash:edit`, `bash:grep`, `bash:python` with the `swe` trace's seconds per call
+      (the runs do not record tool time).
+    * Arrivals: Poisson at ``jps`` jobs/s, or Gamma with coefficient of variation ``cv``.
+    """
+    _check_n(n)
+    spec = _swe_long_spec()
+    content, arr = _streams(seed)
+    times = arrival_times(n, jps, arr, cv)
+    programs = [
+        _draw_program(spec, content, f"swel-{i:05d}", times[i], "synthetic:swe_long_like")
+        for i in range(n)
+    ]
+    return Trace(
+        name=f"swe-long-{n}",
+        description="long SWE-bench programs (public mini-swe-agent run statistics)",
+        params={"generator": "swe-long", "n": n, "jps": jps, "cv": cv,
+                "targets": SWE_LONG_TARGETS},
+        seed=seed,
+        programs=programs,
+    )
+
+
 # --- BFCL (Continuum, Table 2) ----------------------------------------------------------------
 
 #: Continuum, Table 2, BFCL: turns 6.3 +- 2.3; tool call 1923 +- 2133 ms; tokens per program
@@ -1338,6 +1434,7 @@ Generator = Callable[..., Trace]
 #: Generated traces by name (``load_or_generate`` and ``datasets/traces/build.py`` use these).
 TRACES: dict[str, Generator] = {
     "swe": swe_like,
+    "swe-long": swe_long_like,
     "bfcl": bfcl_like,
     "mix": infercept_mix,
     **{row.name: partial(ampd_like, workload=row.name) for row in AMPD_TABLE},

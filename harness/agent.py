@@ -19,7 +19,7 @@ from harness.actions import FormatError, parse_action
 from harness.events_client import EventClient, EventSink
 from harness.model_client import ChatClient, ModelError
 from harness.tools.base import Observation, Tool
-from harness.trajectory import Step, Trajectory, save
+from harness.trajectory import Step, Trajectory, record_token_ids, save
 from predictor.durations import Source, ToolDurationModel, split_key
 
 ToolFn = Callable[[str], Awaitable[Observation]]
@@ -129,6 +129,7 @@ class Agent:
 
     async def _loop(self, traj: Trajectory, toolbox: ToolBox, replay: Replay | None) -> None:
         format_errors = 0
+        context: list[int] | None = None  # the previous turn's prompt + output token ids
         for step in range(self.limits.max_steps):
             hints: dict[str, Any] = {"turn": step}
             if replay is not None:
@@ -146,6 +147,13 @@ class Agent:
             record = Step(llm_s=completion.seconds, prompt_tokens=completion.prompt_tokens,
                           output_tokens=completion.completion_tokens,
                           cached_tokens=completion.cached_tokens, ttft_s=completion.ttft_s)
+            context = record_token_ids(record, context, completion.prompt_token_ids,
+                                       completion.output_token_ids)
+            if record.output_token_ids is not None:
+                traj.info["token_id_turns"] = traj.info.get("token_id_turns", 0) + 1
+                traj.info.setdefault("prefix_broken_turns", 0)
+            if record.prefix == "broken":
+                traj.info["prefix_broken_turns"] += 1
             traj.steps.append(record)
             traj.messages.append({"role": "assistant", "content": completion.text})
             try:

@@ -37,6 +37,12 @@ def _sandbox_build(args: argparse.Namespace) -> int:
     return sandbox_image.main(args.sandbox_args)
 
 
+def _sandbox_prune(args: argparse.Namespace) -> int:
+    from harness import sandbox_prune
+
+    return sandbox_prune.run(args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from eval import bench
 
@@ -101,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
                                help="build the sandbox image offline if missing (--help: options)")
     b.add_argument("sandbox_args", nargs=argparse.REMAINDER)
     b.set_defaults(func=_sandbox_build)
+    from harness import sandbox_prune
+
+    b = sandbox_sub.add_parser("prune", help="remove containers of dead runs and stale task "
+                                             "images, saying what was removed")
+    sandbox_prune.add_arguments(b)
+    b.set_defaults(func=_sandbox_prune)
 
     p = sub.add_parser("profile", help="measure step times on a real GPU (writes a table)",
                        add_help=False)

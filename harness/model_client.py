@@ -39,13 +39,19 @@ class Completion:
     seconds: float
     raw: dict[str, Any]
     ttft_s: float | None = None  # time to the first content token (streaming only)
+    # the token ids the server used (vLLM, when asked with `return_token_ids`), else None
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
 
 
 class ChatClient:
     def __init__(self, base_url: str, model: str, *, api_key: str = "unused",
                  timeout_s: float = 600.0, max_retries: int = 4,
-                 backoff_s: float = 0.5, stream: bool = True) -> None:
+                 backoff_s: float = 0.5, stream: bool = True, token_ids: bool = False) -> None:
+        """`token_ids`: ask for the prompt and output token ids (`return_token_ids`, a vLLM
+        extension other OpenAI servers may reject)."""
         self.url = api_root(base_url) + "/v1/chat/completions"
+        self.token_ids = token_ids
         self.model = model
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -59,6 +65,8 @@ class ChatClient:
         body = chat_body(self.model, messages, program_id=program_id, hints=hints,
                          stream=self.stream, max_tokens=max_tokens, temperature=temperature,
                          **extra)
+        if self.token_ids:
+            body["return_token_ids"] = True
         started = time.monotonic()
         return await aretrying(lambda: self._send(body, started), self.max_retries,
                                self.backoff_s)
@@ -84,9 +92,15 @@ class ChatClient:
         finish: str | None = None
         usage: dict[str, Any] = {}
         ttft: float | None = None
+        prompt_ids: list[int] | None = None
+        output_ids: list[int] | None = None
         async for chunk in aiter_sse(response.aiter_lines()):
             usage = chunk.get("usage") or usage
+            if chunk.get("prompt_token_ids") is not None:  # the first chunk, when asked
+                prompt_ids = list(chunk["prompt_token_ids"])
             for choice in chunk.get("choices") or []:
+                if choice.get("token_ids") is not None:
+                    output_ids = (output_ids or []) + list(choice["token_ids"])
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     ttft = ttft if ttft is not None else time.monotonic() - started
@@ -104,7 +118,9 @@ class ChatClient:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(parts)}
         if tool_calls:
             message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
-        data = {"choices": [{"message": message, "finish_reason": finish}], "usage": usage}
+        data = {"choices": [{"message": message, "finish_reason": finish,
+                             "token_ids": output_ids}],
+                "usage": usage, "prompt_token_ids": prompt_ids}
         completion = _completion(data, time.monotonic() - started)
         completion.ttft_s = ttft
         return completion
@@ -231,4 +247,10 @@ def _completion(data: dict[str, Any], seconds: float) -> Completion:
     return Completion(text=choice["message"].get("content") or "",
                       finish_reason=choice.get("finish_reason"),
                       prompt_tokens=prompt, completion_tokens=completion,
-                      cached_tokens=cached, seconds=seconds, raw=data)
+                      cached_tokens=cached, seconds=seconds, raw=data,
+                      prompt_token_ids=_ids(data.get("prompt_token_ids")),
+                      output_token_ids=_ids(choice.get("token_ids")))
+
+
+def _ids(value: Any) -> list[int] | None:
+    return [int(t) for t in value] if isinstance(value, list) else None

@@ -96,6 +96,9 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
               "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
               "steps": len(trajectory.steps), "llm_s": sum(s.llm_s for s in trajectory.steps),
               "tool_s": sum(s.tool_s for s in trajectory.steps), **score}
+    if "token_id_turns" in trajectory.info:
+        result["token_id_turns"] = trajectory.info["token_id_turns"]
+        result["prefix_broken_turns"] = trajectory.info["prefix_broken_turns"]
     write_json_atomic(result_path(out, task.id), result)
     return result
 
@@ -122,11 +125,18 @@ def load_text_model(directory: str | None) -> Any:
 
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
-                  console: Console, text_model: Any = None) -> dict[str, int]:
-    client = ChatClient(base_url, model)
+                  console: Console, text_model: Any = None,
+                  token_ids: bool = True) -> dict[str, int]:
+    client = ChatClient(base_url, model, token_ids=token_ids)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
+    bench.run_id = run_id
+
+    def log(message: str) -> None:
+        console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    bench.log = log  # type: ignore[method-assign]
     async with EventClient(base_url) as events:
         agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits,
                       text_model)
@@ -176,6 +186,9 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
     jct = summarize([r["jct_s"] for r in results], "jct")
     extra = {"resolved": sum(bool(r.get("resolved")) for r in results)} \
         if any("resolved" in r for r in results) else {}
+    if any("token_id_turns" in r for r in results):  # turns whose prompt broke the prefix
+        extra["token_id_turns"] = sum(r.get("token_id_turns", 0) for r in results)
+        extra["prefix_broken_turns"] = sum(r.get("prefix_broken_turns", 0) for r in results)
     return {"benchmark": bench.name, "policy": policy, "model": model, "tasks": len(results),
             "passed": passed, **extra, "pass_rate": passed / len(results) if results else 0.0,
             "jct_mean_s": jct["jct_mean_s"], "jct_p95_s": jct["jct_p95_s"],
@@ -187,13 +200,28 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
 def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     table = Table(title=f"harness run {summary['benchmark']} --policy {summary['policy']}")
     for key in ("tasks", "passed", "resolved", "pass_rate", "jct_mean_s", "jct_p95_s",
-                "events_sent", "events_dropped"):
+                "events_sent", "events_dropped", "prefix_broken_turns"):
         if key not in summary:
             continue
         value = summary[key]
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
     console.print(f"summary: {out / 'summary.json'}; trajectories: {out / 'trajectories'}")
+
+
+def warn_leftovers(console: Console) -> None:
+    """Say so when dead runs left containers or stale task images (never stops the run)."""
+    from harness.sandbox_prune import leftover_warning
+    from harness.tools.bash import shared_client
+    from harness.tools.sandbox_image import SandboxImageError
+
+    try:
+        client = shared_client()
+    except SandboxImageError:
+        return  # each task then says what is wrong
+    warning = leftover_warning(client)
+    if warning:
+        console.print(warning, markup=False, highlight=False, soft_wrap=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -217,6 +245,9 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         help="a model from `harness predictor train`: each request then "
                         "carries its predicted output length, and tool calls a prediction "
                         "before the harness has durations of its own")
+    parser.add_argument("--no-token-ids", action="store_true",
+                        help="do not ask the server for token ids (`return_token_ids`, a vLLM "
+                        "extension): for OpenAI-compatible servers that reject it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -249,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
     model = spec.value if spec.kind == "name" else EMULATED_MODEL
     replays = load_replays(bench, todo, spec)
     text_model = load_text_model(args.predictor)
+    if bench.uses_docker:
+        warn_leftovers(console)
     started = time.monotonic()
     limits = Limits(max_steps=args.max_steps)
     with contextlib.ExitStack() as stack:
@@ -263,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
             if spec.kind == "path":
                 model = Path(spec.value).name
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
-                                     args.concurrency, limits, console, text_model)) if todo \
+                                     args.concurrency, limits, console, text_model,
+                                     not getattr(args, "no_token_ids", False))) if todo \
             else {"sent": 0, "dropped": 0}
         received = server_events_received(base_url)
     summary = build_summary(bench, args.policy, tasks, out, events, model,

@@ -115,6 +115,8 @@ class VirtualEngine:
     max_model_len: int | None = None
     num_gpu_blocks: int | None = None
     offload_gib: float | None = None
+    #: tokens one step may compute (vLLM's chunked-prefill budget); None: vLLM's default
+    max_num_batched_tokens: int | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
     kv_transfer: dict[str, Any] | None = None
 
@@ -147,6 +149,7 @@ class VirtualEngine:
                           block_size=16, scheduler_cls="server.scheduler.PolicyScheduler",
                           distributed_executor_backend=EmulatedExecutor,
                           num_gpu_blocks_override=self.num_gpu_blocks,
+                          max_num_batched_tokens=self.max_num_batched_tokens,
                           kv_offloading_size=self.offload_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector)
         self.vllm_config = args.create_engine_config()

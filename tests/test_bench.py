@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eval.bench import BenchError, bench, make_engine, make_trace
+from eval.bench import BenchError, EngineSettings, bench, make_engine, make_trace, settings_engine
 from eval.metrics import MACHINE_DEPENDENT, replay_metrics
 from eval.replay import isolated_jcts, replay
 from harness.cli import main
@@ -107,8 +107,47 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     # isolated JCTs are cached: a second sweep reuses them and gives the same JCTs
     assert list(out.glob("isolated-*.json"))
     again = bench("swe", ["vllm"], programs=4, jps=[3.0], profile=PROFILE, seed=0,
-                  out=out, num_gpu_blocks=BLOCKS)
+                  out=out, settings=EngineSettings(num_gpu_blocks=BLOCKS))
     assert again["results"][0]["jct_mean_s"] == summary["results"][0]["jct_mean_s"]
+    # what was replayed is in the report: the trace's statistics and the engine settings
+    assert summary["trace_stats"]["n_programs"] == 4
+    assert "## What was replayed" in report and "| turns / program |" in report
+    assert "num_gpu_blocks 1,100" in report
+
+
+def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
+    """--jobs 2: the isolated JCTs and each replay in their own process; every figure but the
+    wall and CPU times is the serial run's."""
+    common = dict(programs=3, jps=[3.0], profile=PROFILE, seed=0,
+                  settings=EngineSettings(num_gpu_blocks=BLOCKS))
+    serial = bench("swe", ["continuum"], out=tmp_path / "serial", **common)
+    parallel = bench("swe", ["continuum"], out=tmp_path / "parallel", jobs=2, **common)
+    assert parallel["jobs"] == 2
+    timing = {"wall_s", "engine_steps_per_s", "sched_cpu_ms_per_step"}
+    for a, b in zip(serial["results"], parallel["results"], strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing}
+    assert (tmp_path / "parallel" / "runs" / "continuum-jps3.json").exists()
+
+
+def test_engine_settings_reach_every_policys_engine():
+    """--max-num-batched-tokens and --offload-gib are set once for all policies: vllm gets the
+    CPU tier it would not have by default, and every engine the same step budget."""
+    settings = EngineSettings(num_gpu_blocks=BLOCKS, max_num_batched_tokens=2048,
+                              offload_gib=2.0)
+    for policy in ("vllm", "continuum"):
+        engine = settings_engine(policy, PROFILE, 0, settings)
+        try:
+            assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
+            assert engine.offload_gib == 2.0
+            assert engine.vllm_config.kv_transfer_config is not None
+        finally:
+            engine.close()
+    plain = settings_engine("vllm", PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS))
+    try:
+        assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
+    finally:
+        plain.close()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -121,6 +160,11 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
      "one running server"),
     (["--trace", "swe", "--time-scale", "0"], "--time-scale"),
     (["--trace", "swe", "--slo-tpot", "-1"], "--slo-tpot must be a positive"),
+    (["--trace", "swe", "--max-num-batched-tokens", "8"], "at least 16 tokens"),
+    (["--trace", "swe", "--jobs", "0"], "--jobs 0: give at least 1"),
+    (["--trace", "swe", "--offload-gib", "0"], "--offload-gib 0.0: give a positive"),
+    (["--trace", "swe", "--offload-gib", "2", "--url", "http://127.0.0.1:9",
+      "--policies", "vllm"], "own engine settings"),
 ])
 def test_bench_cli_reports_bad_input_clearly(tmp_path, capsys, args, message):
     assert main(["bench", *args, "--out", str(tmp_path)]) == 2
@@ -134,10 +178,13 @@ def test_unknown_trace_is_a_bench_error():
 
 def test_client_hints_reach_continuum(trace):
     """The client's predictions arrive with tool_start, after the turn finished: continuum
-    re-decides the TTL of the pins it holds from them (source "hint")."""
+    re-decides the TTL of the pins it holds from them (source "hint"). K = 10 instead of the
+    paper's 100: six programs never leave the Exp(1 s) prior, which seldom pins here, and only
+    a held pin takes a hint."""
     hinted = {}
     for hints in ("none", "online", "oracle"):
         engine = make_engine("continuum", PROFILE, 0, BLOCKS)
+        engine.scheduler.agent_policy.durations.min_samples = 10
         try:
             replay(trace, engine, hints=hints)
             hinted[hints] = engine.scheduler.agent_policy.stats()["ttl_sources"].get("hint", 0)

@@ -11,6 +11,7 @@ left behind.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -630,3 +631,88 @@ def test_pd_over_http_second_turn_pulls_only_its_new_blocks(tmp_path):
         assert c.state()["counters"]["pd_prefills"] == 2
     finally:
         c.kill()
+
+
+# -- served AMPD: the router's own view of turns ------------------------------------------------
+
+def test_served_turns_read_prompts_answers_and_queues():
+    from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
+
+    assert prompt_tokens_of({"prompt": list(range(70))}) == 70  # token ids: exact
+    assert prompt_tokens_of({"prompt": "x" * 400}) == 100  # text: 4 characters a token
+    assert prompt_tokens_of({"messages": [{"role": "user", "content": "y" * 80},
+                                          {"role": "user", "content": [{"text": "z" * 40}]}]}) == 30
+    assert completion_tokens_of(b'{"usage": {"prompt_tokens": 5, "completion_tokens": 7}}') == 7
+    sse = (b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [], "usage": '
+           b'{"prompt_tokens": 5, "completion_tokens": 9}}\n\ndata: [DONE]\n\n')
+    assert completion_tokens_of(sse) == 9 and completion_tokens_of(b"data: [DONE]\n\n") is None
+    book = TurnBook()
+    assert book.info("p", 100, 1.0).history_tokens == 0  # a first turn holds nothing
+    book.turn_done("p", 100, 20)
+    info = book.info("p", 150, 2.0)
+    assert (info.history_tokens, info.new_tokens) == (120, 30)
+    assert book.info("p", 90, 3.0).history_tokens == 90  # never more than the prompt
+    book.prefill_queued("d0", 30)
+    book.prefill_queued("d0", 10)
+    book.prefill_done("d0", 30)
+    assert book.queued == {"d0": 10}
+    book.prefill_done("d0", 10)
+    assert book.queued == {}
+    clock = StreamClock()
+    assert clock.itl() is None
+    for t in (1.0, 1.5, 1.7, 2.0):
+        clock.chunk(t)
+    assert clock.itl() == pytest.approx(1.0 / 3)
+
+
+def test_served_ampd_routes_by_what_the_router_observes():
+    """`ampd` behind the served router: the first turn goes remote; the prefill's round trip
+    becomes the prefill replica's TTFT and the decode stream's chunk gaps the decode replica's
+    ITL; each turn's prompt and history reach Algorithm 1; with the prefill replica over its
+    TTFT slack, a turn is prefilled locally. Nothing stays queued."""
+    config = parse_cluster({"router": {"strategy": "ampd"}, "replicas": [
+        {"name": "p", "role": "prefill"}, {"name": "d", "role": "decode"}]})
+    fake = FakeReplicas({9100: "p0", 9101: "d0"})
+    endpoints = [ReplicaEndpoint("p0", "prefill", "http://127.0.0.1:9100"),
+                 ReplicaEndpoint("d0", "decode", "http://127.0.0.1:9101")]
+    config = config.model_copy(update={"replicas": [
+        r.model_copy(update={"name": n}) for r, n in zip(config.replicas, ("p0", "d0"),
+                                                         strict=True)]})
+    app = create_app(endpoints, config.router, name="fake", cluster=config,
+                     transport=httpx.MockTransport(fake), poll_interval_s=0.05)
+    router = app.state.cluster.router
+    seen = []
+    route = router.route
+    router.route = lambda *a, **k: seen.append(a[3]) or route(*a, **k)  # type: ignore[method-assign]
+
+    def turn(client: TestClient, t: int, tokens: int) -> httpx.Response:
+        return client.post("/v1/completions", json={
+            "model": MODEL, "prompt": list(range(tokens)), "max_tokens": 4, "stream": True,
+            "session_id": "p", "vllm_xargs": {"turn": t}})
+
+    with TestClient(app) as client:
+        first = turn(client, 0, 50)
+        assert first.status_code == 200 and first.headers["x-harness-prefill"] == "p0"
+        now = time.monotonic()
+        assert router.ttft.mean("p0", now) is not None  # the prefill's round trip
+        assert router.itl.mean("d0", now) is not None  # the decode stream's chunk gaps
+        second = turn(client, 1, 80)
+        assert second.headers["x-harness-prefill"] == "p0"  # TTFT well within slack
+        router.observe_ttft("p0", 10 * config.router.ttft_slo_s, time.monotonic())
+        third = turn(client, 2, 95)
+        assert third.status_code == 200 and "x-harness-prefill" not in third.headers  # local
+        state = client.get("/v1/cluster").json()
+    assert [(i.prompt_tokens, i.history_tokens) for i in seen] == [(50, 0), (80, 50), (95, 80)]
+    assert state["decisions"] == {"initial": 1, "remote_slack": 1, "local_slack": 1}
+    assert app.state.cluster.book.queued == {}
+
+
+def test_served_vs_virtual_ranks_with_ties():
+    from eval.served_vs_virtual import ranking
+
+    rows = {"pd": {"jct_mean_s": 4.0}, "ampd": {"jct_mean_s": 4.3},
+            "session": {"jct_mean_s": 6.0}, "rr": {"jct_mean_s": math.nan}}
+    assert ranking(rows, "jct_mean_s", False, 0.1) == [["pd", "ampd"], ["session"], ["rr"]]
+    assert ranking(rows, "jct_mean_s", False, 0.05) == [["pd"], ["ampd"], ["session"], ["rr"]]
+    slo = {"pd": {"slo": 0.5}, "ampd": {"slo": 0.9}}
+    assert ranking(slo, "slo", True, 0.0) == [["ampd"], ["pd"]]

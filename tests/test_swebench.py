@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,109 @@ def test_predictions_are_appended_once(tmp_path):
     assert ids == ["a", "b"]
 
 
+# -- task images: repository layouts, base_commit, content keys ------------------------
+
+
+def unpack(tarball: Path, into: Path) -> Path:
+    with tarfile.open(tarball) as tar:
+        tar.extractall(into, filter="tar")
+    return into
+
+
+def pack(tree: Path, tarball: Path, arcname: str) -> Path:
+    """`tar -czf tarball` of `tree`'s contents, under the folder `arcname` ("" = flat)."""
+    with tarfile.open(tarball, "w:gz") as tar:
+        for entry in sorted(tree.iterdir()):
+            tar.add(entry, arcname=f"{arcname}/{entry.name}" if arcname else entry.name)
+    return tarball
+
+
+def in_image(client, image: str, script: str) -> str:
+    out = client.containers.run(image, ["bash", "-c", script], user="agent", remove=True,
+                                network_mode="none")
+    return out.decode()
+
+
+@pytest.fixture
+def roman_tree(tmp_path):
+    return unpack(DATA / "repos" / "roman.tar.gz", tmp_path / "roman")
+
+
+@pytest.fixture
+def built(docker_client):
+    """Tags of images a test builds from its temporary repositories: removed at its end."""
+    tags: list[str] = []
+    yield tags
+    for tag in tags:
+        try:
+            docker_client.images.remove(tag)
+        except Exception:  # noqa: BLE001 - never built, or in use elsewhere
+            pass
+
+
+def test_both_tarball_layouts_give_the_repository_at_testbed(docker_client, roman_tree,
+                                                              tmp_path, built):
+    instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
+    flat = pack(roman_tree, tmp_path / "flat.tar.gz", "")
+    wrapped = pack(roman_tree, tmp_path / "wrapped.tar.gz", "roman-main")
+    tags = []
+    for tarball in (flat, wrapped):
+        notes: list[str] = []
+        tag = grading.ensure_task_image(docker_client, dict(instance, repo_src=str(tarball)),
+                                        None, progress=notes.append)
+        tags.append(tag)
+        built.append(tag)
+        assert notes and "built task image" in notes[0]
+        labels = docker_client.images.get(tag).labels
+        assert labels["harness.task.unwrapped"] == ("roman-main" if tarball == wrapped else "")
+        out = in_image(docker_client, tag, "cd /testbed && git rev-parse HEAD && "
+                       "git status --porcelain && ls")
+        head, *files = out.split()
+        assert head == instance["base_commit"] and "roman" in files and "tests" in files
+    assert tags[0] != tags[1]  # different bytes, different images
+    report = grading.grade(docker_client, instance, instance["patch"], tags[1])
+    assert report["resolved"], report  # the unwrapped repository grades like the original
+
+
+def test_base_commit_that_cannot_be_checked_out(docker_client, roman_tree, tmp_path):
+    instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
+    tarball = pack(roman_tree, tmp_path / "roman.tar.gz", "roman")
+    with pytest.raises(grading.TaskImageError, match="is not in the repository's history"):
+        grading.ensure_task_image(docker_client, dict(instance, repo_src=str(tarball),
+                                                      base_commit="0" * 40), None)
+    shutil.rmtree(roman_tree / ".git")  # a `git archive` / GitHub download: no history
+    no_git = pack(roman_tree, tmp_path / "archive.tar.gz", "roman-91c7d5b")
+    with pytest.raises(grading.TaskImageError, match="has no .git folder"):
+        grading.ensure_task_image(docker_client, dict(instance, repo_src=str(no_git)), None)
+    garbage = tmp_path / "garbage.tar.gz"
+    garbage.write_bytes(b"not a tarball")
+    with pytest.raises(grading.TaskImageError, match="not a readable tar archive"):
+        grading.ensure_task_image(docker_client, dict(instance, repo_src=str(garbage)), None)
+
+
+def test_changed_tarball_rebuilds_the_image_and_grades_the_new_code(docker_client,
+                                                                    roman_tree, tmp_path,
+                                                                    built):
+    instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
+    tarball = tmp_path / "repo.tar.gz"
+    task = dict(instance, repo_src=str(tarball))
+    pack(roman_tree, tarball, "")
+    notes: list[str] = []
+    old = grading.ensure_task_image(docker_client, task, None, progress=notes.append)
+    built.append(old)
+    assert grading.ensure_task_image(docker_client, task, None, progress=notes.append) == old
+    assert "built task image" in notes[0] and "reusing task image" in notes[1]
+    assert not grading.grade(docker_client, task, "", old)["resolved"]  # the bug is there
+
+    source = roman_tree / "roman" / "convert.py"  # the same base_commit, new code in the tree
+    source.write_text(source.read_text().replace("number < MAX_VALUE", "number <= MAX_VALUE"))
+    pack(roman_tree, tarball, "")
+    new = grading.ensure_task_image(docker_client, task, None, progress=notes.append)
+    built.append(new)
+    assert new != old and "built task image" in notes[2]
+    assert grading.grade(docker_client, task, "", new)["resolved"]
+
+
 # -- grading --------------------------------------------------------------------------
 
 
@@ -174,18 +278,23 @@ def task_file(tmp_path: Path, rows: list[dict]) -> Path:
 def test_run_resume_and_missing_repository(server, tmp_path):
     rows = instances()[:3]
     missing = dict(rows[0], instance_id="harness__missing-1", repo_src="repos/missing.tar.gz")
+    bad_commit = dict(rows[0], instance_id="harness__badcommit-1", base_commit="f" * 40,
+                      repo_src=str(DATA / rows[0]["repo_src"]))
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(dict(r, repo_src=str(DATA / r["repo_src"]))) + "\n"
-                             for r in rows) + json.dumps(missing) + "\n")
+                             for r in rows) + json.dumps(missing) + "\n"
+                     + json.dumps(bad_commit) + "\n")
     replays = tmp_path / "replays"
     shutil.copytree(DATA / "trajectories", replays)
-    shutil.copy(replays / "harness__roman-7.traj.json", replays / "harness__missing-1.traj.json")
+    for extra in ("harness__missing-1", "harness__badcommit-1"):
+        shutil.copy(replays / "harness__roman-7.traj.json", replays / f"{extra}.traj.json")
     out = tmp_path / "out"
     common = ("--server", server.base_url, "--tasks", str(tasks), "--out", str(out),
               "--model", f"replay:{replays}")
 
     first = harness_run(*common, "--limit", "2")  # interrupted after two tasks
     assert first.returncode == 0, first.stderr
+    assert "task image harness-task:harness__roman-7-" in first.stdout  # built or reused
     done = {p.name: p.stat().st_mtime_ns for p in (out / "results").iterdir()}
     assert len(done) == 2
 
@@ -208,14 +317,18 @@ def test_run_resume_and_missing_repository(server, tmp_path):
     assert trajectory["info"]["exit_status"] == "submitted"
     assert all(s["tool"] == "bash" for s in trajectory["steps"])
 
-    third = harness_run(*common, "--resume")  # the task whose repository is missing
+    third = harness_run(*common, "--resume")  # a missing repository, a missing base_commit
     assert third.returncode == 0, third.stderr
     result = json.loads((out / "results" / "harness__missing-1.json").read_text())
     assert result["status"] == "setup_error" and not result["passed"]
     assert "repository" in result["error"] and "not found" in result["error"]
+    result = json.loads((out / "results" / "harness__badcommit-1.json").read_text())
+    assert result["status"] == "setup_error" and result["steps"] == 0
+    assert f"base_commit {'f' * 40} is not in the repository's history" in result["error"]
+    assert not (out / "trajectories" / "harness__badcommit-1.traj.json").exists()  # no model
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["tasks"] == 4 and summary["resolved"] == 3
-    assert summary["statuses"] == {"submitted": 3, "setup_error": 1}
+    assert summary["tasks"] == 5 and summary["resolved"] == 3
+    assert summary["statuses"] == {"submitted": 3, "setup_error": 2}
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 3
 
 

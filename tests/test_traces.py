@@ -271,6 +271,29 @@ def test_swe_like_hits_continuum_table_2():
     assert 100 < s.output_tokens_per_turn_mean < 300
 
 
+def test_swe_long_like_hits_the_public_mini_swe_agent_runs():
+    """Means and medians of the 500 public runs (SWE_LONG_TARGETS), from 1,000 programs."""
+    t = tr.SWE_LONG_TARGETS
+    trace = tr.swe_long_like(1000, 0.1, 0)
+    s = trace.stats()
+    assert s.turns_mean == pytest.approx(t["turns_mean"], rel=0.05)
+    assert s.turns_sd == pytest.approx(t["turns_sd"], rel=0.10)
+    assert s.first_prompt_mean == pytest.approx(t["first_prompt_mean"], rel=0.03)
+    assert s.output_tokens_per_turn_mean == pytest.approx(t["output_tokens_per_turn_mean"],
+                                                          rel=0.06)
+    assert s.tool_return_tokens_mean == pytest.approx(t["tool_return_tokens_mean"], rel=0.06)
+    assert s.final_context_mean == pytest.approx(t["final_context_mean"], rel=0.08)
+    outputs = [x.output_tokens for p in trace.programs for x in p.turns]
+    returns = [x.tool_return_tokens for p in trace.programs for x in p.turns[:-1]]
+    # heavy tails: the medians sit far below the means, as in the runs
+    assert np.median(outputs) == pytest.approx(t["output_tokens_per_turn_median"], rel=0.08)
+    assert np.median(returns) == pytest.approx(t["tool_return_tokens_median"], rel=0.08)
+    # a fifth of them outgrow a 32k context; every tool is a `bash:<class>` command
+    assert 0.1 < sum(p.final_context_tokens > 32_768 for p in trace.programs) / 1000 < 0.35
+    assert {x.tool for p in trace.programs for x in p.turns[:-1]} == {
+        "bash:edit", "bash:grep", "bash:python"}
+
+
 def test_bfcl_like_hits_continuum_table_2():
     assert tr._bfcl_spec().expected_tokens() == pytest.approx((93_000, 69_000), rel=1e-4)
     s = tr.bfcl_like(4000, 2.0, 0).stats()

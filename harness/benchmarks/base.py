@@ -47,6 +47,11 @@ class Benchmark:
     tasks_file: Path = DATASETS
     replay_dir: Path = DATASETS
     out_dir: Path | None = None  # the run's output folder (`harness run` sets it)
+    run_id: str | None = None  # the run's id (`harness run` sets it)
+    uses_docker = False  # its tools run in containers: a run first looks for leftovers
+
+    def log(self, message: str) -> None:
+        """A line for the run's output (`harness run` prints it above the progress bar)."""
 
     def load_tasks(self, path: Path | None = None) -> list[Task]:
         rows = load_jsonl(Path(path) if path else self.tasks_file)

@@ -36,6 +36,7 @@ from harness.benchmarks.base import (
 )
 from harness.tools.base import Observation
 from harness.tools.bash import BashTool, shared_client
+from harness.tools.labels import PROGRAM_LABEL, RUN_LABEL, TASK_LABEL
 from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
 from predictor.durations import duration_key
@@ -131,11 +132,13 @@ class SweBench(Benchmark):
     name = "swe-bench"
     tasks_file = DATASETS / "swebench" / "tasks.jsonl"
     replay_dir = DATASETS / "swebench" / "trajectories"
+    uses_docker = True
 
     def __init__(self) -> None:
         self.tasks_dir: Path | None = None
         self.test_timeout = TEST_TIMEOUT
         self.command_timeout = COMMAND_TIMEOUT
+        self._images_reported: set[str] = set()
 
     # -- tasks -----------------------------------------------------------------
 
@@ -161,22 +164,36 @@ class SweBench(Benchmark):
 
     # -- one program -------------------------------------------------------------
 
+    def labels(self, task: Task, program_id: str | None = None) -> dict[str, str]:
+        """Labels of the task's containers and images: the run, the program, the task."""
+        found = {RUN_LABEL: self.run_id, PROGRAM_LABEL: program_id, TASK_LABEL: task.id}
+        return {k: v for k, v in found.items() if v}
+
     def messages(self, task: Task) -> list[dict[str, Any]]:
         return [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": INSTANCE.format(
                     problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT)}]
 
     async def image(self, task: Task) -> str:
+        """The task's image (built, or reused when one of the same content exists); the run's
+        output says which, once per image."""
+        def progress(message: str) -> None:
+            if task.id not in self._images_reported:
+                self._images_reported.add(task.id)
+                self.log(message)
+
+        labels = self.labels(task)
         try:
             client = shared_client()
             return await asyncio.to_thread(grading.ensure_task_image, client, task.data,
-                                           self.tasks_dir)
+                                           self.tasks_dir, progress=progress, labels=labels)
         except (grading.TaskImageError, SandboxImageError) as exc:
             raise TaskSetupError(str(exc)) from None
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         image = await self.image(task)
-        tool = BashTool(program_id, image=image, timeout=self.command_timeout)
+        tool = BashTool(program_id, image=image, timeout=self.command_timeout,
+                        labels=self.labels(task, program_id))
         base = task.data["base_commit"]
 
         async def bash(command: str) -> Observation:
@@ -209,7 +226,8 @@ class SweBench(Benchmark):
                 raise TaskSetupError(f"no patch submitted ({trajectory.status})")
             image = await self.image(task)
             report = await asyncio.to_thread(grading.grade, shared_client(), task.data, patch,
-                                             image, self.test_timeout)
+                                             image, self.test_timeout,
+                                             self.labels(task, trajectory.program_id))
         except TaskSetupError as exc:
             report = {"instance_id": task.id, "resolved": False, "reason": str(exc),
                       "grader": grading.grader_name()}

@@ -37,8 +37,11 @@ command's output runs in its own daemon thread, so that many programs running
 long commands at once do not exhaust asyncio's default thread pool.
 
 Containers carry the labels ``harness.tool=bash``, ``harness.program`` and
-``harness.owner`` (the harness's pid or run id); ``remove_leftovers`` removes
-those an interrupted run left behind.
+``harness.owner`` (the harness's pid or run id), the process that made them
+(``harness.host``, ``harness.pid``, ``harness.pid_started``) and what the caller
+adds (``harness.run``, ``harness.task``: see ``harness.tools.labels``);
+``remove_leftovers`` removes those of an owner, ``harness sandbox prune`` those
+whose process is gone.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.tools.base import Observation, Tool
+from harness.tools.labels import PROGRAM_LABEL, process_labels
 from harness.tools.sandbox_image import (
     AGENT_UID,
     AGENT_USER,
@@ -70,7 +74,6 @@ from harness.tools.sandbox_image import (
 )
 
 TOOL_LABEL = "harness.tool"
-PROGRAM_LABEL = "harness.program"
 OWNER_LABEL = "harness.owner"
 TOOL_NAME = "bash"
 
@@ -466,8 +469,11 @@ class BashTool(Tool):
         head_chars: int = DEFAULT_HEAD_CHARS,
         tail_chars: int = DEFAULT_TAIL_CHARS,
         host_slack: float = HOST_SLACK,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
+        """``labels``: more container labels (``harness.run``, ``harness.task``, ...)."""
         self.program_id = program_id or uuid.uuid4().hex[:12]
+        self.labels = dict(labels or {})
         self._client = client
         self.image = image
         self.owner = owner
@@ -531,6 +537,8 @@ class BashTool(Tool):
                     environment=self.env,
                     hostname="sandbox",
                     labels={
+                        **process_labels(program_id=self.program_id),
+                        **self.labels,
                         TOOL_LABEL: TOOL_NAME,
                         PROGRAM_LABEL: self.program_id,
                         OWNER_LABEL: self.owner,
