@@ -40,11 +40,14 @@ def plot_slo(summary: dict[str, Any], path: Path) -> None:
         for ax in (top, bottom):
             ax.set_xlabel("load (jobs/s)")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize="small")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    # below the panels, so no curve is hidden behind it
+    fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize="small")
     slo = summary["slo"]
     fig.suptitle(f"{summary['profile']} x {summary['replicas']}, SLO TTFT <= {slo['ttft_s']:g} s"
                  f", ITL <= {slo['itl_s']:g} s")
-    fig.tight_layout()
+    rows_of_legend = -(-len(labels) // 5)
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * rows_of_legend, 1, 1))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
