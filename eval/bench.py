@@ -593,10 +593,12 @@ def context_limit(profile: str, num_gpu_blocks: int | None,
 def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
                 offload_gib: float | None = None, replica: Any = None,
                 cluster: Any = None, max_model_len: int | None = None,
-                max_num_batched_tokens: int | None = None) -> Any:
+                max_num_batched_tokens: int | None = None,
+                bidirectional: bool = False) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
-    a prefill or decode replica also gets its KV-transfer connector."""
+    a prefill or decode replica also gets its KV-transfer connector (`bidirectional`: a
+    prefill replica may read a program's history from its decode replica, `cluster.pd`)."""
     from harness.serve import DEFAULT_OFFLOAD_GIB
     from server.engine import VirtualEngine
 
@@ -608,7 +610,7 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     if replica is not None and replica.role != "colocated":
         from cluster.pd import virtual_engine_options
 
-        options = virtual_engine_options(replica, cluster)
+        options = virtual_engine_options(replica, cluster, bidirectional=bidirectional)
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
                          num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
                          max_num_batched_tokens=max_num_batched_tokens, **options)

@@ -21,7 +21,11 @@ The loop (conservative discrete-event simulation):
 P/D: a remote turn is first sent to its prefill replica with `max_tokens=1` and vLLM's
 `kv_transfer_params={"do_remote_decode": True}`; when it finishes there, the decode replica
 gets the same prompt with the parameters the prefill replica returned, pulls the blocks its
-prefix cache lacks over the link (`server.emulated_nixl`), and decodes.
+prefix cache lacks over the link (`server.emulated_nixl`), and decodes. With P/D engines built
+`bidirectional` (`cluster.pd`), the decode replica exports each finished turn and the
+program's next remote prefill carries that export, so the prefill replica reads the history its
+prefix cache lacks from the decode replica instead of recomputing it (AMPD's remote path: a
+turn prefilled locally leaves the prefill replica behind).
 """
 
 from __future__ import annotations
@@ -201,6 +205,7 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
     heapq.heapify(agenda)
     seq = len(agenda)
     live: dict[str, _Turn] = {}  # request id -> turn, until its last request finishes
+    exports: dict[str, dict[str, Any]] = {}  # program -> its decode replica's last export
     placement = Placement()  # who hears which event (`cluster.placement`)
     # what a latency-aware router (AMPD) is told: prefill latency per prefill replica, mean
     # token gap per decoded turn
@@ -266,7 +271,8 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
         prefiller = cluster.by_name[route.prefill]
         live[rid + "@p"] = _Turn(record, route, route.prefill)
         deliver(prefiller, t)
-        submit(prefiller, rid + "@p", pid, i, max_one=True, params=prefill_params())
+        submit(prefiller, rid + "@p", pid, i, max_one=True,
+               params=prefill_params(exported=exports.pop(pid, None)))
 
     def start_decode(t: float, pid: str, i: int, params: dict[str, Any]) -> None:
         rid = f"{pid}#{i}"
@@ -303,6 +309,8 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
                  decode_params(fin.kv_transfer_params))
             return
         del live[fin.request_id]
+        if fin.kv_transfer_params:  # a bidirectional decode replica exported this turn
+            exports[record.program_id] = fin.kv_transfer_params
         stats.turns_decoded += 1
         if observe_itl is not None and fin.first_token is not None and fin.output_tokens > 1:
             observe_itl(replica.name, (fin.finished - fin.first_token) / (fin.output_tokens - 1),

@@ -1,8 +1,9 @@
-"""`harness cluster serve FILE` and `harness cluster check FILE`.
+"""`harness cluster serve FILE`, `harness cluster check FILE` and `harness cluster bench`.
 
 `serve` starts one `harness serve` per replica of a cluster file and the router in front of them
-(`cluster.launcher`); `check` validates the file and prints what `serve` would start. Also
-runnable as `python -m harness.cluster_cli serve FILE`.
+(`cluster.launcher`); `check` validates the file and prints what `serve` would start; `bench`
+compares AMPD with its baselines in virtual time (`eval.ampd_bench`). Also runnable as
+`python -m harness.cluster_cli serve FILE`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                        help="as for `serve`, to show the ports")
+    from eval import ampd_bench
+
+    ampd_bench.add_arguments(sub.add_parser(
+        "bench", help="AMPD vs co-located and P/D baselines on AMPD's workloads, virtual time"))
 
 
 def resolve(file: str) -> Path:
@@ -100,6 +105,10 @@ def describe(config: ClusterConfig, base_port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cluster_command == "bench":
+        from eval import ampd_bench
+
+        return ampd_bench.run(args)  # its user mistakes: BenchError, printed by harness.cli
     try:
         config = load_cluster(resolve(args.file))
     except ClusterConfigError as exc:
@@ -129,8 +138,13 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="harness cluster", description=__doc__)
     add_arguments(parser)
+    from eval.bench import BenchError
+
     try:
         return run(parser.parse_args(argv))
+    except BenchError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -1,0 +1,524 @@
+"""`harness cluster bench`: AMPD against its baselines on the paper's multi-round workloads, in
+virtual time (issue 12's evaluation; also `python -m eval.ampd_bench`).
+
+Why a command of its own beside `harness bench --cluster`: AMPD's comparison is not "one
+cluster file under several routers". Its strategies differ in layout (co-located replicas vs
+prefill/decode replicas), router and queue policy at once, on an equal GPU count, and its
+headline figures are SLO attainment split by TTFT and ITL, the TTFT of initial vs incremental
+prefills, and *why* each prefill went where it did (the router's decision counts). This module
+builds each strategy's cluster from one set of knobs (replicas, profile, SLO), replays the same
+trace through each (`eval.cluster_replay`), and reports with the one metrics module
+(`eval.metrics`).
+
+Strategies (every one on the same number of replicas of the same profile):
+
+| name | layout | router | queue policy |
+|---|---|---|---|
+| `vllm` | co-located | `session` (a program stays on its replica) | `vllm` (FCFS) |
+| `continuum` | co-located | `session` | `continuum` (pins the KV cache over tool calls) |
+| `pd` | P/D | `pd` (every prefill remote, Dynamo-like) | `vllm` |
+| `ampd` | P/D | `ampd` (Algorithm 1: remote / local per prefill) | `ampd` (Algorithm 2) |
+| `ampd-noroute` | P/D | `pd` | `ampd` (reordering only) |
+| `ampd-noreorder` | P/D | `ampd` | `vllm` (routing only) |
+
+P/D strategies run once per `--layouts` entry (`1p3d`, `2p2d`: prefill and decode replica
+counts). One SLO (`--slo-ttft`, `--slo-itl`) is what AMPD's router keeps slack against, what its
+reordering counts tasks against, and what attainment is measured against.
+
+Defaults are our reading of AMPD's setting (section 7.1): Llama-3.1-70B on H20 GPUs, four
+replicas at tensor-parallel degree 4 (16 GPUs, 8 per node), NVLink inside a node and
+InfiniBand between nodes (the cluster file defaults). The SLO defaults are the project's
+(`eval.metrics.SLO`: TTFT 2 s, TPOT/ITL 0.1 s), not numbers fitted to any result.
+
+Outputs in `--out`: ``rows.json`` (the settings and one row per trace, load and config),
+``report.md`` (the tables) and, unless ``--no-plot``, ``slo_vs_load.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eval.bench import BenchError
+from eval.metrics import SLO, cluster_metrics, percentile, replay_metrics
+from eval.traces import TRACES, Trace
+
+DEFAULT_PROFILE = "h20x4-llama-3.1-70b"
+DEFAULT_TRACES = "hotpotqa,toolbench"
+DEFAULT_JPS = "0.25,0.5,1"
+DEFAULT_LAYOUTS = "1p3d,2p2d"
+#: How a prefill replica gets the history it lacks (the program's last turns ran elsewhere, e.g.
+#: locally under AMPD): ``pull`` reads it from the decode replica's export (vLLM's
+#: `bidirectional_kv_xfer`, AMPD's remote path, priced by its Eq. 2), ``recompute`` prefills it
+#: again (a P/D deployment without the export).
+HISTORY = ("pull", "recompute")
+GPUS_PER_NODE = 8  # a node of 8 GPUs (AMPD section 7.1), for which link a KV transfer takes
+
+
+class AmpdBenchError(BenchError):
+    """A user mistake in `harness cluster bench` arguments (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One serving strategy: how replicas are laid out, routed and ordered."""
+
+    name: str
+    disaggregated: bool  # prefill/decode replicas (one run per layout) or co-located ones
+    router: str  # `cluster.routing` strategy
+    policy: str  # `server.policies` name every replica runs
+    about: str
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("vllm", False, "session", "vllm", "co-located, session-affine, vLLM's FCFS"),
+    Strategy("continuum", False, "session", "continuum",
+             "co-located, session-affine, Continuum's KV pinning over tool calls"),
+    Strategy("pd", True, "pd", "vllm", "P/D, every prefill remote (Dynamo-like)"),
+    Strategy("ampd", True, "ampd", "ampd", "P/D, adaptive routing + prefill reordering"),
+    Strategy("ampd-noroute", True, "pd", "ampd", "P/D, every prefill remote + reordering"),
+    Strategy("ampd-noreorder", True, "ampd", "vllm", "P/D, adaptive routing, FCFS queues"),
+)}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A strategy on a layout: (prefill, decode) replica counts, or None for co-located."""
+
+    strategy: Strategy
+    layout: tuple[int, int] | None
+
+    @property
+    def label(self) -> str:
+        if self.layout is None:
+            return self.strategy.name
+        return f"{self.strategy.name} {self.layout[0]}P{self.layout[1]}D"
+
+
+# -- arguments ---------------------------------------------------------------------------------
+def _names(text: str, flag: str) -> list[str]:
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not names:
+        raise AmpdBenchError(f"{flag} is empty")
+    return names
+
+
+def parse_strategies(text: str) -> list[Strategy]:
+    names = _names(text, "--strategies")
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown:
+        raise AmpdBenchError(f"--strategies: unknown {', '.join(map(repr, unknown))}; choose "
+                             f"from {', '.join(STRATEGIES)}")
+    return [STRATEGIES[n] for n in names]
+
+
+def parse_layouts(text: str, replicas: int) -> list[tuple[int, int]]:
+    """``1p3d,2p2d`` -> [(1, 3), (2, 2)]; each must use exactly `replicas` replicas, so every
+    strategy runs on the same GPUs."""
+    out = []
+    for name in _names(text, "--layouts"):
+        m = re.fullmatch(r"(\d+)p(\d+)d", name.lower())
+        if not m or int(m[1]) < 1 or int(m[2]) < 1:
+            raise AmpdBenchError(f"--layouts: {name!r} is not a layout; write prefill and "
+                                 "decode replica counts as e.g. 1p3d or 2p2d (each at least 1)")
+        layout = (int(m[1]), int(m[2]))
+        if sum(layout) != replicas:
+            raise AmpdBenchError(
+                f"--layouts: {name} has {sum(layout)} replicas but --replicas is {replicas}; "
+                "strategies are compared on equal GPUs: give layouts that add up to "
+                f"--replicas, or change --replicas")
+        out.append(layout)
+    return list(dict.fromkeys(out))
+
+
+def parse_loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AmpdBenchError(f"--jps {text!r}: give numbers separated by commas, e.g. "
+                             "0.25,0.5,1") from None
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise AmpdBenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
+    return sorted(set(loads))
+
+
+def parse_traces(text: str) -> list[str]:
+    names = _names(text, "--traces")
+    unknown = [n for n in names if n not in TRACES]
+    if unknown:
+        raise AmpdBenchError(f"--traces: unknown {', '.join(map(repr, unknown))}; AMPD's "
+                             "workloads are toolbench, gaia, hotpotqa, dureader (also: "
+                             f"{', '.join(n for n in TRACES if n not in AMPD_WORKLOADS)})")
+    return names
+
+
+AMPD_WORKLOADS = ("toolbench", "gaia", "hotpotqa", "dureader")
+
+
+def run_configs(strategies: Sequence[Strategy],
+                layouts: Sequence[tuple[int, int]]) -> list[RunConfig]:
+    out: list[RunConfig] = []
+    for s in strategies:
+        out += [RunConfig(s, lay) for lay in layouts] if s.disaggregated else [RunConfig(s, None)]
+    return out
+
+
+# -- one run -----------------------------------------------------------------------------------
+def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
+                   num_gpu_blocks: int | None = None) -> Any:
+    """The `ClusterConfig` a strategy runs on. Replicas fill nodes of `GPUS_PER_NODE` GPUs in
+    order; P/D replicas are interleaved (p0, d0, p1, d1, ...) so a node holds both roles where
+    it can, as `cluster/examples/2p2d.yaml` does."""
+    from cluster.config import ClusterConfigError, parse_cluster
+    from server.perf_model import load_profile
+
+    tp = load_profile(profile).model.tp
+    if run.layout is None:
+        roles = [("r", "colocated", i) for i in range(replicas)]
+    else:
+        prefill = [("p", "prefill", i) for i in range(run.layout[0])]
+        decode = [("d", "decode", i) for i in range(run.layout[1])]
+        roles = [x for pair in zip(prefill, decode, strict=False) for x in pair]
+        roles += prefill[len(decode):] + decode[len(prefill):]
+    specs = []
+    for k, (prefix, role, i) in enumerate(roles):
+        spec: dict[str, Any] = {"name": f"{prefix}{i}", "role": role, "profile": profile,
+                                "policy": run.strategy.policy, "node": k * tp // GPUS_PER_NODE}
+        if num_gpu_blocks is not None:
+            spec["num_gpu_blocks"] = num_gpu_blocks
+        specs.append(spec)
+    data = {"name": run.label.replace(" ", "-"),
+            "router": {"strategy": run.strategy.router, "seed": seed,
+                       "ttft_slo_s": slo.ttft_s, "itl_slo_s": slo.tpot_s},
+            "replicas": specs}
+    try:
+        return parse_cluster(data, run.label)
+    except ClusterConfigError as exc:
+        raise AmpdBenchError(str(exc)) from None
+
+
+def _engine_factory(config: Any, seed: int, slo: SLO,
+                    history: str = "pull") -> Callable[[Any], Any]:
+    """`eval.bench.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``), then
+    the AMPD queue policy told the run's TTFT SLO (it is built by name with the policy
+    module's default; Algorithm 2 counts tasks against it)."""
+    from eval.bench import make_engine
+
+    def build(spec: Any) -> Any:
+        engine = make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
+                             spec.offload_gib, spec, config, bidirectional=history == "pull")
+        policy = engine.scheduler.agent_policy
+        if hasattr(policy, "ttft_slo_s"):
+            policy.ttft_slo_s = slo.ttft_s
+        return engine
+
+    return build
+
+
+def attainment(programs: Sequence[Any], slo: SLO) -> float:
+    """Share of finished turns meeting `slo` (`eval.metrics.SLO.met`)."""
+    met = [slo.met(t) for p in programs for t in p.turns]
+    return sum(met) / len(met) if met else math.nan
+
+
+def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
+            num_gpu_blocks: int | None = None, history: str = "pull",
+            progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`). `history`
+    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks."""
+    if history not in HISTORY:
+        raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
+    from eval.cluster_replay import VirtualCluster, replay_cluster
+    from server.engine import ContextTooLong
+
+    config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
+                            num_gpu_blocks=num_gpu_blocks)
+    wall = time.perf_counter()
+    cluster = VirtualCluster(config, seed=seed,
+                             make_engine=_engine_factory(config, seed, slo, history))
+    try:
+        result = replay_cluster(trace, cluster, progress=progress)
+        decisions = dict(getattr(cluster.router, "decisions", {}))
+    except ContextTooLong as exc:
+        raise AmpdBenchError(f"{trace.name} on {run.label}: {exc}") from None
+    finally:
+        cluster.close()
+    metrics = replay_metrics(result, None, slo)
+    metrics.update(cluster_metrics(result, slo))
+    programs = [p for p in result.programs.values() if p.finished is not None]
+    row: dict[str, Any] = {
+        "trace": trace.name, "jps": None, "config": run.label, "strategy": run.strategy.name,
+        "layout": None if run.layout is None else f"{run.layout[0]}p{run.layout[1]}d",
+        "router": run.strategy.router, "policy": run.strategy.policy,
+    }
+    row.update({k: metrics[k] for k in ROW_KEYS if k in metrics})
+    row["jct_p90_s"] = percentile([p.jct for p in programs], 90)
+    row["ttft_slo_attainment"] = attainment(programs, SLO(slo.ttft_s, math.inf))
+    row["itl_slo_attainment"] = attainment(programs, SLO(math.inf, slo.tpot_s))
+    row["kv_bytes_to_prefill"] = sum(r["kv_bytes_in"] for r in metrics["replicas"]
+                                     if r["role"] == "prefill")
+    row["decisions"] = decisions
+    row["wall_s"] = time.perf_counter() - wall
+    return row
+
+
+#: What a row keeps of `eval.metrics.replay_metrics` and `cluster_metrics`.
+ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_mean_s",
+            "ttft_p95_s", "ttft_initial_mean_s", "ttft_incremental_mean_s", "itl_mean_s",
+            "itl_p95_s", "slo_attainment", "program_slo_attainment", "slo_attainment_initial",
+            "slo_attainment_incremental", "goodput_turns_per_s", "prefix_hit_rate",
+            "recomputed_tokens", "local_prefill_share", "local_prefills", "remote_prefills",
+            "kv_bytes_moved",
+            "kv_seconds_moved", "preemptions", "load_balance_colocated", "load_balance_prefill",
+            "load_balance_decode", "engine_steps")
+
+
+# -- the sweep ---------------------------------------------------------------------------------
+def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[float], *,
+          programs: int, replicas: int, profile: str, slo: SLO, seed: int, out: Path,
+          num_gpu_blocks: int | None = None, history: str = "pull", plot: bool = True,
+          console: Any = None) -> dict[str, Any]:
+    """Every trace x load x config; writes ``rows.json``, ``report.md`` (and the plot).
+    The same programs (trace, count, seed) are replayed at every load and by every config."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from eval.traces import load_or_generate
+
+    if programs < 1:
+        raise AmpdBenchError("--programs must be at least 1")
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    total = len(traces) * len(loads) * len(configs)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False,
+                  disable=console is None) as bar:
+        overall = bar.add_task("runs", total=total)
+        for name in traces:
+            for x in loads:
+                trace = load_or_generate(name, programs, x, seed)
+                for run in configs:
+                    label = f"{name} @ {x:g} jobs/s: {run.label}"
+                    task = bar.add_task(label, total=len(trace))
+                    row = run_one(trace, run, replicas=replicas, profile=profile, slo=slo,
+                                  seed=seed, num_gpu_blocks=num_gpu_blocks, history=history,
+                                  progress=lambda k, t=task: bar.update(t, completed=k))
+                    row.update(trace=name, jps=x)
+                    bar.update(task, completed=len(trace), visible=False)
+                    bar.advance(overall)
+                    rows.append(row)
+                    if console is not None and not console.is_terminal:  # a log: one line a run
+                        console.print(f"{label}: SLO {row['slo_attainment']:.3f}, mean JCT "
+                                      f"{row['jct_mean_s']:.2f} s, wall {row['wall_s']:.1f} s",
+                                      soft_wrap=True)
+    summary = {
+        "what": "AMPD vs baselines (eval.ampd_bench), virtual time",
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "traces": list(traces), "jps": list(loads), "programs": programs,
+        "replicas": replicas, "profile": profile, "gpus_per_node": GPUS_PER_NODE,
+        "num_gpu_blocks": num_gpu_blocks, "seed": seed, "history": history,
+        "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.tpot_s},
+        "configs": [{"config": c.label, "router": c.strategy.router,
+                     "policy": c.strategy.policy, "about": c.strategy.about} for c in configs],
+        "wall_s": time.perf_counter() - started,
+        "rows": rows,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    from harness.atomic import write_text_atomic
+
+    write_text_atomic(out / "rows.json", json.dumps(summary, indent=1, allow_nan=True) + "\n")
+    write_text_atomic(out / "report.md", report_markdown(summary))
+    if plot:
+        from eval.ampd_plot import plot_slo
+
+        plot_slo(summary, out / "slo_vs_load.png")
+    return summary
+
+
+# -- outputs -----------------------------------------------------------------------------------
+#: (row key, header, format) of the report's table
+COLUMNS = [("trace", "trace", "{}"), ("jps", "jobs/s", "{:g}"), ("config", "config", "{}"),
+           ("slo_attainment", "SLO", "{:.3f}"), ("ttft_slo_attainment", "TTFT SLO", "{:.3f}"),
+           ("itl_slo_attainment", "ITL SLO", "{:.3f}"),
+           ("jct_mean_s", "JCT mean s", "{:.2f}"), ("jct_p90_s", "JCT P90 s", "{:.2f}"),
+           ("ttft_initial_mean_s", "TTFT initial s", "{:.3f}"),
+           ("ttft_incremental_mean_s", "TTFT incr. s", "{:.3f}"),
+           ("itl_mean_s", "ITL mean ms", "ms"),
+           ("local_prefill_share", "local prefills", "{:.3f}"),
+           ("recomputed_tokens", "recomputed tok", "{}"),
+           ("decisions", "AMPD decisions", "decisions")]
+
+#: short names of `cluster.ampd.AMPDRouter.decisions` for the table
+_DECISION_ABBREV = {"initial": "init", "remote_slack": "R-slack", "local_slack": "L-slack",
+                    "local_cost": "L-cost", "remote_cost": "R-cost"}
+
+
+def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    if fmt == "decisions":
+        if not value:
+            return "-"
+        return " ".join(f"{_DECISION_ABBREV.get(k, k)} {v}" for k, v in value.items())
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if fmt == "ms":
+        return f"{1000 * value:.1f}"
+    return fmt.format(value)
+
+
+def verdicts(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Per trace and load: the best config by SLO attainment, and AMPD's margin over the best
+    baseline (a config whose strategy is not an AMPD variant)."""
+    lines = []
+    for trace, x in dict.fromkeys((r["trace"], r["jps"]) for r in rows):
+        at = [r for r in rows if (r["trace"], r["jps"]) == (trace, x)]
+        best = max(at, key=lambda r: r["slo_attainment"])
+        line = (f"- {trace} @ {x:g} jobs/s: best `{best['config']}` "
+                f"(SLO {best['slo_attainment']:.3f})")
+        ampd = [r for r in at if r["strategy"] == "ampd"]
+        base = [r for r in at if not r["strategy"].startswith("ampd")]
+        if ampd and base:
+            a = max(ampd, key=lambda r: r["slo_attainment"])
+            b = max(base, key=lambda r: r["slo_attainment"])
+            diff = a["slo_attainment"] - b["slo_attainment"]
+            word = "beats" if diff > 0 else ("ties" if diff == 0 else "trails")
+            line += (f"; `{a['config']}` {word} the best baseline `{b['config']}` by "
+                     f"{diff:+.3f}")
+        lines.append(line)
+    return lines
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    slo = summary["slo"]
+    lines = [
+        "# AMPD vs baselines (virtual time)", "",
+        f"{summary['programs']} programs per trace and load, {summary['replicas']} replicas "
+        f"of `{summary['profile']}` ({summary['gpus_per_node']} GPUs per node), seed "
+        f"{summary['seed']}. SLO per turn: TTFT <= {slo['ttft_s']:g} s and mean ITL <= "
+        f"{slo['itl_s']:g} s (SLO: both). History a prefill replica lacks: "
+        f"{summary.get('history', 'pull')}. Wall time {summary['wall_s']:.0f} s.", "",
+        "Configs: " + "; ".join(f"`{c['config']}` = {c['about']}"
+                                for c in summary["configs"]) + ".", "",
+        "AMPD decisions: init = first turn (remote, binds the decode replica); R-slack / "
+        "L-slack = remote / local by slack (Algorithm 1 steps 1-2); R-cost / L-cost = by the "
+        "Eq. 1-2 estimate (step 3).", "",
+        "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r, k, f) for k, _, f in COLUMNS) + " |"
+              for r in summary["rows"]]
+    lines += ["", "## Who wins", "", *verdicts(summary["rows"]), ""]
+    return "\n".join(lines)
+
+
+def print_table(summary: dict[str, Any], console: Any) -> None:
+    """The report's table and verdicts on stdout, as markdown: readable in a log or a terminal
+    of any width (a boxed table of 13 columns is not), and pasteable into docs."""
+    text = report_markdown(summary)
+    print(text[text.index("| trace"):].rstrip())
+    console.print(f"wall time {summary['wall_s']:.0f} s")
+
+
+# -- command line ------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--traces", default=DEFAULT_TRACES,
+                   help=f"comma-separated generated traces (default {DEFAULT_TRACES}; AMPD's: "
+                   f"{', '.join(AMPD_WORKLOADS)})")
+    p.add_argument("--jps", default=DEFAULT_JPS,
+                   help=f"comma-separated loads in jobs/s (default {DEFAULT_JPS})")
+    p.add_argument("--programs", type=int, default=40,
+                   help="programs per trace and load (default 40)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all)")
+    p.add_argument("--layouts", default=DEFAULT_LAYOUTS,
+                   help=f"P/D layouts as NpMd, each adding up to --replicas (default "
+                   f"{DEFAULT_LAYOUTS})")
+    p.add_argument("--replicas", type=int, default=4,
+                   help="replicas per strategy, co-located or P/D (default 4)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"emulated GPU-MODEL profile of every replica (default {DEFAULT_PROFILE}"
+                   ": AMPD's H20 and Llama-3.1-70B at TP4)")
+    p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
+                   help=f"TTFT SLO per turn, seconds (default {SLO.ttft_s:g})")
+    p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
+                   help=f"mean inter-token latency SLO per turn, seconds (default "
+                   f"{SLO.tpot_s:g})")
+    p.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help="KV cache size per replica in 16-token blocks (default: the profile's)")
+    p.add_argument("--history", choices=HISTORY, default="pull",
+                   help="how a prefill replica gets the history it lacks: pull it from the "
+                   "decode replica (vLLM's bidirectional_kv_xfer; default) or recompute it")
+    p.add_argument("--seed", type=int, default=0, help="trace and router seed (default 0)")
+    p.add_argument("--out", default="runs/ampd-bench", help="output folder")
+    p.add_argument("--no-plot", action="store_true", help="skip slo_vs_load.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, sweep, print the table. A user mistake raises `AmpdBenchError`."""
+    from rich.console import Console
+
+    from server.perf_model import load_profile
+
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
+        if not (value > 0 and math.isfinite(value)):
+            raise AmpdBenchError(f"{flag} must be a positive number of seconds, not {value}")
+    if args.replicas < 2:
+        raise AmpdBenchError("--replicas must be at least 2 (a P/D layout needs one of each)")
+    if args.programs < 1:
+        raise AmpdBenchError("--programs must be at least 1")
+    try:
+        load_profile(args.profile)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a bad profile name
+        raise AmpdBenchError(f"--profile {args.profile!r}: {exc}") from None
+    strategies = parse_strategies(args.strategies)
+    layouts = (parse_layouts(args.layouts, args.replicas)
+               if any(s.disaggregated for s in strategies) else [])
+    traces = parse_traces(args.traces)
+    loads = parse_loads(args.jps)
+    console = Console(stderr=True)
+    previous = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bars readable
+    try:
+        summary = bench(traces, run_configs(strategies, layouts), loads,
+                        programs=args.programs, replicas=args.replicas, profile=args.profile,
+                        slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed,
+                        out=Path(args.out), num_gpu_blocks=args.num_gpu_blocks,
+                        history=args.history, plot=not args.no_plot, console=console)
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    print_table(summary, console)
+    written = ["rows.json", "report.md"] + ([] if args.no_plot else ["slo_vs_load.png"])
+    console.print("wrote " + ", ".join(str(Path(args.out) / w) for w in written), soft_wrap=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.ampd_bench",
+                                     description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`harness cluster bench` (eval.ampd_bench): a tiny AMPD-vs-baseline sweep end to end on the
+real virtual-time cluster, the layouts it builds, and the errors a user mistake gets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from eval import ampd_bench
+from eval.ampd_bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
+from eval.metrics import SLO
+
+PROFILE = "h100-llama-3.1-8b"
+
+
+def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
+    """AMPD on 1P1D with a TTFT SLO near the prefill replica's own latency (its prefills take
+    about 0.04 s here): while its windowed TTFT is <= 0.9 x the SLO a later turn goes remote,
+    otherwise local (the decode replica has ITL slack), so both kinds occur; co-located vLLM
+    prefills everything locally. Every row has finite metrics and the files are written."""
+    slo = SLO(ttft_s=0.04, tpot_s=0.1)
+    configs = [RunConfig(STRATEGIES["ampd"], (1, 1)), RunConfig(STRATEGIES["vllm"], None)]
+    summary = ampd_bench.bench(["hotpotqa"], configs, [2.0], programs=6, replicas=2,
+                               profile=PROFILE, slo=slo, seed=1, out=tmp_path,
+                               num_gpu_blocks=4096, plot=True)
+    rows = {r["config"]: r for r in summary["rows"]}
+    assert set(rows) == {"ampd 1P1D", "vllm"}
+    ampd, vllm = rows["ampd 1P1D"], rows["vllm"]
+    turns = 6 * 3  # hotpotqa programs have exactly 3 rounds
+    for row in (ampd, vllm):
+        assert row["programs"] == 6 and row["turns"] == turns
+        for key in ("jct_mean_s", "jct_p90_s", "ttft_mean_s", "itl_mean_s", "slo_attainment",
+                    "ttft_slo_attainment", "itl_slo_attainment"):
+            assert math.isfinite(row[key]), (row["config"], key)
+        assert 0.0 <= row["slo_attainment"] <= min(row["ttft_slo_attainment"],
+                                                   row["itl_slo_attainment"])
+        assert row["jct_p90_s"] >= row["jct_mean_s"] * 0.5
+    decisions = ampd["decisions"]
+    assert decisions["initial"] == 6
+    assert sum(decisions.values()) == turns
+    local = decisions.get("local_slack", 0) + decisions.get("local_cost", 0)
+    remote = turns - local  # initial turns are remote too
+    assert local > 0 and decisions.get("remote_slack", 0) > 0
+    assert ampd["local_prefills"] == local and ampd["remote_prefills"] == remote
+    assert 0.0 < ampd["local_prefill_share"] < 1.0
+    assert ampd["kv_bytes_moved"] > 0
+    # history pull (the default): a remote prefill after a local turn reads the history from
+    # the decode replica's export instead of recomputing it
+    assert ampd["kv_bytes_to_prefill"] > 0
+    assert vllm["decisions"] == {} and vllm["local_prefill_share"] == 1.0
+    assert vllm["kv_bytes_moved"] == 0
+    written = json.loads((tmp_path / "rows.json").read_text())
+    assert written["slo"] == {"ttft_s": 0.04, "itl_s": 0.1}
+    assert [r["config"] for r in written["rows"]] == ["ampd 1P1D", "vllm"]
+    report = (tmp_path / "report.md").read_text()
+    assert "| hotpotqa | 2 | ampd 1P1D |" in report
+    assert "init 6" in report
+    assert (tmp_path / "slo_vs_load.png").stat().st_size > 0
+
+
+def test_history_recompute_recomputes_what_pull_reads(tmp_path):
+    """The same AMPD run with `recompute`: no KV flows decode -> prefill, and the history a
+    prefill replica lacks after a local turn is computed again."""
+    from eval.traces import load_or_generate
+
+    trace = load_or_generate("hotpotqa", 6, 2.0, 1)
+    run = RunConfig(STRATEGIES["ampd"], (1, 1))
+    rows = {h: ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE,
+                                  slo=SLO(0.04, 0.1), seed=1, num_gpu_blocks=4096, history=h)
+            for h in ("pull", "recompute")}
+    assert rows["recompute"]["kv_bytes_to_prefill"] == 0
+    assert rows["pull"]["kv_bytes_to_prefill"] > 0
+    assert rows["recompute"]["recomputed_tokens"] > rows["pull"]["recomputed_tokens"]
+    with pytest.raises(AmpdBenchError, match="--history 'fetch'"):
+        ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE, slo=SLO(), seed=1,
+                           history="fetch")
+
+
+def test_layouts_fill_nodes_and_carry_the_slo():
+    """Replicas fill 8-GPU nodes in order, prefill and decode interleaved; the router gets the
+    run's SLO and seed; co-located strategies get `session` routing."""
+    slo = SLO(1.5, 0.05)
+    config = cluster_config(RunConfig(STRATEGIES["ampd"], (2, 2)), replicas=4,
+                            profile="h20x4-llama-3.1-70b", slo=slo, seed=3)
+    assert [(r.name, r.role, r.node, r.policy) for r in config.replicas] == [
+        ("p0", "prefill", 0, "ampd"), ("d0", "decode", 0, "ampd"),
+        ("p1", "prefill", 1, "ampd"), ("d1", "decode", 1, "ampd")]
+    assert (config.router.strategy, config.router.ttft_slo_s, config.router.itl_slo_s,
+            config.router.seed) == ("ampd", 1.5, 0.05, 3)
+    one = cluster_config(RunConfig(STRATEGIES["pd"], (1, 3)), replicas=4,
+                         profile="h20x4-llama-3.1-70b", slo=slo, seed=0)
+    assert [(r.name, r.node) for r in one.replicas] == [("p0", 0), ("d0", 0), ("d1", 1),
+                                                        ("d2", 1)]
+    co = cluster_config(RunConfig(STRATEGIES["continuum"], None), replicas=4,
+                        profile=PROFILE, slo=slo, seed=0)
+    assert co.router.strategy == "session"
+    assert {r.role for r in co.replicas} == {"colocated"}
+    assert [r.node for r in co.replicas] == [0, 0, 0, 0]  # TP1: all four on one node
+
+
+def _args(**over):
+    parser = argparse.ArgumentParser()
+    ampd_bench.add_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in over.items():
+        setattr(args, key, value)
+    return args
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"layouts": "1p2d"}, "1p2d has 3 replicas but --replicas is 4"),
+    ({"layouts": "3x1"}, "write prefill and decode replica counts as e.g. 1p3d"),
+    ({"strategies": "ampd,dynamo"}, "unknown 'dynamo'"),
+    ({"traces": "hotpot"}, "unknown 'hotpot'; AMPD's workloads are"),
+    ({"jps": "1,fast"}, "give numbers separated by commas"),
+    ({"jps": "0"}, "loads must be positive"),
+    ({"slo_ttft": -1.0}, "--slo-ttft must be a positive number"),
+    ({"programs": 0}, "--programs must be at least 1"),
+    ({"profile": "h20x4-llama-9b"}, "--profile 'h20x4-llama-9b'"),
+])
+def test_bad_input_is_a_clear_error(over, message):
+    with pytest.raises(AmpdBenchError, match=message.replace("(", r"\(")):
+        ampd_bench.run(_args(**over))
+
+
+def test_cli_prints_the_error_without_a_traceback(capsys):
+    from harness.cli import main
+
+    assert main(["cluster", "bench", "--layouts", "2p1d"]) == 2
+    err = capsys.readouterr().err
+    assert "harness: error: --layouts: 2p1d has 3 replicas" in err
+    assert "Traceback" not in err
