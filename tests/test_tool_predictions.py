@@ -13,6 +13,7 @@ import pytest
 
 from harness.agent import Agent, ToolBox, tool_ended, tool_started
 from harness.benchmarks.swebench import event_tool
+from harness.model_client import Completion
 from harness.tools.base import Observation
 from harness.trajectory import Step, Trajectory
 from predictor.durations import ToolDurationModel
@@ -135,10 +136,9 @@ def test_agent_sends_the_predicted_output_length_with_each_request(tmp_path) -> 
 
         async def complete(self, messages, program_id, max_tokens, hints):  # noqa: ANN001
             self.hints.append(dict(hints))
-            return type("C", (), {"raw": {"choices": [{"message": {}}]}, "seconds": 0.0,
-                                  "prompt_tokens": 1, "completion_tokens": 1,
-                                  "cached_tokens": 0, "ttft_s": 0.0,
-                                  "text": "Action: finish[done]"})()
+            return Completion(text="Action: finish[done]", finish_reason="stop",
+                              prompt_tokens=1, completion_tokens=1, cached_tokens=0,
+                              seconds=0.0, raw={"choices": [{"message": {}}]}, ttft_s=0.0)
 
     async def finish(argument: str) -> Observation:
         return Observation("ok", done=True, answer=argument)
