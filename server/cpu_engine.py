@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from server.engine import Pending, collect_finished
 from server.settings import DEFAULT_PROFILE, ServeSettings
 
 SERVER_DIR = Path(__file__).resolve().parent
@@ -95,19 +96,6 @@ def is_cpu_build() -> bool:
 
 
 @dataclass
-class _Pending:
-    """A request in flight: what `Finished` will say about it."""
-
-    arrival: float
-    program_id: str | None
-    prompt_tokens: int
-    first_token: float | None = None
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    token_ids: list[int] = field(default_factory=list)
-
-
-@dataclass
 class StepRecord:
     """One engine step as executed: wall seconds of the whole step (schedule, forward pass,
     sampling, output processing) and the batch it ran, as the emulator's features see it."""
@@ -170,7 +158,7 @@ class CpuEngine:
         self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config),
                                log_stats=True)
         self.scheduler = self.core.scheduler
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Pending] = {}
         self._recording = False
         if self.record_steps:
             self.start_recording()
@@ -202,7 +190,7 @@ class CpuEngine:
             cache_salt=None, data_parallel_rank=None, session_id=program_id)
         req, wave = self.core.preprocess_add_request(request)
         self.core.add_request(req, wave)
-        self._pending[request_id] = _Pending(now, program_id, len(prompt_token_ids))
+        self._pending[request_id] = Pending(now, program_id, len(prompt_token_ids))
 
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
         """An interception event, delivered as the server's side channel would."""
@@ -227,32 +215,11 @@ class CpuEngine:
         """One engine step: a real forward pass when anything is scheduled. With nothing to
         run it is an empty scheduling pass (events drained, pins expired), as the served
         engine core does when the next request arrives."""
-        from server.engine import Finished
-
         if not self.has_work():
             self.scheduler.schedule()
             return []
         outputs, _ = self.core.step()
-        now = time.time()
-        done: list[Finished] = []
-        for client_outputs in outputs.values():
-            for out in client_outputs.outputs:
-                pending = self._pending.get(out.request_id)
-                if pending is None:
-                    continue
-                if out.new_token_ids and pending.first_token is None:
-                    pending.first_token = now
-                pending.output_tokens += len(out.new_token_ids)
-                pending.token_ids.extend(out.new_token_ids)
-                if out.prefill_stats is not None:
-                    pending.cached_tokens = out.prefill_stats.num_cached_tokens
-                if out.finish_reason is not None:
-                    del self._pending[out.request_id]
-                    done.append(Finished(out.request_id, pending.program_id, pending.arrival,
-                                         pending.first_token, now, pending.prompt_tokens,
-                                         pending.output_tokens, pending.cached_tokens,
-                                         str(out.finish_reason), pending.token_ids))
-        return done
+        return collect_finished(outputs, self._pending, time.time())
 
     def run(self, request_ids: set[str] | None = None, max_steps: int = 100_000) -> list[Any]:
         """Step until the given requests (default: all queued) have finished."""

@@ -78,7 +78,10 @@ class Finished:
 
 
 @dataclass
-class _Pending:
+class Pending:
+    """A request in flight: what `Finished` will say about it (both in-process engines,
+    the emulated and the CPU one, keep these)."""
+
     arrival: float
     program_id: str | None
     prompt_tokens: int
@@ -87,6 +90,33 @@ class _Pending:
     cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     external_tokens: int = 0
+
+
+def collect_finished(outputs: Any, pending: dict[str, Pending], now: float) -> list[Finished]:
+    """Fold one `EngineCore.step()`'s outputs into `pending` (first token at `now`, token
+    counts and ids, cached tokens) and take out the requests that finished, in order."""
+    done: list[Finished] = []
+    for client_outputs in outputs.values():
+        for out in client_outputs.outputs:
+            state = pending.get(out.request_id)
+            if state is None:
+                continue
+            if out.new_token_ids and state.first_token is None:
+                state.first_token = now
+            state.output_tokens += len(out.new_token_ids)
+            state.token_ids.extend(out.new_token_ids)
+            if out.prefill_stats is not None:
+                state.cached_tokens = out.prefill_stats.num_cached_tokens
+                state.external_tokens = out.prefill_stats.num_external_cached_tokens
+            if out.finish_reason is not None:
+                del pending[out.request_id]
+                done.append(Finished(out.request_id, state.program_id, state.arrival,
+                                     state.first_token, now, state.prompt_tokens,
+                                     state.output_tokens, state.cached_tokens,
+                                     str(out.finish_reason), state.token_ids,
+                                     state.external_tokens,
+                                     _copy_config(out.kv_transfer_params)))
+    return done
 
 
 @dataclass
@@ -155,7 +185,7 @@ class VirtualEngine:
         self.vllm_config = args.create_engine_config()
         self.core = EngineCore(self.vllm_config, EmulatedExecutor, log_stats=True)
         self.scheduler = self.core.scheduler
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, Pending] = {}
         self._idle_steps = 0  # consecutive steps computing nothing while requests wait
         self.nixl = getattr(self.core.model_executor, "_nixl", None)  # P/D worker side, or None
         if self.nixl is not None:
@@ -197,7 +227,7 @@ class VirtualEngine:
             cache_salt=None, data_parallel_rank=None, session_id=program_id)
         req, wave = self.core.preprocess_add_request(request)
         self.core.add_request(req, wave)
-        self._pending[request_id] = _Pending(now, program_id, len(prompt_token_ids))
+        self._pending[request_id] = Pending(now, program_id, len(prompt_token_ids))
 
     @_on_own_clock
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
@@ -263,28 +293,7 @@ class VirtualEngine:
     def step(self) -> list[Finished]:
         """One engine step (the clock advances by the modelled step time)."""
         outputs, _ = self.core.step()
-        now = self.clock.now()
-        done: list[Finished] = []
-        for client_outputs in outputs.values():
-            for out in client_outputs.outputs:
-                pending = self._pending.get(out.request_id)
-                if pending is None:
-                    continue
-                if out.new_token_ids and pending.first_token is None:
-                    pending.first_token = now
-                pending.output_tokens += len(out.new_token_ids)
-                pending.token_ids.extend(out.new_token_ids)
-                if out.prefill_stats is not None:
-                    pending.cached_tokens = out.prefill_stats.num_cached_tokens
-                    pending.external_tokens = out.prefill_stats.num_external_cached_tokens
-                if out.finish_reason is not None:
-                    del self._pending[out.request_id]
-                    done.append(Finished(out.request_id, pending.program_id, pending.arrival,
-                                         pending.first_token, now, pending.prompt_tokens,
-                                         pending.output_tokens, pending.cached_tokens,
-                                         str(out.finish_reason), pending.token_ids,
-                                         pending.external_tokens,
-                                         _copy_config(out.kv_transfer_params)))
+        done = collect_finished(outputs, self._pending, self.clock.now())
         self._check_progress(outputs, done)
         return done
 
