@@ -43,6 +43,7 @@ from server.cpu_engine import (
     is_cpu_build,
     model_folder,
 )
+from server.profile_gpu import write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -179,19 +180,6 @@ def errors(profile: Any, steps: Sequence[StepRecord]) -> dict[str, float]:
             "mean": sum(rel) / len(rel)}
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="harness profile --device cpu",
@@ -280,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"harness profile: {exc}", file=sys.stderr)
         return 2
     out = args.out or Path("runs/profiles") / f"{table['name']}.json"
-    _write_atomic(out, table)
+    write_table(out, table)
     fit, roof = table["fit_errors"], table.get("roofline_errors")
     print(f"wrote {out} ({len(table['measurements'])} steps; start-up {table['startup_s']} s)")
     print(f"per-step |error| of the fit: median {fit['median']:.1%}, P90 {fit['p90']:.1%}"

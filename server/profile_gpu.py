@@ -404,7 +404,8 @@ def _resolve_model(model: str) -> tuple[str, Path]:
     )
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_table(path: Path, data: dict[str, Any]) -> None:
+    """A step-time table as JSON, atomically (a half-written table never loads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -584,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"harness profile: {e}", file=sys.stderr)
         return 2
     out = args.out or Path("runs/profiles") / f"{table['name']}.json"
-    _write_atomic(out, table)
+    write_table(out, table)
     print(f"wrote {out} ({len(table['measurements'])} measurements)")
     return 0
 
