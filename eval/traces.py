@@ -841,6 +841,17 @@ def _draw_program(
     )
 
 
+def _draw_programs(spec: ShapeSpec, n: int, jps: float, seed: int, cv: float | None,
+                   prefix: str, source: str) -> list[Program]:
+    """``n`` programs of one shape with ids ``PREFIX-00000``..., arriving at ``jps``: the
+    content stream and the arrival stream are separate, so the load changes only arrivals."""
+    _check_n(n)
+    content, arr = _streams(seed)
+    times = arrival_times(n, jps, arr, cv)
+    return [_draw_program(spec, content, f"{prefix}-{i:05d}", times[i], source)
+            for i in range(n)]
+
+
 def _check_n(n: int) -> None:
     if not isinstance(n, int | np.integer) or n < 0:
         raise ValueError(f"n (number of programs) must be a non-negative integer, got {n!r}")
@@ -920,14 +931,7 @@ def swe_like(n: int, jps: float, seed: int = 0, *, cv: float | None = None) -> T
       5..10000; long tails from file views and test logs).
     * Arrivals: Poisson at ``jps`` jobs/s, or Gamma with coefficient of variation ``cv``.
     """
-    _check_n(n)
-    spec = _swe_spec()
-    content, arr = _streams(seed)
-    times = arrival_times(n, jps, arr, cv)
-    programs = [
-        _draw_program(spec, content, f"swe-{i:05d}", times[i], "synthetic:swe_like")
-        for i in range(n)
-    ]
+    programs = _draw_programs(_swe_spec(), n, jps, seed, cv, "swe", "synthetic:swe_like")
     return Trace(
         name=f"swe-{n}",
         description="SWE-bench-like programs (Continuum Table 2 statistics)",
@@ -1014,14 +1018,8 @@ def swe_long_like(n: int, jps: float, seed: int = 0, *, cv: float | None = None)
       (the runs do not record tool time).
     * Arrivals: Poisson at ``jps`` jobs/s, or Gamma with coefficient of variation ``cv``.
     """
-    _check_n(n)
-    spec = _swe_long_spec()
-    content, arr = _streams(seed)
-    times = arrival_times(n, jps, arr, cv)
-    programs = [
-        _draw_program(spec, content, f"swel-{i:05d}", times[i], "synthetic:swe_long_like")
-        for i in range(n)
-    ]
+    programs = _draw_programs(_swe_long_spec(), n, jps, seed, cv, "swel",
+                              "synthetic:swe_long_like")
     return Trace(
         name=f"swe-long-{n}",
         description="long SWE-bench programs (public mini-swe-agent run statistics)",
