@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from server.engine import Pending, collect_finished
+from server.engine import Pending, collect_finished, submit
 from server.settings import DEFAULT_PROFILE, ServeSettings
 
 SERVER_DIR = Path(__file__).resolve().parent
@@ -171,7 +171,6 @@ class CpuEngine:
         random model's answers have known lengths). Hints are the `vllm_xargs` a client
         would send (`tool`, `turn`, `predicted_s`, `last`, ...)."""
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.engine import EngineCoreRequest
 
         needed = len(prompt_token_ids) + max_tokens
         if needed > self.context_limit:
@@ -183,14 +182,8 @@ class CpuEngine:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                                 extra_args=extra or None)
         params.update_from_generation_config({}, eos_token_id=self._eos())
-        now = time.time()
-        request = EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=list(prompt_token_ids), mm_features=None,
-            sampling_params=params, pooling_params=None, arrival_time=now, lora_request=None,
-            cache_salt=None, data_parallel_rank=None, session_id=program_id)
-        req, wave = self.core.preprocess_add_request(request)
-        self.core.add_request(req, wave)
-        self._pending[request_id] = Pending(now, program_id, len(prompt_token_ids))
+        submit(self.core, self._pending, request_id, prompt_token_ids, params, program_id,
+               time.time())
 
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
         """An interception event, delivered as the server's side channel would."""

@@ -119,6 +119,21 @@ def collect_finished(outputs: Any, pending: dict[str, Pending], now: float) -> l
     return done
 
 
+def submit(core: Any, pending: dict[str, Pending], request_id: str,
+           prompt_token_ids: list[int], params: Any, program_id: str | None, now: float) -> None:
+    """Hand a request to `core` (vLLM's `EngineCore`) as its API server would, arriving
+    `now`, and start its `Pending` record (both in-process engines)."""
+    from vllm.v1.engine import EngineCoreRequest
+
+    request = EngineCoreRequest(
+        request_id=request_id, prompt_token_ids=list(prompt_token_ids), mm_features=None,
+        sampling_params=params, pooling_params=None, arrival_time=now, lora_request=None,
+        cache_salt=None, data_parallel_rank=None, session_id=program_id)
+    req, wave = core.preprocess_add_request(request)
+    core.add_request(req, wave)
+    pending[request_id] = Pending(now, program_id, len(prompt_token_ids))
+
+
 @dataclass
 class VirtualEngine:
     """`EngineCore` + `EmulatedExecutor` + `PolicyScheduler` on a virtual clock.
@@ -201,7 +216,6 @@ class VirtualEngine:
         tokens (ending in EOS); hints are the `vllm_xargs` a client would send;
         `kv_transfer_params` go to the P/D connector (copied: the connector edits them)."""
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.engine import EngineCoreRequest
 
         extra = {k: v for k, v in hints.items() if v is not None}
         needed = len(prompt_token_ids) + int(output_tokens if output_tokens is not None else 1)
@@ -220,14 +234,8 @@ class VirtualEngine:
             extra["kv_transfer_params"] = _copy_config(kv_transfer_params)
         params = SamplingParams(max_tokens=max_tokens, extra_args=extra or None)
         params.update_from_generation_config({}, eos_token_id=self._eos())
-        now = self.clock.now()
-        request = EngineCoreRequest(
-            request_id=request_id, prompt_token_ids=list(prompt_token_ids), mm_features=None,
-            sampling_params=params, pooling_params=None, arrival_time=now, lora_request=None,
-            cache_salt=None, data_parallel_rank=None, session_id=program_id)
-        req, wave = self.core.preprocess_add_request(request)
-        self.core.add_request(req, wave)
-        self._pending[request_id] = Pending(now, program_id, len(prompt_token_ids))
+        submit(self.core, self._pending, request_id, prompt_token_ids, params, program_id,
+               self.clock.now())
 
     @_on_own_clock
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
