@@ -14,10 +14,13 @@ per-replica loads two prefill partners can be, which throttles what the decode r
   turn to one decode replica of degree ``d``, which decodes the real outputs. tau = P95
   inter-token latency (``eval.metrics.tpot_of``).
 
-Cost control (2 cores): a simulation replays ``load x T`` programs, ``T`` a program's duration
-alone (its tool time plus its decoding at one sequence per step on the partner), so the replica
-reaches the concurrency of its steady state (Little's law), but at least ``programs`` (16: P95
-over ~50-180 turns) and at most ``max_programs`` (48); a few seconds to a minute each. Loads
+Cost control (2 cores): a simulation replays ``STEADY_LIFETIMES x load x T`` programs, ``T`` a
+program's duration alone (its tool time plus its decoding at one sequence per step on the
+partner): ``load x T`` is the concurrency of the steady state (Little's law), but a run of only
+that many programs is a burst that ends before the queue has built, so arrivals span four
+lifetimes (the 16-GPU DuReader check in docs/planner.md: 16 programs at 2 programs/s gave a
+P95 TTFT of 0.54 s, 48-60 programs 0.77-0.85 s); at least ``programs`` (16: P95 over ~50-180
+turns) and at most ``max_programs`` (48); a few seconds to a minute each. Loads
 are simulated only on a geometric grid ``rate / ratio^k`` (default ratio 1.5) and interpolated
 between (``cluster.planner.Curve``); once tau changes by less than ``flat`` (2 %) between two
 grid points, lower loads reuse it (the replica is unloaded); every simulation is cached per
@@ -42,6 +45,7 @@ GRID_RATIO = 1.5
 FLAT = 0.02
 PROGRAMS = 16
 MAX_PROGRAMS = 48
+STEADY_LIFETIMES = 4  # program lifetimes of arrivals a simulation replays (module docstring)
 PARTNER_PREFILL = 2
 
 
@@ -272,7 +276,7 @@ class SimulatedTau:
 
     def programs_at(self, load: float) -> int:
         """Programs a simulation at ``load`` replays (see the module docstring)."""
-        wanted = math.ceil(load * self.program_seconds)
+        wanted = math.ceil(STEADY_LIFETIMES * load * self.program_seconds)
         return min(self.max_programs, max(self.programs, wanted))
 
     def _workload(self, n: int, load: float) -> Any:
