@@ -23,12 +23,16 @@ others ignore the book.
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
 
 from cluster.routing import TurnInfo
 
 CHARS_PER_TOKEN = 4  # the estimate for text prompts (English text under Llama-3's tokenizer)
+#: programs whose history the book keeps: a client that never sends `program_end` must not grow
+#: the router's memory without bound; the least recently served are forgotten first (their next
+#: turn is then priced as if nothing were held)
+HISTORY_MEMORY = 65_536
 
 
 def prompt_tokens_of(body: dict[str, Any]) -> int:
@@ -76,7 +80,8 @@ class TurnBook:
     """Per program and per replica, the figures above."""
 
     def __init__(self) -> None:
-        self._history: dict[str, int] = {}  # program -> tokens its decode replica computed
+        # program -> tokens its decode replica computed, least recently served first
+        self._history: OrderedDict[str, int] = OrderedDict()
         self.queued: Counter[str] = Counter()  # replica -> prompt tokens not yet prefilled
 
     def info(self, program_id: str, prompt_tokens: int, now: float) -> TurnInfo:
@@ -93,6 +98,9 @@ class TurnBook:
 
     def turn_done(self, program_id: str, prompt_tokens: int, completion_tokens: int | None) -> None:
         self._history[program_id] = prompt_tokens + (completion_tokens or 0)
+        self._history.move_to_end(program_id)
+        while len(self._history) > HISTORY_MEMORY:
+            self._history.popitem(last=False)
 
     def end(self, program_id: str) -> None:
         self._history.pop(program_id, None)

@@ -658,6 +658,16 @@ def test_served_turns_read_prompts_answers_and_queues():
     assert book.queued == {"d0": 10}
     book.prefill_done("d0", 10)
     assert book.queued == {}
+    import cluster.served_turns as served_turns
+
+    small = TurnBook()
+    memory, served_turns.HISTORY_MEMORY = served_turns.HISTORY_MEMORY, 2
+    try:
+        for pid in ("a", "b", "a", "c"):  # "b" is the least recently served when "c" comes
+            small.turn_done(pid, 10, 5)
+    finally:
+        served_turns.HISTORY_MEMORY = memory
+    assert [small.info(p, 100, 0.0).history_tokens for p in "abc"] == [15, 0, 15]
     clock = StreamClock()
     assert clock.itl() is None
     for t in (1.0, 1.5, 1.7, 2.0):
