@@ -49,6 +49,10 @@ STEADY_LIFETIMES = 4  # program lifetimes of arrivals a simulation replays (modu
 PARTNER_PREFILL = 2
 
 
+class Unfit(Exception):
+    """A simulated cluster's engines cannot hold the workload (the reason is the message)."""
+
+
 def split_profile(name: str) -> tuple[str, str]:
     """``GPU-MODEL`` -> (gpu, model); a TP size in the name is refused (the planner picks it)."""
     from server.perf_model import GPUS, available_models
@@ -177,12 +181,6 @@ class SimulatedTau:
         """P95 of the role's latency on one replica of ``degree`` at ``load`` programs/s."""
         import time
 
-        from cluster.config import parse_cluster
-        from eval.bench import make_engine
-        from eval.cluster_replay import VirtualCluster, replay_cluster
-        from eval.metrics import percentile, tpot_of
-        from server.engine import ContextTooLong
-
         started = time.perf_counter()
         trace = self._workload(self.programs_at(load), load)
         if role == "prefill":
@@ -193,34 +191,12 @@ class SimulatedTau:
             replicas = [{"name": "p", "role": "prefill", "profile": self.partner,
                          "count": self.partner_prefill},
                         {"name": "d", "role": "decode", "profile": self.profile(degree)}]
-        config = parse_cluster({"name": f"plan-{role}-{degree}", "router": {"strategy": "pd"},
-                                "replicas": replicas})
-        # the longest conversation is all the engines must hold: a replica whose KV cache is
-        # smaller than the model's context (70B on two GPUs) can still serve short programs
-        longest = max(p.final_context_tokens for p in trace.programs)
-
-        def build(spec: Any) -> Any:
-            return make_engine(spec.policy, spec.profile, self.seed, spec.num_gpu_blocks,
-                               spec.offload_gib, spec, config, max_model_len=longest)
-
         try:
-            cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
-        except ValueError as exc:  # vLLM: the KV cache cannot hold `longest` tokens
-            self.unfit[(role, degree)] = str(exc).split(".")[0]
+            ttft, itl = self._p95s(f"plan-{role}-{degree}", replicas, trace)
+        except Unfit as exc:
+            self.unfit[(role, degree)] = str(exc)
             return math.inf
-        try:
-            result = replay_cluster(trace, cluster)
-        except ContextTooLong as exc:
-            self.unfit[(role, degree)] = str(exc).split(":")[0]
-            return math.inf
-        finally:
-            cluster.close()
-        turns = [t for p in result.programs.values() for t in p.turns]
-        if role == "prefill":
-            values = [t.first_token - t.arrival for t in turns if t.first_token is not None]
-        else:
-            values = [x for x in (tpot_of(t) for t in turns) if x is not None]
-        tau = percentile(values, 95) if values else math.inf
+        tau = ttft if role == "prefill" else itl
         self.simulations += 1
         elapsed = time.perf_counter() - started
         self.sim_seconds += elapsed
@@ -235,17 +211,25 @@ class SimulatedTau:
         the virtual-time cluster, `pd` routing: (P95 TTFT over every turn, P95 ITL). What the
         plan's per-replica simulations predict, measured without their simplifications (a
         partner per role, one replica at its share of the load)."""
-        from cluster.config import parse_cluster
-        from eval.bench import make_engine
-        from eval.cluster_replay import VirtualCluster, replay_cluster
-        from eval.metrics import percentile, tpot_of
-
-        trace = self._workload(programs, self.rate)
         replicas = [{"name": "p", "role": "prefill", "profile": self.profile(prefill[0]),
                      "count": prefill[1]},
                     {"name": "d", "role": "decode", "profile": self.profile(decode[0]),
                      "count": decode[1]}]
-        config = parse_cluster({"name": "plan-check", "router": {"strategy": "pd"},
+        return self._p95s("plan-check", replicas, self._workload(programs, self.rate))
+
+    def _p95s(self, name: str, replicas: list[dict[str, Any]],
+              trace: Any) -> tuple[float, float]:
+        """Replay `trace` on a `pd`-routed cluster of `replicas`, every engine's context the
+        longest conversation (a replica whose KV cache is smaller than the model's context,
+        70B on two GPUs, can still serve short programs): (P95 TTFT, P95 ITL), inf for none.
+        Raises `Unfit` when an engine cannot hold the workload."""
+        from cluster.config import parse_cluster
+        from eval.bench import make_engine
+        from eval.cluster_replay import VirtualCluster, replay_cluster
+        from eval.metrics import percentile, tpot_of
+        from server.engine import ContextTooLong
+
+        config = parse_cluster({"name": name, "router": {"strategy": "pd"},
                                 "replicas": replicas})
         longest = max(p.final_context_tokens for p in trace.programs)
 
@@ -253,9 +237,14 @@ class SimulatedTau:
             return make_engine(spec.policy, spec.profile, self.seed, spec.num_gpu_blocks,
                                spec.offload_gib, spec, config, max_model_len=longest)
 
-        cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
+        try:
+            cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
+        except ValueError as exc:  # vLLM: the KV cache cannot hold `longest` tokens
+            raise Unfit(str(exc).split(".")[0]) from None
         try:
             result = replay_cluster(trace, cluster)
+        except ContextTooLong as exc:
+            raise Unfit(str(exc).split(":")[0]) from None
         finally:
             cluster.close()
         turns = [t for p in result.programs.values() for t in p.turns]

@@ -118,9 +118,10 @@ def verify(sim: Any, plans: list[Any], objective: Objective, programs: int) -> s
                                    (p.decode.degree, p.decode.count), programs)
         score = objective.score(replace(p.prefill, tau=ttft), replace(p.decode, tau=itl))
         rows.append((score, rank, p, ttft, itl, time.perf_counter() - started))
-        print(f"replayed plan {rank} ({p.prefill.label()} + {p.decode.label()}): P95 TTFT "
-              f"{ttft:.3f} s, P95 ITL {1000 * itl:.1f} ms ({rows[-1][-1]:.0f} s)",
-              file=sys.stderr, flush=True)
+        say = getattr(sim, "progress", None)  # the simulations' progress lines (--quiet: None)
+        if say is not None:
+            say(f"replayed plan {rank} ({p.prefill.label()} + {p.decode.label()}): P95 TTFT "
+                f"{ttft:.3f} s, P95 ITL {1000 * itl:.1f} ms ({rows[-1][-1]:.0f} s)")
     lines = [f"Whole deployments replayed ({programs} programs at the full rate, `pd` routing), "
              "best measured first:", "",
              "| measured rank | planned rank | prefill | decode | P95 TTFT | P95 ITL | "
