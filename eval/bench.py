@@ -356,14 +356,6 @@ class EngineSettings:
         if cluster and self.offload_gib is not None:
             raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
 
-    def offload_for(self, offload: bool) -> float | None:
-        """Host memory for a policy named with (`offload`) or without ``+offload``."""
-        from harness.serve import DEFAULT_OFFLOAD_GIB
-
-        if self.offload_gib is not None:
-            return self.offload_gib
-        return DEFAULT_OFFLOAD_GIB if offload else None
-
 
 @dataclass(frozen=True)
 class HttpTarget:
@@ -618,8 +610,7 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
 
 def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
     """`make_engine` for a single-engine run under the run's `EngineSettings`."""
-    return make_engine(policy, profile, seed, settings.num_gpu_blocks,
-                       settings.offload_for(_base_policy(policy)[1]),
+    return make_engine(policy, profile, seed, settings.num_gpu_blocks, settings.offload_gib,
                        max_model_len=settings.max_model_len,
                        max_num_batched_tokens=settings.max_num_batched_tokens)
 
