@@ -501,11 +501,12 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                               stream=bool(body.get("stream")),
                               extra_headers={PREFILL_HEADER: prefill.name}, turn=turn)
 
-    def _answered(turn: _Turn | None, name: str, payload: bytes, itl: float | None) -> None:
-        """A turn's answer is complete: its history for the next turn, the decode ITL."""
+    def _answered(turn: _Turn | None, name: str, completion: int | None,
+                  itl: float | None) -> None:
+        """A turn's answer is complete (`completion` tokens, from its usage): its history
+        for the next turn, the decode replica's ITL."""
         if turn is None:
             return
-        completion = completion_tokens_of(payload)
         state.book.turn_done(turn.program, turn.prompt_tokens, completion)
         state.observe("itl", name, itl)
 
@@ -532,8 +533,8 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                 state.counters["completed" if answer.status_code == 200 else "failed"] += 1
                 if answer.status_code == 200 and turn is not None:
                     tokens = completion_tokens_of(answer.content)
-                    _answered(turn, name, answer.content, (time.monotonic() - sent) / tokens
-                              if tokens else None)
+                    _answered(turn, name, tokens,
+                              (time.monotonic() - sent) / tokens if tokens else None)
                 return Response(answer.content, status_code=answer.status_code,
                                 media_type=answer.headers.get("content-type"),
                                 headers=out_headers)
@@ -565,7 +566,8 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                         tail = (tail + chunk)[-4096:]
                     yield chunk
                 outcome = "completed"
-                _answered(turn, name, tail, clock.itl())
+                if turn is not None:
+                    _answered(turn, name, completion_tokens_of(tail), clock.itl())
             except _GONE as exc:
                 outcome = "failed"
                 message = replica.not_answering(exc)
