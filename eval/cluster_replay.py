@@ -53,7 +53,7 @@ from server.clock import clock, use_clock
 from server.engine import ContextTooLong
 
 PIN_COUNTERS = ("pinned", "handoff", "expired", "program_end", "pressure", "reset", "replaced",
-                "shutdown", "block_seconds")
+                "shutdown", "block_seconds", "prefetched", "prefetch_dropped")
 
 
 @dataclass

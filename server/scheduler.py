@@ -17,6 +17,8 @@ object. The mechanisms added here:
   loop runs over it; policies that order the running batch (`orders_running`) sort it too,
   which decides whom vLLM preempts first.
 * Events. Agent events drained from the side channel (`server.events`) at the top of each step.
+* Prefetch. For policies that prefetch, the contexts of programs in a tool call are brought
+  back into GPU memory when the policy says (`server.prefetch` has the mechanism and its rules).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from vllm.v1.request import Request, RequestStatus
 from server.clock import clock
 from server.events import ENV_EVENTS_IPC, EventReceiver
 from server.policies import AgentEvent, Hints, RequestView, make_policy
+from server.prefetch import PrefetchBook
 from server.settings import ServeSettings
 
 logger = logging.getLogger("harness.scheduler")
@@ -63,6 +66,8 @@ class PinStats:
     reset: int = 0
     replaced: int = 0
     shutdown: int = 0
+    prefetched: int = 0  # prefetch requests made
+    prefetch_dropped: int = 0  # of those, dropped unrun: the program's turn arrived first
     # integral of pinned blocks over clock time, for the time-weighted share of memory
     block_seconds: float = 0.0
     _last_t: float | None = field(default=None, repr=False)
@@ -116,6 +121,9 @@ class PolicyScheduler(Scheduler):
         self._allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_or_unpin  # type: ignore[method-assign]
         self._gate_offload_reloads()
+        self._prefetch: PrefetchBook | None = None
+        if self.agent_policy.prefetches:
+            self._prefetch = PrefetchBook(self.max_model_len)
         logger.info("harness policy %s (profile %s, events %s)", settings.policy,
                     settings.profile, address or "off")
 
@@ -147,8 +155,12 @@ class PolicyScheduler(Scheduler):
                 self.handle_event(event, now)
         if self.pins:
             self._expire_pins(now)
+        if self._prefetch is not None:
+            self._start_prefetches(now)
         if self.agent_policy.reorders_queue and len(self.waiting) > 1:
             self._reorder_waiting(now)
+        if self._prefetch is not None and self._prefetch.in_flight and len(self.waiting) > 1:
+            self._prefetches_last()
         if self.agent_policy.orders_running and len(self.running) > 1:
             key = self.agent_policy.running_key
             self.running.sort(key=lambda r: key(self.view(r), now))
@@ -157,7 +169,8 @@ class PolicyScheduler(Scheduler):
         output = super().schedule(*args, **kwargs)
         for new in output.scheduled_new_reqs:
             request = self.requests.get(new.req_id)
-            if request is None:
+            if request is None or (self._prefetch is not None
+                                   and self._prefetch.is_prefetch(new.req_id)):
                 continue
             view = self.view(request)
             if request.num_preemptions == 0:
@@ -172,10 +185,15 @@ class PolicyScheduler(Scheduler):
     def handle_event(self, event: AgentEvent, now: float) -> None:
         """An agent event, from the side channel or an in-process driver."""
         self.agent_policy.on_event(event, now)
-        if event.kind == "program_end" and event.program_id in self.pins:
-            self._unpin(event.program_id, "program_end", now)
+        if event.kind == "program_end":
+            if event.program_id in self.pins:
+                self._unpin(event.program_id, "program_end", now)
+            if self._prefetch is not None:
+                self._prefetch.forget(event.program_id)
 
     def add_request(self, request: Request) -> None:
+        if self._prefetch is not None:
+            self._turn_arrived(request.session_id)
         super().add_request(request)
         self.agent_policy.on_arrival(self.view(request), clock().now())
 
@@ -201,20 +219,15 @@ class PolicyScheduler(Scheduler):
     # -- retention ---------------------------------------------------------------------
     def _free_request_blocks(self, request: Request) -> None:
         program = request.session_id
+        if self._prefetch is not None and self._prefetch_left(request):
+            return
         if (
             program is not None
             and request.status in _NORMAL_FINISH
             and self._request_blocks_can_be_freed(request)
             and self.agent_policy.on_finish(self.view(request), now := clock().now())
         ):
-            if program in self.pins:
-                self._unpin(program, "replaced", now)
-            blocks = self.kv_cache_manager.pop_blocks_for_free(request)
-            self.account_pins(now)
-            self.pins[program] = Pin(program, request.request_id, blocks,
-                                     request.num_computed_tokens, now)
-            self._pinned_blocks += len(blocks)
-            self.pin_stats.pinned += 1
+            self._pin(request, now)
             return
         super()._free_request_blocks(request)
 
@@ -236,7 +249,10 @@ class PolicyScheduler(Scheduler):
                 self._unpin(program_id, "expired", now)
 
     def _allocate_or_unpin(self, request: Request, *args: Any, **kwargs: Any):
-        """Allocation that gives up pins before it gives up: a pin never blocks admission."""
+        """Allocation that gives up pins before it gives up: a pin never blocks admission.
+        A prefetch, being speculative, takes only free memory."""
+        if self._prefetch is not None and self._prefetch.is_prefetch(request.request_id):
+            return self._allocate_slots(request, *args, **kwargs)
         while True:
             blocks = self._allocate_slots(request, *args, **kwargs)
             if blocks is not None or not self.pins:
@@ -263,6 +279,78 @@ class PolicyScheduler(Scheduler):
         if stats._last_t is not None:
             stats.block_seconds += (now - stats._last_t) * self._pinned_blocks
         stats._last_t = now
+
+    def _pin(self, request: Request, now: float) -> None:
+        """Keep `request`'s blocks resident for its program (the pin replaces an older one)."""
+        program = request.session_id
+        if program in self.pins:
+            self._unpin(program, "replaced", now)
+        blocks = self.kv_cache_manager.pop_blocks_for_free(request)
+        self.account_pins(now)
+        self.pins[program] = Pin(program, request.request_id, blocks,
+                                 request.num_computed_tokens, now)
+        self._pinned_blocks += len(blocks)
+        self.pin_stats.pinned += 1
+
+    # -- prefetch (see `server.prefetch`) ------------------------------------------------
+    def _start_prefetches(self, now: float) -> None:
+        book = self._prefetch
+        assert book is not None
+        for program in self.agent_policy.prefetch_due(now):
+            if program in self.pins:
+                continue  # still resident
+            request = book.make(program, now)
+            if request is not None:
+                Scheduler.add_request(self, request)  # not a turn: the policy is not told
+                self.pin_stats.prefetched += 1
+
+    def _prefetches_last(self) -> None:
+        """Prefetches wait behind every turn, so one that does not fit never holds up a turn
+        (vLLM stops admitting at the first waiting request it cannot place)."""
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            return
+        book = self._prefetch
+        assert book is not None
+        turns = [r for r in self.waiting if not book.is_prefetch(r.request_id)]
+        if len(turns) == len(self.waiting):
+            return
+        later = [r for r in self.waiting if book.is_prefetch(r.request_id)]
+        self.waiting.clear()
+        self.waiting.extend(turns + later)
+
+    def _turn_arrived(self, program: str | None) -> None:
+        """A program's turn arrived: its remembered context is stale, and a prefetch that has
+        not started yet is dropped (the turn computes the same prefix itself)."""
+        book = self._prefetch
+        assert book is not None
+        book.forget(program)
+        request_id = book.request_of(program)
+        request = self.requests.get(request_id) if request_id is not None else None
+        if request is not None and request.status == RequestStatus.WAITING:
+            self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+            self.pin_stats.prefetch_dropped += 1
+
+    def _prefetch_left(self, request: Request) -> bool:
+        """Bookkeeping for a request leaving the engine; True when it was a prefetch whose
+        blocks are now dealt with (pinned for its program, or freed)."""
+        book = self._prefetch
+        assert book is not None
+        normal = request.status in _NORMAL_FINISH
+        if not book.is_prefetch(request.request_id):
+            if normal and request.session_id is not None and not self.view(request).hints.last:
+                book.remember(request)
+            return False
+        if not request.is_finished():  # preempted: back to the queue, blocks freed as usual
+            super()._free_request_blocks(request)
+            return True
+        program = book.finished(request.request_id)
+        now = clock().now()
+        if (normal and program is not None and self._request_blocks_can_be_freed(request)
+                and self.agent_policy.on_prefetched(program, request.num_computed_tokens, now)):
+            self._pin(request, now)
+            return True
+        super()._free_request_blocks(request)
+        return True
 
     # -- KV offloading ------------------------------------------------------------------
     def _gate_offload_reloads(self) -> None:

@@ -15,6 +15,7 @@ POLICIES: dict[str, str] = {
     "vllm": "server.policies.vllm:VllmPolicy",
     "continuum": "server.policies.continuum:ContinuumPolicy",
     "continuum-code": "server.policies.continuum_code:ContinuumCodePolicy",
+    "continuum-prefetch": "server.policies.continuum_prefetch:ContinuumPrefetchPolicy",
     "discard": "server.policies.discard:DiscardPolicy",
     "swap": "server.policies.swap:SwapPolicy",
     "preserve": "server.policies.preserve:PreservePolicy",

@@ -102,6 +102,10 @@ class Policy:
     #: copy of computed blocks), so a turn can reload its context over PCIe (`reload_from_cpu`).
     needs_offload = False
 
+    #: When True the scheduler asks `prefetch_due` every step and brings the named programs'
+    #: contexts back into GPU memory ahead of their next turn (`server.scheduler`'s prefetch).
+    prefetches = False
+
     #: When True the scheduler sorts its running batch by `running_key` every step: vLLM
     #: gives token budget to running requests in that order and, when memory runs out,
     #: preempts from its end (FCFS scheduling; under `--scheduling-policy priority` vLLM's own
@@ -167,6 +171,19 @@ class Policy:
         """Asked when the engine offloads and a waiting turn's context (past what the GPU
         prefix cache holds) is in host memory: True loads it over PCIe, False recomputes it."""
         return True
+
+    # -- prefetch ----------------------------------------------------------------------
+    def prefetch_due(self, now: float) -> list[str]:
+        """Programs (in a tool call, not pinned) whose context should start coming back into
+        GPU memory now, so their next turn finds it resident (used when `prefetches`). Each
+        program is named once per interception."""
+        return []
+
+    def on_prefetched(self, program_id: str, context_tokens: int, now: float) -> bool:
+        """A prefetch of `program_id`'s context finished: True pins it (then `pin_expired`
+        decides as for any pin, and the program's next turn takes it over), False leaves it
+        as ordinary prefix cache."""
+        return False
 
     # -- batching ----------------------------------------------------------------------
     def token_budget(self, free_blocks: int, paused_blocks: int) -> int:
