@@ -89,3 +89,40 @@ def test_events_endpoint_validates(continuum_server):
     assert bad.status_code == 400 and "predicted_s" in bad.json()["error"]
     typo = httpx.post(url, json={"type": "tool_stop", "program_id": "p"})
     assert typo.status_code == 400 and "type" in typo.json()["error"]
+
+
+def test_prefetch_policy_serves_over_http_while_traffic_evicts():
+    """Served `continuum-prefetch` (the real OpenAI server, host tier on): other programs'
+    traffic evicts program A's context during its predicted 2 s tool call, the scheduler starts
+    a prefetch request nobody submitted, and the server's output path must ignore it; A's next
+    turn then finds its whole context (prefetched and pinned, or loaded on arrival: which one
+    is not visible over HTTP; `tests/test_prefetch.py` tells them apart in virtual time)."""
+    import threading
+    import time
+
+    with ServerProcess(policy="continuum-prefetch", serve_args=["--max-model-len", "1024"],
+                       vllm_args=["--num-gpu-blocks-override", "96"]) as server:
+        first = [{"role": "system", "content": "You are a careful software engineer."},
+                 {"role": "user", "content": PARAGRAPH * 12 + " Program prog-p."}]
+        r1 = chat(server, first, "prog-p", 0, tool="bash", predicted_s=2.0)
+        stop = threading.Event()
+
+        def traffic(k: int) -> None:  # other programs, back to back, until A returns
+            i = 0
+            while not stop.is_set():
+                chat(server, [{"role": "user", "content": f"{k} {i} other. " + PARAGRAPH * 14}],
+                     f"filler-{k}-{i}", 0)
+                i += 1
+
+        threads = [threading.Thread(target=traffic, args=(k,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(2.0)  # the tool call, as predicted
+        second = first + [{"role": "assistant", "content": "Thought: run the tests.\n"},
+                          {"role": "user", "content": "Observation: 3 passed, 1 failed."}]
+        r2 = chat(server, second, "prog-p", 1, last=1)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert r1.usage.prompt_tokens > 300
+    assert cached(r2) >= r1.usage.prompt_tokens // 16 * 16
