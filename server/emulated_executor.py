@@ -66,7 +66,8 @@ class EmulatedExecutor(Executor):
         from server.perf_model import load_profile
 
         settings = ServeSettings.from_env()
-        self.profile = load_profile(settings.profile)
+        self.profile = load_profile(settings.profile,
+                                    offload_copy_model=settings.offload_copy_model)
         self._rng = np.random.default_rng(settings.seed)
         hf = self.model_config.hf_config
         self._num_layers = int(hf.num_hidden_layers)
@@ -87,9 +88,10 @@ class EmulatedExecutor(Executor):
         An idle step polls at the profile's per-step CPU cost, as an idle engine loop would."""
         if not uses_native_offloading(self.vllm_config.kv_transfer_config):
             return None
-        return EmulatedOffloadWorker(self.profile.swap_seconds, self._block_size(),
+        return EmulatedOffloadWorker(self.profile.store_seconds, self._block_size(),
                                      self.profile.kv_bytes_per_token,
-                                     idle_poll_s=self.profile.cpu_overhead_seconds(0))
+                                     idle_poll_s=self.profile.cpu_overhead_seconds(0),
+                                     load_seconds=self.profile.load_seconds)
 
     def _nixl_worker(self) -> EmulatedNixlWorker | None:
         """The NIXL connector's worker side (P/D disaggregation), when the engine runs it: the

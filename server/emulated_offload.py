@@ -5,7 +5,8 @@ Why: with `--kv-offloading-size GiB --kv-offloading-backend native`, vLLM 0.32 r
 them, which GPU blocks must not be reused before their copy is done) is real vLLM code inside
 our scheduler. Its worker side copies blocks over PCIe on the GPU worker; the emulated executor
 has no workers, so this module stands in for that side. It reads the connector metadata of
-each `SchedulerOutput`, lets each copy take `profile.swap_seconds(tokens)` of clock time, and
+each `SchedulerOutput`, lets each store take `profile.store_seconds(tokens)` and each load
+`profile.load_seconds(tokens)` of clock time (the same with the default copy model), and
 reports finished copies in `ModelRunnerOutput.kv_connector_output` the way the real worker
 (`offloading/worker.py`, `kv_offload/cpu/gpu_worker.py`) does:
 
@@ -75,14 +76,16 @@ class _Link:
 class EmulatedOffloadWorker:
     """The `OffloadingConnector` worker side on the emulated GPU (see the module docstring).
 
-    `swap_seconds(tokens)` is the one-direction PCIe time of that many tokens' KV (the
-    performance profile's), `block_size` the GPU block in tokens, `kv_bytes_per_token` only
-    feeds vLLM's transfer statistics.
+    `store_seconds(tokens)` is the time of one GPU->CPU job of that many tokens' KV (the
+    performance profile's), `load_seconds` that of a CPU->GPU job (default: `store_seconds`),
+    `block_size` the GPU block in tokens, `kv_bytes_per_token` only feeds vLLM's transfer
+    statistics.
     """
 
-    def __init__(self, swap_seconds: Any, block_size: int, kv_bytes_per_token: int,
-                 idle_poll_s: float) -> None:
-        self._swap_seconds = swap_seconds
+    def __init__(self, store_seconds: Any, block_size: int, kv_bytes_per_token: int,
+                 idle_poll_s: float, load_seconds: Any = None) -> None:
+        self._store_seconds = store_seconds
+        self._load_seconds = load_seconds if load_seconds is not None else store_seconds
         self._block_size = block_size
         self._kv_bytes_per_token = kv_bytes_per_token
         self.idle_poll_s = idle_poll_s
@@ -150,7 +153,7 @@ class EmulatedOffloadWorker:
         gpu_side = job.dst_spec if is_load else job.src_spec
         assert isinstance(gpu_side, GPULoadStoreSpec), "one end of every copy is the GPU"
         tokens = len(gpu_side.block_ids) * self._block_size
-        seconds = float(self._swap_seconds(tokens))
+        seconds = float((self._load_seconds if is_load else self._store_seconds)(tokens))
         link = self._load_link if is_load else self._store_link
         done_at = link.schedule(now, seconds)
         self._in_flight[job_id] = _Copy(job_id, job.req_id, is_load, tokens, seconds, done_at)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
+from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.settings import ServeSettings
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -142,6 +143,9 @@ class VirtualEngine:
     get `harness.serve.DEFAULT_OFFLOAD_GIB` when it is None, as `harness serve` gives them;
     other policies run without offloading unless it is given.
 
+    `offload_copy_model`: how the emulated offload worker times its copies, and how the
+    policies' cost model prices a reload (``peak80``, the default, or ``sourced``).
+
     `kv_transfer`: a P/D replica's KV-transfer config (`cluster.pd.kv_transfer_config`, with an
     `inproc:NAME` fabric): vLLM's `NixlConnector` with its worker side emulated. Give a request
     `kv_transfer_params` (`cluster.pd.prefill_params` / `decode_params`); what the connector
@@ -164,11 +168,16 @@ class VirtualEngine:
     max_num_batched_tokens: int | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
     kv_transfer: dict[str, Any] | None = None
+    #: how the offloading connector's copies are priced (`server.perf_model`
+    #: OFFLOAD_COPY_MODELS): by the emulated worker and by the policies' cost model
+    offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
 
     def __post_init__(self) -> None:
+        check_offload_copy_model(self.offload_copy_model)
         for key, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        os.environ.update(ServeSettings(self.policy, self.profile, self.seed).to_env())
+        os.environ.update(ServeSettings(self.policy, self.profile, self.seed,
+                                        self.offload_copy_model).to_env())
         os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
         self._previous_clock = use_clock(self.clock)
 

@@ -178,6 +178,93 @@ DEFAULT_EFFICIENCY = Efficiency()
 
 
 # --------------------------------------------------------------------------------------------
+# Copies of the offloading connector (KV to and from host memory)
+# --------------------------------------------------------------------------------------------
+
+#: How a copy of the offloading connector is priced (`Profile.offload_copy_model`).
+#: ``peak80``: bytes over one PCIe direction at `Efficiency.pcie` (0.8) of the datasheet peak,
+#: per GPU, the same for loads and stores (the default; every published table used it).
+#: ``sourced``: what vLLM 0.32's native connector issues (one copy per 16-token block and
+#: layer, a DMA or a Triton SM kernel depending on the page size), priced from public H100
+#: measurements; see `sourced_copy_seconds` and docs/reload-cost-sources.md.
+OFFLOAD_COPY_MODELS: dict[str, str] = {
+    "peak80": "tokens * kv_bytes_per_token / (pcie_bandwidth * 0.8), loads and stores alike",
+    "sourced": "vLLM 0.32's per-(block, layer) copies: DMA alpha-beta model for pages >= 28 KiB "
+               "(and for stores), Triton SM kernel for smaller loads (docs/reload-cost-sources.md)",
+}
+DEFAULT_OFFLOAD_COPY_MODEL = "peak80"
+
+# The constants of ``sourced`` (docs/reload-cost-sources.md, section 4; its source ids V1...).
+#: vLLM's GPU block (tokens); with ``--kv-offloading-backend native`` the CPU chunk is one block
+#: (`blocks_per_chunk = 1`) and the worker issues one copy per (block, layer).
+OFFLOAD_BLOCK_TOKENS = 16
+#: vllm/v1/kv_offload/cpu/swap_blocks_triton.py: loads (CPU->GPU) go to the Triton kernel when
+#: every page is under THRESHOLD_BYTES = 28 KiB and the job has at least MIN_N = 16 copies.
+TRITON_THRESHOLD_BYTES = 28 * 1024
+TRITON_MIN_COPIES = 16
+#: CPU cost of submitting one descriptor of `cuMemcpyBatchAsync` (V2, vLLM PR #48434: ~0.5 us
+#: per descriptor; 0.6 us as fitted in the note). Also the floor of a DMA job: n * c_sub.
+DMA_SUBMIT_S = 0.6e-6
+#: The DMA job's start-up t0 = DMA_SUBMIT_S * min(n, DMA_STARTUP_COPIES) (3.6 ms from 6000
+#: copies up): fits vLLM PR #42212's (V1) 64 KiB points at N = 10k/50k/100k within 5 %, like a
+#: fixed 3.5 ms, but vanishes for the one-block store jobs the connector emits every step.
+DMA_STARTUP_COPIES = 6000
+#: Per-copy overhead and asymptotic rate of the copy engine: B_dma(s) = s / (delta + s / B_inf),
+#: fitted to V1's large-N rates (28 KiB -> 44.1 GB/s, 64 KiB -> 51.8 GB/s) ...
+DMA_PER_COPY_S = 0.17e-6
+DMA_ASYMPTOTIC_BPS = 60e9
+#: ... and capped at the one-direction ceiling V1 and the vLLM blog (V3) measured on H100 Gen5.
+DMA_CAP_BPS = 52e9
+#: DMA with pages under 28 KiB (stores of Llama-3.1-70B at TP >= 4): min(s / c_sub, this);
+#: 12.5 GB/s back-to-back at 8 KiB (V2; measured on loads, the store direction is unconfirmed).
+DMA_SMALL_PAGE_BPS = 12.5e9
+#: Triton SM load path: launch cost and rate. The rate is not published for H100; 35 GB/s is
+#: nvbandwidth's SM-driven host->device rate on H100 (G1), inside the note's 20-50 GB/s range.
+#: The weakest number of the model.
+TRITON_LAUNCH_S = 0.1e-3
+TRITON_BPS = 35e9
+#: GPUs the ``sourced`` constants stand for: measured on H100 with PCIe Gen5 (H200 and H20 have
+#: the same link). An A100 (Gen4) would need its own measurements.
+SOURCED_COPY_GPUS = ("h100", "h200", "h20")
+
+
+def check_offload_copy_model(name: str) -> str:
+    """`name` if it is a known copy model, else a ValueError that lists them."""
+    if name not in OFFLOAD_COPY_MODELS:
+        known = "; ".join(f"{k}: {v}" for k, v in OFFLOAD_COPY_MODELS.items())
+        raise ValueError(f"unknown offload copy model {name!r}; known (default "
+                         f"{DEFAULT_OFFLOAD_COPY_MODEL}): {known}")
+    return name
+
+
+def dma_bytes_per_second(page_bytes: int) -> float:
+    """The copy engine's rate for `cuMemcpyBatchAsync` copies of `page_bytes` each: the
+    alpha-beta fit above the 28 KiB cliff (capped), the submission-bound small-page rate below."""
+    if page_bytes >= TRITON_THRESHOLD_BYTES:
+        rate = page_bytes / (DMA_PER_COPY_S + page_bytes / DMA_ASYMPTOTIC_BPS)
+        return min(rate, DMA_CAP_BPS)
+    return min(page_bytes / DMA_SUBMIT_S, DMA_SMALL_PAGE_BPS)
+
+
+def sourced_copy_seconds(tokens: int, layers: int, page_bytes: int, *, load: bool) -> float:
+    """One connector job of `tokens` tokens on one GPU (TP ranks copy in parallel), as vLLM
+    0.32 issues it: n = ceil(tokens / 16) * layers copies of `page_bytes` each.
+
+    * DMA (stores always; loads with pages >= 28 KiB or fewer than 16 copies):
+      ``t0 + max(n * c_sub, n * s / B_dma(s))``, ``t0 = c_sub * min(n, 6000)``.
+    * Triton (loads with pages < 28 KiB and n >= 16): ``t_launch + n * s / B_sm``.
+    """
+    if tokens <= 0:
+        return 0.0
+    n = -(-tokens // OFFLOAD_BLOCK_TOKENS) * layers
+    nbytes = n * page_bytes
+    if load and page_bytes < TRITON_THRESHOLD_BYTES and n >= TRITON_MIN_COPIES:
+        return TRITON_LAUNCH_S + nbytes / TRITON_BPS
+    t0 = DMA_SUBMIT_S * min(n, DMA_STARTUP_COPIES)
+    return t0 + max(n * DMA_SUBMIT_S, nbytes / dma_bytes_per_second(page_bytes))
+
+
+# --------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------
 
@@ -301,6 +388,13 @@ class ModelSpec:
         heads = self.kv_heads_per_gpu * self.tp
         return 2 * self.layers * heads * self.head_dim * self.bytes_per_param
 
+    @property
+    def offload_page_bytes(self) -> int:
+        """One (layer, 16-token block) page on one GPU, K and V together (vLLM 0.32's LBHNC
+        layout under the offloading connector): 65,536 for 8B; 8,192 for 70B at TP 8."""
+        return (OFFLOAD_BLOCK_TOKENS * self.kv_heads_per_gpu * self.head_dim * 2
+                * self.bytes_per_param)
+
     def attention_flops_per_pair(self) -> float:
         """FLOPs of one query-key pair over all layers: QK^T and PV, 2 FLOPs per MAC each."""
         return 4.0 * self.layers * self.heads * self.head_dim
@@ -410,9 +504,16 @@ class Profile:
         gpu_key: str,
         model: ModelSpec,
         efficiency: Efficiency = DEFAULT_EFFICIENCY,
+        offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
     ) -> None:
         if gpu_key not in GPUS:
             raise ValueError(f"unknown GPU {gpu_key!r}; known: {', '.join(sorted(GPUS))}")
+        check_offload_copy_model(offload_copy_model)
+        if offload_copy_model == "sourced" and gpu_key not in SOURCED_COPY_GPUS:
+            raise ValueError(
+                f"offload copy model 'sourced' stands for PCIe Gen5 hosts "
+                f"({', '.join(SOURCED_COPY_GPUS)}), not {gpu_key}; use peak80")
+        self.offload_copy_model = offload_copy_model
         self.name = name
         self.gpu_key = gpu_key
         self.gpu = GPUS[gpu_key]
@@ -527,11 +628,28 @@ class Profile:
     def cpu_overhead_seconds(self, seqs: int) -> float:
         return self.eff.step_overhead_s + self.eff.per_seq_overhead_s * seqs
 
-    def swap_seconds(self, tokens: int) -> float:
-        """Copy the KV of `tokens` tokens over PCIe, one direction (each GPU its own link)."""
+    def _copy_seconds(self, tokens: int, *, load: bool) -> float:
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
+        if self.offload_copy_model == "sourced":
+            m = self.model
+            return sourced_copy_seconds(tokens, m.layers, m.offload_page_bytes, load=load)
         return tokens * self.kv_bytes_per_token / (self.pcie_bandwidth * self.eff.pcie)
+
+    def load_seconds(self, tokens: int) -> float:
+        """One offloading-connector job copying the KV of `tokens` tokens from host memory to
+        the GPUs (each GPU its own link), as `offload_copy_model` prices it."""
+        return self._copy_seconds(tokens, load=True)
+
+    def store_seconds(self, tokens: int) -> float:
+        """One job copying the KV of `tokens` tokens from the GPUs to host memory."""
+        return self._copy_seconds(tokens, load=False)
+
+    def swap_seconds(self, tokens: int) -> float:
+        """What the policies' cost models call: the time to bring `tokens` tokens of KV back
+        from host memory, i.e. a load. With ``peak80`` loads and stores cost the same: the
+        KV's bytes over one PCIe direction at `Efficiency.pcie` of the peak."""
+        return self.load_seconds(tokens)
 
     def prefill_seconds(self, context_tokens: int, chunk: int | None = None,
                         cached: int = 0) -> float:
@@ -569,6 +687,7 @@ class Profile:
             "activation_reserve_gib": round(self.activation_reserve_bytes() / GiB, 2),
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
+            "offload_copy_model": self.offload_copy_model,
             "efficiency": asdict(self.eff),
             "gpu_source": self.gpu.source,
         }
@@ -788,8 +907,9 @@ class TableProfile(Profile):
         measured: str = "step",
         efficiency: Efficiency = DEFAULT_EFFICIENCY,
         meta: Mapping[str, Any] | None = None,
+        offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
     ) -> None:
-        super().__init__(name, gpu_key, model, efficiency)
+        super().__init__(name, gpu_key, model, efficiency, offload_copy_model)
         if measured not in ("step", "gpu_forward"):
             raise ValueError(f"'measured' must be 'step' or 'gpu_forward', got {measured!r}")
         self.fit = fit
@@ -821,7 +941,8 @@ class TableProfile(Profile):
         return d
 
 
-def load_table(path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> TableProfile:
+def load_table(path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+               offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> TableProfile:
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -866,6 +987,7 @@ def load_table(path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY) ->
         measured=str(data.get("measured", "step")),
         efficiency=efficiency,
         meta=meta,
+        offload_copy_model=offload_copy_model,
     )
 
 
@@ -898,12 +1020,15 @@ def profile_names() -> list[str]:
     return names
 
 
-def load_profile(name_or_path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY) -> Profile:
+def load_profile(name_or_path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY,
+                 offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> Profile:
     """``{gpu}[xN]-{model}`` (e.g. ``h100-llama-3.1-8b``, ``h100x8-llama-3.1-70b``) or the
-    path to a JSON step-time table."""
+    path to a JSON step-time table. `offload_copy_model`: how the offloading connector's
+    copies are priced (`OFFLOAD_COPY_MODELS`)."""
+    check_offload_copy_model(offload_copy_model)
     s = str(name_or_path)
     if s.endswith(".json") or Path(s).is_file():
-        return load_table(s, efficiency)
+        return load_table(s, efficiency, offload_copy_model)
     m = _NAME.match(s.lower())
     help_ = (
         f"valid names: {', '.join(profile_names())}; or {{gpu}}xN-{{model}} for N GPUs "
@@ -917,11 +1042,14 @@ def load_profile(name_or_path: str | Path, efficiency: Efficiency = DEFAULT_EFFI
     if tp < 1:
         raise ValueError(f"unknown profile {s!r}: the GPU count must be >= 1; {help_}")
     model = _model_spec(model_name, tp)
-    return RooflineProfile(name=s.lower(), gpu_key=m["gpu"], model=model, efficiency=efficiency)
+    return RooflineProfile(name=s.lower(), gpu_key=m["gpu"], model=model, efficiency=efficiency,
+                           offload_copy_model=offload_copy_model)
 
 
 __all__ = [
+    "DEFAULT_OFFLOAD_COPY_MODEL",
     "GPUS",
+    "OFFLOAD_COPY_MODELS",
     "Coefficients",
     "Efficiency",
     "Fit",
@@ -932,10 +1060,13 @@ __all__ = [
     "StepFeatures",
     "TableProfile",
     "available_models",
+    "check_offload_copy_model",
+    "dma_bytes_per_second",
     "fit_coefficients",
     "load_profile",
     "load_table",
     "nnls",
     "profile_names",
+    "sourced_copy_seconds",
     "step_features",
 ]

@@ -390,12 +390,14 @@ class PolicyScheduler(Scheduler):
 
 
 def _cost_model(settings: ServeSettings):
-    """The emulator's performance model stands in as the cost model; a real GPU run with a
+    """The emulator's performance model stands in as the cost model (its copy model too, so
+    a policy prices a reload as the emulated offload worker times it); a real GPU run with a
     measured table passes that table as the profile."""
     try:
         from server.perf_model import load_profile
 
-        return load_profile(settings.profile)
+        return load_profile(settings.profile, offload_copy_model=settings.offload_copy_model)
     except Exception as exc:  # noqa: BLE001 - a policy without costs still works
-        logger.warning("no cost model for profile %s: %s", settings.profile, exc)
+        logger.warning("no cost model for profile %s (offload copy model %s): %s",
+                       settings.profile, settings.offload_copy_model, exc)
         return None

@@ -113,6 +113,7 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     assert summary["trace_stats"]["n_programs"] == 4
     assert "## What was replayed" in report and "| turns / program |" in report
     assert "num_gpu_blocks 1,100" in report
+    assert summary["offload_copy_model"] == "peak80" and "`peak80` copy model" in report
 
 
 def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
@@ -148,6 +149,36 @@ def test_engine_settings_reach_every_policys_engine():
         assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
     finally:
         plain.close()
+
+
+def test_offload_copy_model_reaches_the_worker_and_the_cost_model():
+    """--offload-copy-model sourced: the emulated offload worker and the policy's cost model
+    both price copies with it; peak80 stays the default; an unknown name is refused."""
+    from server.perf_model import load_profile
+
+    sourced = load_profile(PROFILE, offload_copy_model="sourced")
+    settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0,
+                              offload_copy_model="sourced")
+    engine = settings_engine("continuum", PROFILE, 0, settings)
+    try:
+        worker = engine.core.model_executor._offload
+        assert worker._load_seconds(2048) == sourced.load_seconds(2048)
+        assert worker._store_seconds(2048) == sourced.store_seconds(2048)
+        cost = engine.scheduler.agent_policy.cost_model
+        assert cost.offload_copy_model == "sourced"
+        assert cost.swap_seconds(2048) == sourced.load_seconds(2048)
+    finally:
+        engine.close()
+    engine = settings_engine("continuum", PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS,
+                                                                     offload_gib=2.0))
+    try:  # the env of the previous engine does not leak into the next one
+        assert engine.scheduler.agent_policy.cost_model.offload_copy_model == "peak80"
+        worker = engine.core.model_executor._offload
+        assert worker._load_seconds(2048) == load_profile(PROFILE).swap_seconds(2048)
+    finally:
+        engine.close()
+    with pytest.raises(BenchError, match="unknown offload copy model 'fast'"):
+        EngineSettings(offload_copy_model="fast").check()
 
 
 @pytest.mark.parametrize("args, message", [

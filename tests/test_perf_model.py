@@ -163,6 +163,68 @@ def test_swap_and_reload_costs() -> None:
     assert p.prefill_seconds(20_000) > 2 * p.prefill_seconds(10_000)  # attention is quadratic
 
 
+def test_peak80_is_the_default_and_unchanged() -> None:
+    """The default copy model prices loads and stores as swap_seconds always did (bit for bit:
+    the published tables were produced with it)."""
+    for name in (H100_8B, "h100x8-llama-3.1-70b"):
+        p, q = load_profile(name), load_profile(name, offload_copy_model="peak80")
+        assert p.offload_copy_model == "peak80" and p.describe()["offload_copy_model"] == "peak80"
+        for tokens in (0, 16, 2048, 23_000, 90_000):
+            old = tokens * p.kv_bytes_per_token / (p.pcie_bandwidth * p.eff.pcie)
+            assert p.swap_seconds(tokens) == p.load_seconds(tokens) == p.store_seconds(tokens)
+            assert p.swap_seconds(tokens) == old == q.swap_seconds(tokens)
+
+
+# The `sourced` copy model worked by hand (docs/reload-cost-sources.md, section 4):
+# n = ceil(tokens / 16) * layers copies of a page s = 16 * kv_heads/GPU * 128 * 2 (K, V) * 2 B.
+# DMA: t0 + max(n * 0.6 us, n * s / B_dma(s)), t0 = 0.6 us * min(n, 6000), and
+# n * s / B_dma(s) = n * (0.17 us + s / 60 GB/s) while that stays under the 52 GB/s cap.
+# Triton (loads, s < 28 KiB): 0.1 ms + n * s / 35 GB/s. DMA under 28 KiB: 12.5 GB/s.
+_US = 1e-6
+_DMA_64K = 0.17 * _US + 65536 / 60e9  # 1.26227 us per 64 KiB copy (51.9 GB/s)
+
+
+@pytest.mark.parametrize(("name", "tokens", "load", "store"), [
+    # Llama-3.1-8B, TP 1: 8 KV heads -> 64 KiB pages, 32 layers, DMA both ways
+    (H100_8B, 2048, 4096 * 0.6 * _US + 4096 * _DMA_64K,  # n = 128 * 32 = 4096
+     4096 * 0.6 * _US + 4096 * _DMA_64K),  # = 2.458 + 5.170 = 7.628 ms
+    (H100_8B, 23_000, 6000 * 0.6 * _US + 46_016 * _DMA_64K,  # n = 1438 * 32 = 46,016
+     6000 * 0.6 * _US + 46_016 * _DMA_64K),  # = 3.6 + 58.085 = 61.685 ms
+    # Llama-3.1-70B, TP 8: 1 KV head per GPU -> 8 KiB pages, 80 layers: Triton loads, DMA
+    # stores at 12.5 GB/s (8 KiB / 0.6 us = 13.7 GB/s is above it)
+    ("h100x8-llama-3.1-70b", 2048, 0.1e-3 + 10_240 * 8192 / 35e9,  # 0.1 + 2.397 = 2.497 ms
+     6000 * 0.6 * _US + 10_240 * 8192 / 12.5e9),  # 3.6 + 6.711 = 10.311 ms
+    ("h100x8-llama-3.1-70b", 23_000, 0.1e-3 + 115_040 * 8192 / 35e9,  # 0.1 + 26.926 ms
+     6000 * 0.6 * _US + 115_040 * 8192 / 12.5e9),  # 3.6 + 75.393 = 78.993 ms
+])
+def test_sourced_copy_model_by_hand(name: str, tokens: int, load: float, store: float) -> None:
+    p = load_profile(name, offload_copy_model="sourced")
+    assert p.offload_copy_model == "sourced"
+    assert p.load_seconds(tokens) == pytest.approx(load, rel=1e-12)
+    assert p.store_seconds(tokens) == pytest.approx(store, rel=1e-12)
+    assert p.swap_seconds(tokens) == p.load_seconds(tokens)  # a reload is a load
+    assert p.load_seconds(0) == p.store_seconds(0) == 0.0
+
+
+def test_sourced_against_the_notes_table() -> None:
+    """docs/reload-cost-sources.md 4.1 (its 8B 2k row with t0 = 0.6 us * min(n, 6000))."""
+    p8 = load_profile(H100_8B, offload_copy_model="sourced")
+    p70 = load_profile("h100x8-llama-3.1-70b", offload_copy_model="sourced")
+    assert p8.model.offload_page_bytes == 64 * 1024 and p70.model.offload_page_bytes == 8 * 1024
+    for p, tokens, ms in ((p8, 2048, 7.6), (p8, 23_000, 61.6), (p8, 90_000, 231),
+                          (p70, 2048, 2.5), (p70, 23_000, 27.0), (p70, 90_000, 105)):
+        assert p.load_seconds(tokens) * 1e3 == pytest.approx(ms, rel=0.01)
+    p2 = load_profile("h100x2-llama-3.1-70b", offload_copy_model="sourced")  # 32 KiB, DMA
+    assert p2.load_seconds(23_000) * 1e3 == pytest.approx(86, rel=0.01)
+
+
+def test_offload_copy_model_errors() -> None:
+    with pytest.raises(ValueError, match=r"unknown offload copy model 'fast'.*peak80.*sourced"):
+        load_profile(H100_8B, offload_copy_model="fast")
+    with pytest.raises(ValueError, match="PCIe Gen5"):
+        load_profile("a100-llama-3.1-8b", offload_copy_model="sourced")
+
+
 # --- names and input errors ----------------------------------------------------------------
 
 

@@ -38,11 +38,11 @@ NEW = list(range(100, 200))  # A's tool return and next input
 A_COMPUTED_BLOCKS_TOKENS = (1000 + 20 - 1) // BLOCK * BLOCK
 
 
-def intercepted_program(policy: str) -> dict:
+def intercepted_program(policy: str, copy_model: str = "peak80") -> dict:
     """A0, then B0 (which takes A's memory) during A's 1 s tool call, then A1."""
     # 129 blocks: the null block plus 2048 tokens, just one max_model_len sequence
     engine = VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=129,
-                           max_model_len=2048)
+                           max_model_len=2048, offload_copy_model=copy_model)
     try:
         done = {}
         engine.add_request("a0", FIRST, program_id="A", output_tokens=20, tool="bash")
@@ -54,6 +54,9 @@ def intercepted_program(policy: str) -> dict:
                            output_tokens=5)
         done.update(run(engine))
         done["offload_gib"] = engine.offload_gib
+        cost = engine.scheduler.agent_policy.cost_model  # what the policy prices a reload by
+        done["cost_model"] = (cost.offload_copy_model,
+                              cost.swap_seconds(done["a1"].external_tokens))
         return done
     finally:
         engine.close()
@@ -79,7 +82,7 @@ def runs():
         declined = intercepted_program("swap")
     return {"swap": intercepted_program("swap"), "again": intercepted_program("swap"),
             "discard": intercepted_program("discard"), "declined": declined,
-            "asked": asked}
+            "sourced": intercepted_program("swap", "sourced"), "asked": asked}
 
 
 def test_swap_reloads_the_context_from_host_memory(runs):
@@ -94,6 +97,22 @@ def test_swap_reloads_the_context_from_host_memory(runs):
     prefill = profile.step_seconds([(recomputed, a1.cached_tokens)], [])
     assert a1.first_token - a1.arrival == pytest.approx(load + prefill)
     assert runs["swap"]["offload_gib"] == DEFAULT_OFFLOAD_GIB
+
+
+def test_sourced_copy_model_times_the_reload_and_prices_it_for_the_policy(runs):
+    """--offload-copy-model sourced: the emulated worker's load takes the sourced load time
+    (a 64 KiB-page DMA job for the 8B: slower than peak80 by its start-up), and the policy's
+    cost model is the same sourced profile."""
+    a1, base = runs["sourced"]["a1"], runs["swap"]["a1"]
+    sourced = load_profile(PROFILE, offload_copy_model="sourced")
+    assert (a1.cached_tokens, a1.external_tokens) == (base.cached_tokens, base.external_tokens)
+    load = sourced.load_seconds(a1.external_tokens)
+    assert load > load_profile(PROFILE).load_seconds(a1.external_tokens)
+    prefill = sourced.step_seconds([(a1.prompt_tokens - a1.cached_tokens,
+                                     a1.cached_tokens)], [])
+    assert a1.first_token - a1.arrival == pytest.approx(load + prefill)
+    assert runs["sourced"]["cost_model"] == ("sourced", load)
+    assert runs["swap"]["cost_model"][0] == "peak80"
 
 
 def test_discard_recomputes_what_the_gpu_lost(runs):
@@ -208,6 +227,27 @@ def test_a_flushed_store_is_waited_for_before_the_step(worker):
     assert w.finished().kv_connector_worker_meta is None
 
 
+def test_loads_and_stores_take_their_own_times():
+    """With separate load and store times (the sourced copy model), each link uses its own."""
+    clock = VirtualClock(10.0)
+    previous = use_clock(clock)
+    try:
+        w = EmulatedOffloadWorker(lambda tokens: tokens / BLOCK * 1e-3, BLOCK, 2,
+                                  idle_poll_s=1.0, load_seconds=lambda tokens: 0.5e-3)
+        w.begin_step(meta())
+        w.after_forward(meta(loads={1: job("t", 4, load=True)},
+                             stores={2: job("r", 4, load=False)}))
+        w.begin_step(meta())  # the store goes out now, 4 ms; the load took 0.5 ms
+        clock.sleep(0.5e-3)
+        out = w.finished()
+        assert out.finished_recving == {"t"} and out.kv_connector_worker_meta.completed_jobs \
+            == {1: 1}
+        clock.sleep(3.5e-3)
+        assert w.finished().kv_connector_worker_meta.completed_jobs == {2: 1}
+    finally:
+        use_clock(previous)
+
+
 # -- harness serve --------------------------------------------------------------------------
 def test_serve_turns_offloading_on_for_policies_that_need_it():
     argv = build_command(policy="swap", profile=PROFILE).argv
@@ -220,3 +260,14 @@ def test_serve_turns_offloading_on_for_policies_that_need_it():
     assert argv[argv.index("--kv-offloading-size") + 1] == "8"
     with pytest.raises(ServeError, match="positive"):
         build_command(policy="swap", profile=PROFILE, offload=0)
+
+
+def test_serve_passes_the_offload_copy_model_to_the_engine():
+    env = build_command(policy="swap", profile=PROFILE).env
+    assert env["HARNESS_OFFLOAD_COPY_MODEL"] == "peak80"
+    env = build_command(policy="swap", profile=PROFILE, offload_copy_model="sourced").env
+    assert env["HARNESS_OFFLOAD_COPY_MODEL"] == "sourced"
+    with pytest.raises(ServeError, match="unknown offload copy model 'fast'"):
+        build_command(policy="swap", profile=PROFILE, offload_copy_model="fast")
+    with pytest.raises(ServeError, match="PCIe Gen5"):
+        build_command(policy="swap", profile="a100-llama-3.1-8b", offload_copy_model="sourced")
