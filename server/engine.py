@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
+from server.policies.ampd import TTFT_SLO_S
 from server.settings import ServeSettings
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -164,11 +165,14 @@ class VirtualEngine:
     max_num_batched_tokens: int | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
     kv_transfer: dict[str, Any] | None = None
+    #: the deployment's TTFT SLO (s), for policies that take it (`ServeSettings.ttft_slo_s`)
+    ttft_slo_s: float = TTFT_SLO_S
 
     def __post_init__(self) -> None:
         for key, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        os.environ.update(ServeSettings(self.policy, self.profile, self.seed).to_env())
+        os.environ.update(ServeSettings(self.policy, self.profile, self.seed,
+                                        self.ttft_slo_s).to_env())
         os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
         self._previous_clock = use_clock(self.clock)
 
