@@ -116,7 +116,10 @@ def test_table_file_errors(tmp_path):
 class FakeSim(plan_sim.SimulatedTau):
     """tau = a queue-like curve of the load; records what it was asked to simulate."""
 
+    asked: list
+
     def simulate(self, role, degree, load):
+        self.asked = getattr(self, "asked", [])
         self.asked.append((role, degree, round(load, 6)))
         self.simulations += 1
         return (0.5 if role == "prefill" else 0.02) * (1 + max(0.0, load - 0.5) / degree)
@@ -215,27 +218,78 @@ def test_plan_command_with_a_table(tmp_path, capsys):
     assert "harness plan: error: --gpus must be an integer >= 2" in capsys.readouterr().err
 
 
-def test_verify_ranks_replayed_deployments_by_the_measured_objective():
-    """`harness plan --verify`: each plan's whole deployment is replayed (here a stand-in
-    returns the measured P95s) and scored with the planner's own objective."""
-    from cluster.planner import Candidate, Objective, Plan
-    from harness.plan_cli import verify
+# --- stage two: near-tied plans replayed, the best measured chosen ----------------------------
 
-    def plan_of(p: int, d: int, score: float) -> Plan:
-        return Plan(Candidate("prefill", 8, p, 0.5), Candidate("decode", 8, d, 0.01), score)
 
-    measured = {(1, 1): (0.9, 0.02), (1, 2): (0.5, 0.01)}
+def plan_of(p: int, d: int, score: float):
+    from cluster.planner import Candidate, Plan
 
-    class Replays:
-        def deployment(self, prefill, decode, programs):
-            assert programs == 12
-            return measured[(prefill[1], decode[1])]
+    return Plan(Candidate("prefill", 8, p, 0.5), Candidate("decode", 8, d, 0.01), score)
+
+
+def test_near_ties_are_the_plans_within_the_tolerance_of_the_first():
+    from cluster.plan_verify import TIE_TOLERANCE, near_ties
+
+    plans = [plan_of(1, 1, 0.50), plan_of(1, 2, 0.55), plan_of(2, 1, 0.61), plan_of(2, 2, 0.59)]
+    assert TIE_TOLERANCE == 0.2
+    # 0.50 * 1.2 = 0.60: the third (0.61) is out, the fourth (0.59) in, in the ILP's order
+    assert [p.key() for p in near_ties(plans)] == [(8, 1, 8, 1), (8, 1, 8, 2), (8, 2, 8, 2)]
+    assert len(near_ties(plans, 0.0)) == 1
+    assert len(near_ties(plans, math.inf)) == 4
+    with pytest.raises(PlanError, match="tie-tolerance"):
+        near_ties(plans, -0.1)
+
+
+def test_the_choice_is_the_best_measured_and_ties_keep_the_planners_order():
+    """Hand-made replays: plan 2 measures best, so it is chosen; equal measurements go to the
+    ILP's order."""
+    from cluster.plan_verify import choose, measure, ranked, report
+
+    measured_p95 = {(1, 1): (0.9, 0.02), (1, 2): (0.5, 0.01), (2, 1): (0.5, 0.01)}
+
+    def replay(prefill, decode, programs):
+        assert programs == 12 and prefill[0] == decode[0] == 8
+        return measured_p95[(prefill[1], decode[1])]
 
     objective = Objective({"prefill": 1.0, "decode": 0.1})
-    text = verify(Replays(), [plan_of(1, 1, 0.5), plan_of(1, 2, 0.6)], objective, 12)
+    plans = [plan_of(1, 1, 0.5), plan_of(1, 2, 0.5), plan_of(2, 1, 0.52)]
+    lines = []
+    got = measure(replay, plans, objective, 12, progress=lines.append)
+    assert [m.planned_rank for m in got] == [1, 2, 3] and len(lines) == 3
+    assert got[0].score == pytest.approx(0.9 + 1e-3 * (0.9 + 0.2))
+    assert got[1].score == got[2].score  # equal measurements
+    assert choose(got).planned_rank == 2
+    assert [m.planned_rank for m in ranked(got)] == [2, 3, 1]
+    text = report(got, 12)
     rows = [line for line in text.splitlines() if line.startswith("| ") and "TP8" in line]
-    # plan 2 measures 0.5 / 1.0 against plan 1's 0.9: it ranks first
-    assert rows[0].startswith("| 1 | 2 |") and rows[1].startswith("| 2 | 1 |")
-    assert "not the best measured: plan 2 is" in text
-    text = verify(Replays(), [plan_of(1, 2, 0.5)], objective, 12)
-    assert "first choice is the best measured" in text
+    assert rows[0].startswith("| 1 | 2 |") and rows[2].startswith("| 3 | 1 |")
+    assert "the best measured is the ILP's plan 2" in text
+    assert "ILP's first plan is also the best measured" in report(got[:1], 12)
+
+
+def test_plan_command_replays_near_ties_and_reports_the_best_measured(monkeypatch, capsys):
+    """`harness plan` simulating (stubbed): stage two is on by default, replays the near-tied
+    plans among the top 3 and prints the best measured as the choice; `--verify 0` keeps the
+    ILP's first plan."""
+    replayed = []
+
+    class Stub(FakeSim):
+        def deployment(self, prefill, decode, programs):
+            replayed.append((prefill, decode))
+            # the more decode GPUs, the better the measured TTFT: the ILP cannot see it
+            return 1.0 / (decode[0] * decode[1]), 0.01
+
+    monkeypatch.setattr(plan_sim, "SimulatedTau", Stub)
+    args = ["plan", "--gpus", "16", "--profile", "h100-llama-3.1-70b", "--trace", "dureader",
+            "--rate", "4", "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert 2 <= len(replayed) <= 3
+    best = max(replayed, key=lambda r: r[1][0] * r[1][1])
+    (pd, pc), (dd, dc) = best
+    assert f"choice: prefill TP{pd} x {pc}, decode TP{dd} x {dc}" in out
+    assert "the best measured of" in out
+    replayed.clear()
+    assert main([*args, "--verify", "0"]) == 0
+    out = capsys.readouterr().out
+    assert replayed == [] and "the ILP's first plan (--verify 0)" in out
