@@ -32,15 +32,18 @@ cache cannot hold the workload's longest conversation gets tau = inf.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cluster.planner import DEGREES, ROLES, Curve, PlanError
 
+CAPACITY_SAMPLE = 256  # programs whose mean prefill work bounds a prefill replica's capacity
 GRID_RATIO = 1.5
 FLAT = 0.02
 PROGRAMS = 16
@@ -67,6 +70,29 @@ def split_profile(name: str) -> tuple[str, str]:
     return m[1], m[3]
 
 
+def prefill_capacity(programs: Any, profile: Any) -> float:
+    """Programs/s above which one prefill replica of ``profile`` has no steady state: the
+    inverse of a lower bound on the mean prefill work of a program.
+
+    Why a bound and not a simulation: above its capacity a replica's queue grows without end,
+    so a finite simulation's P95 only measures how long the simulation was (at 256 GPUs, TP2
+    prefill replicas simulated at 2.8-32 programs/s all came out at 46-63 s, and the flat-floor
+    rule then took that plateau as "unloaded"). The bound is the step-time form's terms that
+    add up across a batch (``Coefficients``: ``c1 + c5`` per new token, ``c2`` per query-key
+    pair, ``c4`` per sequence), without the per-step overhead ``c0`` or the weight-read floor
+    that batching shares, for each turn's new tokens only (``Program.new_tokens``: the history
+    is taken as cached), so a replica's work is at least this much whatever it batches and
+    caches. Candidates at or above it are infeasible (tau = inf) and never simulated."""
+    c = profile.coefficients()
+    total = 0.0
+    for p in programs:
+        for i in range(p.n_turns):
+            n = p.new_tokens(i)
+            history = p.context_before(i) - n
+            total += (c.c1 + c.c5) * n + c.c2 * (n * history + n * (n + 1) / 2) + c.c4
+    return len(programs) / total if total > 0 else math.inf
+
+
 def prefill_view(trace: Any) -> Any:
     """The same conversations with one decoded token per turn; the rest of each turn's output
     becomes input of the next turn, so prompt lengths are unchanged."""
@@ -83,6 +109,29 @@ def prefill_view(trace: Any) -> Any:
         programs.append(p.model_copy(update={"turns": turns}))
     return Trace(name=f"{trace.name}-prefill-view", description=trace.description,
                  params=trace.params, seed=trace.seed, programs=programs)
+
+
+@dataclass
+class _ChainResult:
+    """What a worker of `SimulatedTau.prefetch` sends back for one (role, degree) chain."""
+
+    cache: dict[str, float]
+    unfit: dict[tuple[str, int], str]
+    overloaded: set[tuple[str, int, int]]
+    simulations: int
+    sim_seconds: float
+    lines: list[str]
+
+
+def _walk_chain(sim: SimulatedTau, role: str, degree: int, loads: list[float]) -> _ChainResult:
+    """A worker: ask ``sim`` for tau at each load, in order; return what it simulated."""
+    lines: list[str] = []
+    sim.progress = lines.append
+    before = set(sim._cache)
+    for load in loads:
+        sim.tau(role, degree, load)
+    return _ChainResult({k: v for k, v in sim._cache.items() if k not in before}, sim.unfit,
+                        sim.overloaded, sim.simulations, sim.sim_seconds, lines)
 
 
 class SimulatedTau:
@@ -122,6 +171,11 @@ class SimulatedTau:
         self.partner = self.profile(max(self.valid))
         sample = self._workload(32, rate)  # a bad --trace fails now, not after minutes
         self.program_seconds = self._program_seconds(sample, load_profile(self.partner))
+        many = self._workload(CAPACITY_SAMPLE, rate).programs
+        #: programs/s a prefill replica of each degree cannot sustain (`prefill_capacity`)
+        self.capacity = {d: prefill_capacity(many, load_profile(self.profile(d)))
+                         for d in self.valid}
+        self.overloaded: set[tuple[str, int, int]] = set()  # (role, degree, count) pruned
         self.simulations = 0  # run in this process (not read from the cache)
         self.sim_seconds = 0.0
         self.cache_path = Path(cache_path) if cache_path else None
@@ -140,6 +194,9 @@ class SimulatedTau:
     def tau(self, role: str, degree: int, load: float) -> float:
         if role not in ROLES or degree not in self.valid:
             return math.inf
+        if role == "prefill" and load >= self.capacity[degree]:
+            self.overloaded.add((role, degree, round(self.rate / load)))
+            return math.inf  # no steady state: not simulated (`prefill_capacity`)
         k_float = math.log(self.rate / load, self.ratio)
         k = max(0, math.floor(k_float + 1e-9))  # grid[k] >= load > grid[k + 1]
         flat_at = self._flat_from(role, degree, k)
@@ -175,6 +232,46 @@ class SimulatedTau:
             self._cache[key] = self.simulate(role, degree, self._grid(k))
             self._write_cache()
         return self._cache[key]
+
+    # -- running the chains ahead, in parallel -------------------------------------------------
+    def prefetch(self, counts: Mapping[tuple[str, int], Sequence[int]], jobs: int = 1) -> None:
+        """Simulate what the planner will ask for (``cluster.planner.counts``: per (role,
+        degree), the replica counts, asked at ``rate / count`` in that order), one (role,
+        degree) chain per worker process, ``jobs`` at a time; the results land in the cache.
+
+        Why chains: which grid loads a chain simulates depends only on that chain's own values
+        (the grid, the flat floor, the capacity bound) and each simulation only on its inputs
+        (seeded), so chains are independent and walking each one in a worker, in the
+        planner's order, simulates exactly what the serial walk would and gets the same values.
+        ``jobs`` <= 1: nothing here, the planner's own calls simulate as they go."""
+        if jobs <= 1:
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        chains = sorted(((role, d, [self.rate / c for c in cs])
+                         for (role, d), cs in counts.items() if d in self.valid and cs),
+                        key=lambda ch: -len(ch[2]))  # the longest chains first
+        worker = copy.copy(self)
+        worker.progress, worker.cache_path = None, None  # the workers only report back
+        worker.simulations, worker.sim_seconds = 0, 0.0
+        worker.unfit, worker.overloaded = {}, set()
+        # fork: the workers start with this process's imports (no vLLM yet) and classes
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(chains)),
+                                 mp_context=context) as pool:
+            futures = [pool.submit(_walk_chain, worker, *chain) for chain in chains]
+            for future in futures:
+                done = future.result()
+                self._cache.update(done.cache)
+                self.unfit.update(done.unfit)
+                self.overloaded |= done.overloaded
+                self.simulations += done.simulations
+                self.sim_seconds += done.sim_seconds
+                if self.progress is not None:
+                    for line in done.lines:
+                        self.progress(line)
+                self._write_cache()
 
     # -- one simulation --------------------------------------------------------------------
     def simulate(self, role: str, degree: int, load: float) -> float:

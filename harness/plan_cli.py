@@ -20,7 +20,16 @@ import sys
 import time
 
 from cluster import plan_verify
-from cluster.planner import OBJECTIVES, SOLVERS, Objective, PlanError, TableTau, plan, table
+from cluster.planner import (
+    OBJECTIVES,
+    SOLVERS,
+    Objective,
+    PlanError,
+    TableTau,
+    counts,
+    plan,
+    table,
+)
 from eval.metrics import SLO
 
 
@@ -48,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fewest programs per simulation (default 16)")
     p.add_argument("--sim-max-programs", type=int, default=None,
                    help="most programs per simulation (default 48)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="simulate up to N (role, TP degree) chains at once in worker processes "
+                   "(same results as serial; default 1)")
     p.add_argument("--cache", default=None, metavar="FILE",
                    help="keep simulated latencies in this JSON file and reuse them")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
@@ -101,6 +113,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.verify and sim is None:
         raise PlanError("--verify replays deployments on the emulated GPUs: drop --table "
                         "(or give --verify 0)")
+    if args.jobs < 1:
+        raise PlanError("--jobs must be at least 1")
+    if sim is not None:
+        sim.prefetch(counts(provider, args.gpus, args.rate), args.jobs)
     plans = plan(provider, args.gpus, args.rate, objective,
                  top=max(args.top, args.verify), solver=args.solver)
     elapsed = time.perf_counter() - started
@@ -111,8 +127,11 @@ def _run(args: argparse.Namespace) -> int:
             print(f"TP{degree} skipped: {why}")
         for (role, degree), why in sim.unfit.items():
             print(f"{role} TP{degree} left out: {why}")
-        print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s), "
-              f"the rest from the cache")
+        if sim.overloaded:
+            print(f"prefill candidates above a replica's capacity (not simulated): "
+                  f"{len(sim.overloaded)}")
+        print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s of simulating, "
+              f"--jobs {args.jobs}), the rest from the cache")
     print(f"planning took {elapsed:.2f} s ({args.solver})")
     tied = plan_verify.near_ties(plans[:args.verify], args.tie_tolerance) if args.verify else []
     chosen, why = plans[0], "the ILP's first plan (--verify 0)"

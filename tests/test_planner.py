@@ -126,10 +126,36 @@ class FakeSim(plan_sim.SimulatedTau):
 
 
 def fake(tmp_path=None, **kw) -> FakeSim:
+    """A stubbed provider whose prefill replicas never count as overloaded (the fake curve
+    is not the workload's)."""
     sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0,
                   cache_path=None if tmp_path is None else tmp_path / "cache.json", **kw)
     sim.asked = []
+    sim.capacity = dict.fromkeys(sim.valid, math.inf)
     return sim
+
+
+def test_prefill_replicas_above_capacity_are_infeasible_and_not_simulated():
+    from server.perf_model import load_profile
+
+    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0)
+    sim.asked = []
+    # more GPUs, more capacity; DuReader on 70B: a TP8 prefill replica sustains ~2.3 programs/s
+    assert sim.capacity[2] < sim.capacity[4] < sim.capacity[8]
+    assert 1.5 < sim.capacity[8] < 3.5
+    assert sim.tau("prefill", 8, 0.99 * sim.capacity[8]) < math.inf
+    assert sim.tau("prefill", 8, sim.capacity[8]) == math.inf
+    assert sim.tau("prefill", 8, 4.0) == math.inf
+    assert ("prefill", 8, 4.0) not in sim.asked and ("prefill", 8, 1) in sim.overloaded
+    assert sim.tau("decode", 2, 4.0) < math.inf  # decode replicas are not bounded here
+    # the bound: one program's prefill work, by hand, is at least its step-form terms
+    from eval.traces import load_or_generate
+
+    one = load_or_generate("dureader", 1, 1.0, 0).programs
+    c = load_profile("h100x8-llama-3.1-70b").coefficients()
+    n = [one[0].new_tokens(i) for i in range(one[0].n_turns)]
+    assert 1 / plan_sim.prefill_capacity(one, load_profile("h100x8-llama-3.1-70b")) >= \
+        sum((c.c1 + c.c5) * k + c.c2 * k * (k + 1) / 2 for k in n)
 
 
 def test_simulated_provider_skips_degrees_the_model_cannot_run():
@@ -293,3 +319,22 @@ def test_plan_command_replays_near_ties_and_reports_the_best_measured(monkeypatc
     assert main([*args, "--verify", "0"]) == 0
     out = capsys.readouterr().out
     assert replayed == [] and "the ILP's first plan (--verify 0)" in out
+
+
+def test_parallel_chains_simulate_what_the_serial_walk_does(tmp_path):
+    """`--jobs 2`: each (role, degree) chain walked in a worker process fills the cache with
+    exactly the serial walk's simulations and values, so the plans are the same."""
+    from cluster.planner import counts
+
+    objective = Objective(SLO)
+    serial = fake()
+    serial_plans = plan(serial, 16, 4.0, objective)
+    parallel = fake(tmp_path)
+    parallel.prefetch(counts(parallel, 16, 4.0), jobs=2)
+    assert parallel.simulations == serial.simulations > 0
+    assert parallel._cache == serial._cache
+    asked_before = parallel.simulations
+    assert [p.key() for p in plan(parallel, 16, 4.0, objective)] == \
+        [p.key() for p in serial_plans]
+    assert parallel.simulations == asked_before  # the planner found everything cached
+    assert json.loads((tmp_path / "cache.json").read_text())["tau"] == serial._cache
