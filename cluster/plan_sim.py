@@ -36,12 +36,21 @@ import copy
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.planner import DEGREES, ROLES, Curve, PlanError
+from cluster.planner import (
+    DEGREES,
+    ROLES,
+    Candidate,
+    Curve,
+    Objective,
+    PlanError,
+    brute_force,
+    counts,
+)
 
 CAPACITY_SAMPLE = 256  # programs whose mean prefill work bounds a prefill replica's capacity
 GRID_RATIO = 1.5
@@ -176,6 +185,7 @@ class SimulatedTau:
         self.capacity = {d: prefill_capacity(many, load_profile(self.profile(d)))
                          for d in self.valid}
         self.overloaded: set[tuple[str, int, int]] = set()  # (role, degree, count) pruned
+        self.pruned: dict[tuple[str, int], float] = {}  # chains bounded out, and their bound
         self.simulations = 0  # run in this process (not read from the cache)
         self.sim_seconds = 0.0
         self.cache_path = Path(cache_path) if cache_path else None
@@ -194,6 +204,8 @@ class SimulatedTau:
     def tau(self, role: str, degree: int, load: float) -> float:
         if role not in ROLES or degree not in self.valid:
             return math.inf
+        if (role, degree) in self.pruned:
+            return math.inf  # cannot be among the top plans (`prefetch`)
         if role == "prefill" and load >= self.capacity[degree]:
             self.overloaded.add((role, degree, round(self.rate / load)))
             return math.inf  # no steady state: not simulated (`prefill_capacity`)
@@ -233,45 +245,127 @@ class SimulatedTau:
             self._write_cache()
         return self._cache[key]
 
-    # -- running the chains ahead, in parallel -------------------------------------------------
-    def prefetch(self, counts: Mapping[tuple[str, int], Sequence[int]], jobs: int = 1) -> None:
-        """Simulate what the planner will ask for (``cluster.planner.counts``: per (role,
-        degree), the replica counts, asked at ``rate / count`` in that order), one (role,
-        degree) chain per worker process, ``jobs`` at a time; the results land in the cache.
+    # -- running the chains ahead: bounded, in parallel -----------------------------------
+    def prefetch(self, gpus: int, objective: Objective, top: int = 3, jobs: int = 1) -> None:
+        """Simulate what the planner will ask for, a (role, degree) chain at a time
+        (``cluster.planner.counts``: the replica counts, asked at ``rate / count`` in that
+        order), most promising chain first, ``jobs`` chains at once in worker processes; the
+        results land in the cache. A chain whose lower bound (`chain_bound`) cannot make a
+        plan better than the ``top``-th best plan already simulated is not simulated at all:
+        it is listed in ``pruned`` and its tau is inf, which leaves the top plans unchanged.
 
         Why chains: which grid loads a chain simulates depends only on that chain's own values
         (the grid, the flat floor, the capacity bound) and each simulation only on its inputs
-        (seeded), so chains are independent and walking each one in a worker, in the
-        planner's order, simulates exactly what the serial walk would and gets the same values.
-        ``jobs`` <= 1: nothing here, the planner's own calls simulate as they go."""
-        if jobs <= 1:
-            return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        (seeded), so a chain walked in a worker simulates what the serial walk would, with the
+        same values. With ``jobs`` > 1 the pruning can see fewer finished chains when it
+        decides (they run at the same time), so it may simulate a chain the serial walk prunes;
+        the plans are the same either way."""
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-        chains = sorted(((role, d, [self.rate / c for c in cs])
-                         for (role, d), cs in counts.items() if d in self.valid and cs),
-                        key=lambda ch: -len(ch[2]))  # the longest chains first
+        todo = {(role, d): [self.rate / c for c in cs]
+                for (role, d), cs in counts(self, gpus, self.rate).items() if cs}
+        bound = {key: self._bound_score(objective, key[0], self.chain_bound(*key, loads))
+                 for key, loads in todo.items()}
+        pending = sorted(todo, key=lambda key: (bound[key], key))
+        finished: list[tuple[str, int]] = []
+        pool = None
+        if jobs > 1:
+            import multiprocessing
+
+            # fork: the workers start with this process's imports (no vLLM yet) and classes
+            pool = ProcessPoolExecutor(max_workers=jobs,
+                                       mp_context=multiprocessing.get_context("fork"))
+        running: dict[Any, tuple[str, int]] = {}
+        try:
+            while pending or running:
+                incumbent = self._kth_best(finished, gpus, objective, top)
+                for key in [k for k in pending if bound[k] > incumbent]:
+                    pending.remove(key)
+                    self.pruned[key] = bound[key]
+                while pending and (pool is None or len(running) < jobs):
+                    key = pending.pop(0)
+                    if pool is None:
+                        for load in todo[key]:
+                            self.tau(*key, load)
+                        finished.append(key)
+                        break
+                    running[pool.submit(_walk_chain, self._worker(), *key, todo[key])] = key
+                if pool is None or not running:
+                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._merge(future.result())
+                    finished.append(running.pop(future))
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+
+    def chain_bound(self, role: str, degree: int, loads: Sequence[float]) -> float:
+        """A lower bound on every tau this chain can report: the least, over the grid points
+        its loads may need, of the P95 the same trace would show on an idle replica (each
+        turn alone, its history cached: prefill time of its new tokens for prefill, one
+        decode step at its context for decode). Queueing, batching and the KV hand-off only
+        add to a turn's time, and a P95 of larger values is no smaller."""
+        ks = [max(0, math.floor(math.log(self.rate / x, self.ratio) + 1e-9)) for x in loads
+              if not (role == "prefill" and x >= self.capacity[degree])]
+        if not ks or degree not in self.valid:
+            return math.inf
+        return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
+
+    def _idle_p95(self, role: str, degree: int, k: int) -> float:
+        from eval.metrics import percentile
+        from server.perf_model import load_profile
+
+        profile = load_profile(self.profile(degree))
+        trace = self._workload(self.programs_at(self._grid(k)), self._grid(k))
+        times = []
+        for p in trace.programs:
+            for i, t in enumerate(p.turns):
+                ctx = p.context_before(i)
+                if role == "prefill":
+                    times.append(profile.prefill_seconds(ctx, cached=ctx - p.new_tokens(i)))
+                elif t.output_tokens >= 2:
+                    times.append(profile.step_seconds([], [ctx + 1]))
+        return percentile(times, 95) if times else math.inf
+
+    @staticmethod
+    def _bound_score(objective: Objective, role: str, tau: float) -> float:
+        """The best score a plan holding a candidate of ``role`` with this tau can have."""
+        other = ROLES[1 - ROLES.index(role)]
+        c, idle = Candidate(role, 1, 1, tau), Candidate(other, 1, 1, 0.0)
+        return objective.score(*((c, idle) if role == "prefill" else (idle, c)))
+
+    def _kth_best(self, finished: Sequence[tuple[str, int]], gpus: int, objective: Objective,
+                  top: int) -> float:
+        """The ``top``-th best plan's score among the finished chains' candidates (inf when
+        they make fewer plans): a plan must beat it to be among the top ones."""
+        cands = [Candidate(role, d, c, tau) for (role, d), cs in
+                 counts(self, gpus, self.rate).items() if (role, d) in finished for c in cs
+                 if math.isfinite(tau := self.tau(role, d, self.rate / c))]
+        try:
+            plans = brute_force(cands, gpus, objective, top)
+        except PlanError:
+            return math.inf
+        return plans[-1].score if len(plans) == top else math.inf
+
+    def _worker(self) -> SimulatedTau:
+        """A copy for a worker process: no cache file, nothing counted yet."""
         worker = copy.copy(self)
-        worker.progress, worker.cache_path = None, None  # the workers only report back
+        worker.progress, worker.cache_path = None, None
         worker.simulations, worker.sim_seconds = 0, 0.0
         worker.unfit, worker.overloaded = {}, set()
-        # fork: the workers start with this process's imports (no vLLM yet) and classes
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(chains)),
-                                 mp_context=context) as pool:
-            futures = [pool.submit(_walk_chain, worker, *chain) for chain in chains]
-            for future in futures:
-                done = future.result()
-                self._cache.update(done.cache)
-                self.unfit.update(done.unfit)
-                self.overloaded |= done.overloaded
-                self.simulations += done.simulations
-                self.sim_seconds += done.sim_seconds
-                if self.progress is not None:
-                    for line in done.lines:
-                        self.progress(line)
-                self._write_cache()
+        return worker
+
+    def _merge(self, done: _ChainResult) -> None:
+        self._cache.update(done.cache)
+        self.unfit.update(done.unfit)
+        self.overloaded |= done.overloaded
+        self.simulations += done.simulations
+        self.sim_seconds += done.sim_seconds
+        if self.progress is not None:
+            for line in done.lines:
+                self.progress(line)
+        self._write_cache()
 
     # -- one simulation --------------------------------------------------------------------
     def simulate(self, role: str, degree: int, load: float) -> float:

@@ -26,7 +26,6 @@ from cluster.planner import (
     Objective,
     PlanError,
     TableTau,
-    counts,
     plan,
     table,
 )
@@ -116,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise PlanError("--jobs must be at least 1")
     if sim is not None:
-        sim.prefetch(counts(provider, args.gpus, args.rate), args.jobs)
+        sim.prefetch(args.gpus, objective, max(args.top, args.verify), args.jobs)
     plans = plan(provider, args.gpus, args.rate, objective,
                  top=max(args.top, args.verify), solver=args.solver)
     elapsed = time.perf_counter() - started
@@ -127,6 +126,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"TP{degree} skipped: {why}")
         for (role, degree), why in sim.unfit.items():
             print(f"{role} TP{degree} left out: {why}")
+        for (role, degree), bound in sim.pruned.items():
+            print(f"{role} TP{degree} not simulated: no plan with it can score below "
+                  f"{bound:.3f} (idle-replica bound), worse than the plans found")
         if sim.overloaded:
             print(f"prefill candidates above a replica's capacity (not simulated): "
                   f"{len(sim.overloaded)}")

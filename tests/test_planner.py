@@ -118,11 +118,18 @@ class FakeSim(plan_sim.SimulatedTau):
 
     asked: list
 
+    def chain_bound(self, role, degree, loads):
+        return 0.0  # the fake curve is not the perf model's: no bound holds for it
+
     def simulate(self, role, degree, load):
         self.asked = getattr(self, "asked", [])
         self.asked.append((role, degree, round(load, 6)))
         self.simulations += 1
-        return (0.5 if role == "prefill" else 0.02) * (1 + max(0.0, load - 0.5) / degree)
+        return fake_tau(role, degree, load)
+
+
+def fake_tau(role: str, degree: int, load: float) -> float:
+    return (0.5 if role == "prefill" else 0.02) * (1 + max(0.0, load - 0.5) / degree)
 
 
 def fake(tmp_path=None, **kw) -> FakeSim:
@@ -324,13 +331,11 @@ def test_plan_command_replays_near_ties_and_reports_the_best_measured(monkeypatc
 def test_parallel_chains_simulate_what_the_serial_walk_does(tmp_path):
     """`--jobs 2`: each (role, degree) chain walked in a worker process fills the cache with
     exactly the serial walk's simulations and values, so the plans are the same."""
-    from cluster.planner import counts
-
     objective = Objective(SLO)
     serial = fake()
     serial_plans = plan(serial, 16, 4.0, objective)
     parallel = fake(tmp_path)
-    parallel.prefetch(counts(parallel, 16, 4.0), jobs=2)
+    parallel.prefetch(16, objective, top=3, jobs=2)
     assert parallel.simulations == serial.simulations > 0
     assert parallel._cache == serial._cache
     asked_before = parallel.simulations
@@ -338,3 +343,28 @@ def test_parallel_chains_simulate_what_the_serial_walk_does(tmp_path):
         [p.key() for p in serial_plans]
     assert parallel.simulations == asked_before  # the planner found everything cached
     assert json.loads((tmp_path / "cache.json").read_text())["tau"] == serial._cache
+
+
+def test_chains_that_cannot_beat_the_top_plans_are_not_simulated():
+    """A chain whose bound scores worse than the 3rd best plan found is skipped, and the plans
+    are those of the walk that simulates everything."""
+    from cluster.plan_sim import SimulatedTau
+
+    objective = Objective(SLO)
+    full = fake()
+    expected = [p.key() for p in plan(full, 16, 4.0, objective)]
+    bounded = fake()
+    # a tight, valid bound: the least tau of the chain (the fake curve rises with the load)
+    bounded.chain_bound = lambda role, d, loads: min(fake_tau(role, d, x) for x in loads)
+    bounded.prefetch(16, objective, top=3)
+    assert bounded.pruned  # some chains could not make a top-3 plan
+    for role, d in bounded.pruned:
+        assert not any(a[:2] == (role, d) for a in bounded.asked)
+        assert bounded.tau(role, d, 4.0) == math.inf
+    assert bounded.simulations < full.simulations
+    assert [p.key() for p in plan(bounded, 16, 4.0, objective)] == expected
+    # the real bound is below what the perf model's idle replica shows: P95 of turns alone
+    real = SimulatedTau.chain_bound(full, "prefill", 8, [4.0, 2.0])
+    assert 0 < real < math.inf
+    assert SimulatedTau.chain_bound(full, "decode", 8, [4.0]) < \
+        SimulatedTau.chain_bound(full, "decode", 2, [4.0])
