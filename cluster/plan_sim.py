@@ -397,19 +397,22 @@ class SimulatedTau:
         return tau
 
     def deployment(self, prefill: tuple[int, int], decode: tuple[int, int],
-                   programs: int) -> tuple[float, float]:
+                   programs: int, seed: int | None = None) -> tuple[float, float]:
         """The whole deployment (``(degree, count)`` per role) replayed at the full rate on
         the virtual-time cluster, `pd` routing: (P95 TTFT over every turn, P95 ITL). What the
         plan's per-replica simulations predict, measured without their simplifications (a
-        partner per role, one replica at its share of the load)."""
+        partner per role, one replica at its share of the load). ``seed`` (default: the
+        planner's) draws the trace and the engines."""
         replicas = [{"name": "p", "role": "prefill", "profile": self.profile(prefill[0]),
                      "count": prefill[1]},
                     {"name": "d", "role": "decode", "profile": self.profile(decode[0]),
                      "count": decode[1]}]
-        return self._p95s("plan-check", replicas, self._workload(programs, self.rate))
+        seed = self.seed if seed is None else seed
+        return self._p95s("plan-check", replicas, self._workload(programs, self.rate, seed),
+                          seed)
 
-    def _p95s(self, name: str, replicas: list[dict[str, Any]],
-              trace: Any) -> tuple[float, float]:
+    def _p95s(self, name: str, replicas: list[dict[str, Any]], trace: Any,
+              seed: int | None = None) -> tuple[float, float]:
         """Replay `trace` on a `pd`-routed cluster of `replicas`, every engine's context the
         longest conversation (a replica whose KV cache is smaller than the model's context,
         70B on two GPUs, can still serve short programs): (P95 TTFT, P95 ITL), inf for none.
@@ -420,16 +423,17 @@ class SimulatedTau:
         from eval.metrics import percentile, tpot_of
         from server.engine import ContextTooLong
 
+        seed = self.seed if seed is None else seed
         config = parse_cluster({"name": name, "router": {"strategy": "pd"},
                                 "replicas": replicas})
         longest = max(p.final_context_tokens for p in trace.programs)
 
         def build(spec: Any) -> Any:
-            return make_engine(spec.policy, spec.profile, self.seed, spec.num_gpu_blocks,
+            return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
                                spec.offload_gib, spec, config, max_model_len=longest)
 
         try:
-            cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
+            cluster = VirtualCluster(config, seed=seed, make_engine=build)
         except ValueError as exc:  # vLLM: the KV cache cannot hold `longest` tokens
             raise Unfit(str(exc).split(".")[0]) from None
         try:
@@ -459,12 +463,12 @@ class SimulatedTau:
         wanted = math.ceil(STEADY_LIFETIMES * load * self.program_seconds)
         return min(self.max_programs, max(self.programs, wanted))
 
-    def _workload(self, n: int, load: float) -> Any:
+    def _workload(self, n: int, load: float, seed: int | None = None) -> Any:
         from eval.bench import BenchError, make_trace
         from eval.traces import TraceFormatError
 
         try:
-            return make_trace(self.trace, n, load, self.seed)
+            return make_trace(self.trace, n, load, self.seed if seed is None else seed)
         except (BenchError, TraceFormatError, ValueError) as exc:
             raise PlanError(f"--trace {self.trace!r}: {exc}") from None
 

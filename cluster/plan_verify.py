@@ -15,8 +15,11 @@ exceeds its error, and a replay of a large deployment costs as much as many per-
 simulations. ``--tie-tolerance inf`` replays the whole shortlist regardless.
 
 The choice is the plan with the lowest measured objective (the planner's own
-``Objective.score`` on the measured P95s); equal measured objectives go to the planner's order.
-Pure Python: the replays come from ``replay(prefill, decode, programs)`` ->
+``Objective.score`` on the measured P95s, averaged over the replay seeds); equal measured
+objectives go to the planner's order. Noise: a replay's P95 depends on the programs drawn, so
+with several seeds (``--verify-seeds``) the report says under how many seeds the choice also
+measured best; with one seed it cannot say, and the docs give the figures of a 3-seed check.
+Pure Python: the replays come from ``replay(prefill, decode, programs, seed)`` ->
 ``(P95 TTFT, P95 ITL)`` (``cluster.plan_sim.SimulatedTau.deployment``), so the selection is
 tested with hand-made measurements.
 """
@@ -33,12 +36,13 @@ from cluster.planner import Objective, Plan, PlanError
 TIE_TOLERANCE = 0.2
 SHORTLIST = 3  # plans stage two may replay when planning by simulation (`--verify` default)
 
-Replay = Callable[[tuple[int, int], tuple[int, int], int], tuple[float, float]]
+Replay = Callable[[tuple[int, int], tuple[int, int], int, int], tuple[float, float]]
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One plan replayed whole: its measured P95s and objective."""
+    """One plan replayed whole: its measured P95s and objective (means over the seeds), and
+    the objective under each seed."""
 
     plan: Plan
     planned_rank: int  # 1-based rank in the ILP's order
@@ -46,6 +50,10 @@ class Measured:
     itl: float
     score: float
     seconds: float = 0.0
+    scores: tuple[float, ...] = ()  # per seed; () means just `score`
+
+    def per_seed(self) -> tuple[float, ...]:
+        return self.scores or (self.score,)
 
 
 def near_ties(plans: Sequence[Plan], tolerance: float = TIE_TOLERANCE) -> list[Plan]:
@@ -60,18 +68,27 @@ def near_ties(plans: Sequence[Plan], tolerance: float = TIE_TOLERANCE) -> list[P
 
 
 def measure(replay: Replay, plans: Sequence[Plan], objective: Objective, programs: int,
+            seeds: Sequence[int] = (0,),
             progress: Callable[[str], None] | None = None) -> list[Measured]:
-    """Each plan replayed whole (in the ILP's order) and scored with ``objective``."""
+    """Each plan replayed whole under each seed (in the ILP's order), scored with
+    ``objective``; the means over the seeds."""
+    if not seeds:
+        raise PlanError("--verify-seeds must be at least 1")
     out = []
     for rank, p in enumerate(plans, 1):
         started = time.perf_counter()
-        ttft, itl = replay((p.prefill.degree, p.prefill.count),
-                           (p.decode.degree, p.decode.count), programs)
-        score = objective.score(replace(p.prefill, tau=ttft), replace(p.decode, tau=itl))
-        out.append(Measured(p, rank, ttft, itl, score, time.perf_counter() - started))
-        if progress is not None:
-            progress(f"replayed plan {rank} ({p.prefill.label()} + {p.decode.label()}): P95 "
-                     f"TTFT {ttft:.3f} s, P95 ITL {1000 * itl:.1f} ms ({out[-1].seconds:.0f} s)")
+        runs = []
+        for seed in seeds:
+            ttft, itl = replay((p.prefill.degree, p.prefill.count),
+                               (p.decode.degree, p.decode.count), programs, seed)
+            score = objective.score(replace(p.prefill, tau=ttft), replace(p.decode, tau=itl))
+            runs.append((ttft, itl, score))
+            if progress is not None:
+                progress(f"replayed plan {rank} ({p.prefill.label()} + {p.decode.label()}, "
+                         f"seed {seed}): P95 TTFT {ttft:.3f} s, P95 ITL {1000 * itl:.1f} ms")
+        mean = [sum(r[i] for r in runs) / len(runs) for i in range(3)]
+        out.append(Measured(p, rank, *mean, time.perf_counter() - started,
+                            tuple(r[2] for r in runs)))
     return out
 
 
@@ -104,5 +121,19 @@ def report(measured: Sequence[Measured], programs: int) -> str:
               + ("the ILP's first plan is also the best measured."
                  if best.planned_rank == 1 else
                  f"the best measured is the ILP's plan {best.planned_rank}, chosen over its "
-                 "first.")]
+                 "first."), wins(measured)]
     return "\n".join(lines)
+
+
+def wins(measured: Sequence[Measured]) -> str:
+    """Under how many seeds the choice measured best of all: the noise check."""
+    seeds = len(measured[0].per_seed()) if measured else 0
+    if seeds < 2:
+        return ("One replay seed: no estimate of the noise (`--verify-seeds N` replays each "
+                "plan under N seeds).")
+    best = choose(measured)
+    won = sum(all(b <= o for o in (m.per_seed()[i] for m in measured if m is not best))
+              for i, b in enumerate(best.per_seed()))
+    return (f"The choice measured best under {won} of {seeds} seeds"
+            + ("." if won == seeds else "; the plans are not separated beyond the seed-to-seed "
+               "noise, so any of them is as good a choice as these replays can tell."))

@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="R", help="plans within this share of the first's predicted "
                    f"objective count as tied and are replayed (default "
                    f"{plan_verify.TIE_TOLERANCE:g}: the per-role model's error; inf: all K)")
+    p.add_argument("--verify-seeds", type=int, default=1, metavar="N",
+                   help="replay each near-tied plan under N seeds (--seed, --seed + 1, ...) and "
+                   "choose by the mean; the report says under how many the choice won "
+                   "(default 1)")
     p.add_argument("--verify-programs", type=int, default=60,
                    help="programs each --verify replay runs (default 60)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -140,8 +144,9 @@ def _run(args: argparse.Namespace) -> int:
     if len(tied) >= 2:
         assert sim is not None
         started = time.perf_counter()
+        seeds = [args.seed + i for i in range(args.verify_seeds)]
         measured = plan_verify.measure(sim.deployment, tied, objective, args.verify_programs,
-                                       sim.progress)
+                                       seeds, sim.progress)
         print()
         print(plan_verify.report(measured, args.verify_programs))
         best = plan_verify.choose(measured)

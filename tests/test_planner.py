@@ -280,8 +280,8 @@ def test_the_choice_is_the_best_measured_and_ties_keep_the_planners_order():
 
     measured_p95 = {(1, 1): (0.9, 0.02), (1, 2): (0.5, 0.01), (2, 1): (0.5, 0.01)}
 
-    def replay(prefill, decode, programs):
-        assert programs == 12 and prefill[0] == decode[0] == 8
+    def replay(prefill, decode, programs, seed):
+        assert programs == 12 and prefill[0] == decode[0] == 8 and seed == 0
         return measured_p95[(prefill[1], decode[1])]
 
     objective = Objective({"prefill": 1.0, "decode": 0.1})
@@ -298,6 +298,27 @@ def test_the_choice_is_the_best_measured_and_ties_keep_the_planners_order():
     assert rows[0].startswith("| 1 | 2 |") and rows[2].startswith("| 3 | 1 |")
     assert "the best measured is the ILP's plan 2" in text
     assert "ILP's first plan is also the best measured" in report(got[:1], 12)
+    assert "One replay seed: no estimate of the noise" in text
+
+
+def test_several_seeds_choose_by_the_mean_and_report_the_wins():
+    from cluster.plan_verify import choose, measure, report
+
+    # per seed, the measured P95 TTFT (ITL far below its SLO): plan 1 wins seed 1 only
+    ttft = {(1, 1): [0.8, 0.9, 1.8], (1, 2): [0.7, 1.0, 1.4]}
+
+    def replay(prefill, decode, programs, seed):
+        return ttft[(prefill[1], decode[1])][seed], 0.001
+
+    objective = Objective({"prefill": 1.0, "decode": 0.1})
+    got = measure(replay, [plan_of(1, 1, 0.5), plan_of(1, 2, 0.5)], objective, 12,
+                  seeds=[0, 1, 2])
+    assert got[0].ttft == pytest.approx(3.5 / 3) and len(got[0].scores) == 3
+    assert got[1].score == pytest.approx(sum(got[1].scores) / 3)
+    assert choose(got).planned_rank == 2  # mean 1.03 against 1.17
+    assert "best under 2 of 3 seeds; the plans are not separated" in report(got, 12)
+    with pytest.raises(PlanError, match="verify-seeds"):
+        measure(replay, [plan_of(1, 1, 0.5)], objective, 12, seeds=[])
 
 
 def test_plan_command_replays_near_ties_and_reports_the_best_measured(monkeypatch, capsys):
@@ -307,7 +328,7 @@ def test_plan_command_replays_near_ties_and_reports_the_best_measured(monkeypatc
     replayed = []
 
     class Stub(FakeSim):
-        def deployment(self, prefill, decode, programs):
+        def deployment(self, prefill, decode, programs, seed=None):
             replayed.append((prefill, decode))
             # the more decode GPUs, the better the measured TTFT: the ILP cannot see it
             return 1.0 / (decode[0] * decode[1]), 0.01
