@@ -52,7 +52,7 @@ from cluster.planner import (
     counts,
 )
 
-CAPACITY_SAMPLE = 256  # programs whose mean prefill work bounds a prefill replica's capacity
+CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity
 GRID_RATIO = 1.5
 FLAT = 0.02
 PROGRAMS = 16
@@ -91,15 +91,40 @@ def prefill_capacity(programs: Any, profile: Any) -> float:
     pair, ``c4`` per sequence), without the per-step overhead ``c0`` or the weight-read floor
     that batching shares, for each turn's new tokens only (``Program.new_tokens``: the history
     is taken as cached), so a replica's work is at least this much whatever it batches and
-    caches. Candidates at or above it are infeasible (tau = inf) and never simulated."""
+    caches (a shared prefix counts as cached too). Candidates at or above it are infeasible
+    (tau = inf) and never simulated."""
     c = profile.coefficients()
     total = 0.0
     for p in programs:
         for i in range(p.n_turns):
-            n = p.new_tokens(i)
+            n = p.new_tokens(i) - (p.shared_prefix_tokens if i == 0 else 0)
             history = p.context_before(i) - n
             total += (c.c1 + c.c5) * n + c.c2 * (n * history + n * (n + 1) / 2) + c.c4
     return len(programs) / total if total > 0 else math.inf
+
+
+def decode_capacity(programs: Any, profile: Any) -> float:
+    """Programs/s above which one decode replica of ``profile`` has no steady state: its KV
+    cache (``kv_capacity_tokens`` at full memory, more than an engine gets) over a lower bound
+    on the KV token-seconds a program holds while it decodes (Little's law: the mean KV in use
+    is the arrival rate times that).
+
+    Why: the decode simulations replay at most ``max_programs`` programs, a burst that ends
+    before a replica's KV fills, so their inter-token latency stays low at loads the replica
+    cannot hold (at 32 programs/s a TP2 decode replica of Llama-3.1-70B measured 31 ms, yet
+    its 75k-token cache holds 0.3 programs/s). The bound: each turn holds at least its context
+    (less a shared prefix) for at least its decode steps, each no shorter than one step at that
+    context alone."""
+    held = 0.0
+    for p in programs:
+        for i, t in enumerate(p.turns):
+            ctx = p.context_before(i)
+            step = profile.step_seconds([], [ctx + 1])
+            held += (ctx - p.shared_prefix_tokens) * (t.output_tokens - 1) * step
+    return profile.kv_capacity_tokens(1.0) * len(programs) / held if held > 0 else math.inf
+
+
+CAPACITY = {"prefill": prefill_capacity, "decode": decode_capacity}
 
 
 def prefill_view(trace: Any) -> Any:
@@ -181,9 +206,9 @@ class SimulatedTau:
         sample = self._workload(32, rate)  # a bad --trace fails now, not after minutes
         self.program_seconds = self._program_seconds(sample, load_profile(self.partner))
         many = self._workload(CAPACITY_SAMPLE, rate).programs
-        #: programs/s a prefill replica of each degree cannot sustain (`prefill_capacity`)
-        self.capacity = {d: prefill_capacity(many, load_profile(self.profile(d)))
-                         for d in self.valid}
+        #: programs/s a replica of each role and degree cannot sustain (`CAPACITY`)
+        self.capacity = {(role, d): CAPACITY[role](many, load_profile(self.profile(d)))
+                         for role in ROLES for d in self.valid}
         self.overloaded: set[tuple[str, int, int]] = set()  # (role, degree, count) pruned
         self.pruned: dict[tuple[str, int], float] = {}  # chains bounded out, and their bound
         self.simulations = 0  # run in this process (not read from the cache)
@@ -206,9 +231,9 @@ class SimulatedTau:
             return math.inf
         if (role, degree) in self.pruned:
             return math.inf  # cannot be among the top plans (`prefetch`)
-        if role == "prefill" and load >= self.capacity[degree]:
+        if load >= self.capacity[(role, degree)]:
             self.overloaded.add((role, degree, round(self.rate / load)))
-            return math.inf  # no steady state: not simulated (`prefill_capacity`)
+            return math.inf  # no steady state: not simulated (`CAPACITY`)
         k_float = math.log(self.rate / load, self.ratio)
         k = max(0, math.floor(k_float + 1e-9))  # grid[k] >= load > grid[k + 1]
         flat_at = self._flat_from(role, degree, k)
@@ -307,7 +332,7 @@ class SimulatedTau:
         decode step at its context for decode). Queueing, batching and the KV hand-off only
         add to a turn's time, and a P95 of larger values is no smaller."""
         ks = [max(0, math.floor(math.log(self.rate / x, self.ratio) + 1e-9)) for x in loads
-              if not (role == "prefill" and x >= self.capacity[degree])]
+              if x < self.capacity[(role, degree)]]
         if not ks or degree not in self.valid:
             return math.inf
         return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))

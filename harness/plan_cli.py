@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{role} TP{degree} not simulated: no plan with it can score below "
                   f"{bound:.3f} (idle-replica bound), worse than the plans found")
         if sim.overloaded:
-            print(f"prefill candidates above a replica's capacity (not simulated): "
+            print(f"candidates above a replica's capacity (not simulated): "
                   f"{len(sim.overloaded)}")
         print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s of simulating, "
               f"--jobs {args.jobs}), the rest from the cache")

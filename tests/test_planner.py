@@ -133,36 +133,46 @@ def fake_tau(role: str, degree: int, load: float) -> float:
 
 
 def fake(tmp_path=None, **kw) -> FakeSim:
-    """A stubbed provider whose prefill replicas never count as overloaded (the fake curve
-    is not the workload's)."""
+    """A stubbed provider whose replicas never count as overloaded (the fake curve is not the
+    workload's)."""
     sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0,
                   cache_path=None if tmp_path is None else tmp_path / "cache.json", **kw)
     sim.asked = []
-    sim.capacity = dict.fromkeys(sim.valid, math.inf)
+    sim.capacity = dict.fromkeys(sim.capacity, math.inf)
     return sim
 
 
-def test_prefill_replicas_above_capacity_are_infeasible_and_not_simulated():
+def test_replicas_above_capacity_are_infeasible_and_not_simulated():
     from server.perf_model import load_profile
 
     sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0)
     sim.asked = []
-    # more GPUs, more capacity; DuReader on 70B: a TP8 prefill replica sustains ~2.3 programs/s
-    assert sim.capacity[2] < sim.capacity[4] < sim.capacity[8]
-    assert 1.5 < sim.capacity[8] < 3.5
-    assert sim.tau("prefill", 8, 0.99 * sim.capacity[8]) < math.inf
-    assert sim.tau("prefill", 8, sim.capacity[8]) == math.inf
+    cap = sim.capacity
+    # more GPUs, more capacity; DuReader on 70B: a TP8 prefill replica sustains ~2.3
+    # programs/s, a TP2 decode replica's 75k-token KV cache ~1 (a TP8 one's ~60)
+    for role in ("prefill", "decode"):
+        assert cap[(role, 2)] < cap[(role, 4)] < cap[(role, 8)]
+    assert 1.5 < cap[("prefill", 8)] < 3.5
+    assert 0.1 < cap[("decode", 2)] < 1.5 and cap[("decode", 8)] > 32
+    assert sim.tau("prefill", 8, 0.99 * cap[("prefill", 8)]) < math.inf
+    assert sim.tau("prefill", 8, cap[("prefill", 8)]) == math.inf
     assert sim.tau("prefill", 8, 4.0) == math.inf
     assert ("prefill", 8, 4.0) not in sim.asked and ("prefill", 8, 1) in sim.overloaded
-    assert sim.tau("decode", 2, 4.0) < math.inf  # decode replicas are not bounded here
+    assert sim.tau("decode", 2, 4.0) == math.inf
+    assert sim.tau("decode", 8, 4.0) < math.inf
     # the bound: one program's prefill work, by hand, is at least its step-form terms
     from eval.traces import load_or_generate
 
     one = load_or_generate("dureader", 1, 1.0, 0).programs
     c = load_profile("h100x8-llama-3.1-70b").coefficients()
     n = [one[0].new_tokens(i) for i in range(one[0].n_turns)]
-    assert 1 / plan_sim.prefill_capacity(one, load_profile("h100x8-llama-3.1-70b")) >= \
+    tp8 = load_profile("h100x8-llama-3.1-70b")
+    assert 1 / plan_sim.prefill_capacity(one, tp8) >= \
         sum((c.c1 + c.c5) * k + c.c2 * k * (k + 1) / 2 for k in n)
+    p = one[0]
+    held = sum(p.context_before(i) * (t.output_tokens - 1) * tp8.step_seconds([], [1])
+               for i, t in enumerate(p.turns))
+    assert plan_sim.decode_capacity(one, tp8) <= tp8.kv_capacity_tokens(1.0) / held
 
 
 def test_simulated_provider_skips_degrees_the_model_cannot_run():
@@ -196,7 +206,7 @@ def test_simulated_provider_grid_flat_floor_and_cache(tmp_path):
     # other inputs: the file is not reused
     other = FakeSim("h100-llama-3.1-70b", "dureader", 8.0, cache_path=tmp_path / "cache.json")
     other.asked = []
-    other.tau("decode", 2, 8.0)
+    other.tau("decode", 8, 8.0)
     assert other.asked
 
 
