@@ -28,6 +28,11 @@ grid points, lower loads reuse it (the replica is unloaded); every simulation is
 (JSON) when given. Degrees the model cannot run at (``server.perf_model.load_profile`` refuses
 them, e.g. Llama-3.1-70B on one H100) are skipped and listed in ``skipped``; a degree whose KV
 cache cannot hold the workload's longest conversation gets tau = inf.
+
+Not simulated at all: loads at or above a replica's capacity (``CAPACITY``: analytic bounds
+from the perf model, tau = inf, listed in ``overloaded``), and, when ``prefetch`` runs the
+(role, degree) chains ahead (in parallel with ``jobs`` > 1), chains whose idle-replica lower
+bound cannot beat the top plans already found (listed in ``pruned``).
 """
 
 from __future__ import annotations
