@@ -399,3 +399,20 @@ def test_chains_that_cannot_beat_the_top_plans_are_not_simulated():
     assert 0 < real < math.inf
     assert SimulatedTau.chain_bound(full, "decode", 8, [4.0]) < \
         SimulatedTau.chain_bound(full, "decode", 2, [4.0])
+
+
+def test_a_chain_that_turns_flat_does_not_simulate_below_it():
+    """Once two grid points agree within `flat`, lower loads reuse the lower one's tau, so the
+    grid point under the load asked is not simulated."""
+
+    class Flat(FakeSim):
+        def simulate(self, role, degree, load):
+            self.asked = getattr(self, "asked", [])
+            self.asked.append(round(load, 6))
+            return 0.02
+
+    sim = Flat("h100-llama-3.1-70b", "dureader", 4.0)
+    sim.asked = []
+    sim.capacity = dict.fromkeys(sim.capacity, math.inf)
+    assert sim.tau("decode", 8, 4.0) == 0.02 and sim.tau("decode", 8, 2.0) == 0.02
+    assert sim.asked == [4.0, round(4.0 / 1.5, 6)]  # not 4 / 1.5^2, under 2.0
