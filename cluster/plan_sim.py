@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.plan_bounds import CAPACITY, bound_score, idle_p95
 from cluster.planner import (
     DEGREES,
     ROLES,
@@ -57,7 +58,7 @@ from cluster.planner import (
     counts,
 )
 
-CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity
+CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5
 FLAT = 0.02
 PROGRAMS = 16
@@ -82,54 +83,6 @@ def split_profile(name: str) -> tuple[str, str]:
         raise PlanError(f"--profile {name!r}: leave the TP size out ({m[1]}-{m[3]}); the planner "
                         f"tries TP {', '.join(map(str, DEGREES))}")
     return m[1], m[3]
-
-
-def prefill_capacity(programs: Any, profile: Any) -> float:
-    """Programs/s above which one prefill replica of ``profile`` has no steady state: the
-    inverse of a lower bound on the mean prefill work of a program.
-
-    Why a bound and not a simulation: above its capacity a replica's queue grows without end,
-    so a finite simulation's P95 only measures how long the simulation was (at 256 GPUs, TP2
-    prefill replicas simulated at 2.8-32 programs/s all came out at 46-63 s, and the flat-floor
-    rule then took that plateau as "unloaded"). The bound is the step-time form's terms that
-    add up across a batch (``Coefficients``: ``c1 + c5`` per new token, ``c2`` per query-key
-    pair, ``c4`` per sequence), without the per-step overhead ``c0`` or the weight-read floor
-    that batching shares, for each turn's new tokens only (``Program.new_tokens``: the history
-    is taken as cached), so a replica's work is at least this much whatever it batches and
-    caches (a shared prefix counts as cached too). Candidates at or above it are infeasible
-    (tau = inf) and never simulated."""
-    c = profile.coefficients()
-    total = 0.0
-    for p in programs:
-        for i in range(p.n_turns):
-            n = p.new_tokens(i) - (p.shared_prefix_tokens if i == 0 else 0)
-            history = p.context_before(i) - n
-            total += (c.c1 + c.c5) * n + c.c2 * (n * history + n * (n + 1) / 2) + c.c4
-    return len(programs) / total if total > 0 else math.inf
-
-
-def decode_capacity(programs: Any, profile: Any) -> float:
-    """Programs/s above which one decode replica of ``profile`` has no steady state: its KV
-    cache (``kv_capacity_tokens`` at full memory, more than an engine gets) over a lower bound
-    on the KV token-seconds a program holds while it decodes (Little's law: the mean KV in use
-    is the arrival rate times that).
-
-    Why: the decode simulations replay at most ``max_programs`` programs, a burst that ends
-    before a replica's KV fills, so their inter-token latency stays low at loads the replica
-    cannot hold (at 32 programs/s a TP2 decode replica of Llama-3.1-70B measured 31 ms, yet
-    its 75k-token cache holds 0.3 programs/s). The bound: each turn holds at least its context
-    (less a shared prefix) for at least its decode steps, each no shorter than one step at that
-    context alone."""
-    held = 0.0
-    for p in programs:
-        for i, t in enumerate(p.turns):
-            ctx = p.context_before(i)
-            step = profile.step_seconds([], [ctx + 1])
-            held += (ctx - p.shared_prefix_tokens) * (t.output_tokens - 1) * step
-    return profile.kv_capacity_tokens(1.0) * len(programs) / held if held > 0 else math.inf
-
-
-CAPACITY = {"prefill": prefill_capacity, "decode": decode_capacity}
 
 
 def prefill_view(trace: Any) -> Any:
@@ -298,7 +251,7 @@ class SimulatedTau:
 
         todo = {(role, d): [self.rate / c for c in cs]
                 for (role, d), cs in counts(self, gpus, self.rate).items() if cs}
-        bound = {key: self._bound_score(objective, key[0], self.chain_bound(*key, loads))
+        bound = {key: bound_score(objective, key[0], self.chain_bound(*key, loads))
                  for key, loads in todo.items()}
         pending = sorted(todo, key=lambda key: (bound[key], key))
         finished: list[tuple[str, int]] = []
@@ -347,27 +300,10 @@ class SimulatedTau:
         return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
 
     def _idle_p95(self, role: str, degree: int, k: int) -> float:
-        from eval.metrics import percentile
         from server.perf_model import load_profile
 
-        profile = load_profile(self.profile(degree))
         trace = self._workload(self.programs_at(self._grid(k)), self._grid(k))
-        times = []
-        for p in trace.programs:
-            for i, t in enumerate(p.turns):
-                ctx = p.context_before(i)
-                if role == "prefill":
-                    times.append(profile.prefill_seconds(ctx, cached=ctx - p.new_tokens(i)))
-                elif t.output_tokens >= 2:
-                    times.append(profile.step_seconds([], [ctx + 1]))
-        return percentile(times, 95) if times else math.inf
-
-    @staticmethod
-    def _bound_score(objective: Objective, role: str, tau: float) -> float:
-        """The best score a plan holding a candidate of ``role`` with this tau can have."""
-        other = ROLES[1 - ROLES.index(role)]
-        c, idle = Candidate(role, 1, 1, tau), Candidate(other, 1, 1, 0.0)
-        return objective.score(*((c, idle) if role == "prefill" else (idle, c)))
+        return idle_p95(trace.programs, load_profile(self.profile(degree)), role)
 
     def _kth_best(self, finished: Sequence[tuple[str, int]], gpus: int, objective: Objective,
                   top: int) -> float:

@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="most programs per simulation (default 48)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="simulate up to N (role, TP degree) chains at once in worker processes "
-                   "(same results as serial; default 1)")
+                   "(the same plans as serial; default 1)")
     p.add_argument("--cache", default=None, metavar="FILE",
                    help="keep simulated latencies in this JSON file and reuse them")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
@@ -111,8 +111,8 @@ def _run(args: argparse.Namespace) -> int:
         provider = sim
     if args.verify is None:
         args.verify = plan_verify.SHORTLIST if sim is not None else 0
-    if args.verify < 0 or args.verify_programs < 2:
-        raise PlanError("--verify must be >= 0 and --verify-programs >= 2")
+    if args.verify < 0 or args.verify_programs < 2 or args.verify_seeds < 1:
+        raise PlanError("--verify must be >= 0, --verify-programs >= 2 and --verify-seeds >= 1")
     if args.verify and sim is None:
         raise PlanError("--verify replays deployments on the emulated GPUs: drop --table "
                         "(or give --verify 0)")

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from cluster import plan_sim
+from cluster import plan_bounds, plan_sim
 from cluster.planner import (
     Curve,
     Objective,
@@ -167,12 +167,12 @@ def test_replicas_above_capacity_are_infeasible_and_not_simulated():
     c = load_profile("h100x8-llama-3.1-70b").coefficients()
     n = [one[0].new_tokens(i) for i in range(one[0].n_turns)]
     tp8 = load_profile("h100x8-llama-3.1-70b")
-    assert 1 / plan_sim.prefill_capacity(one, tp8) >= \
+    assert 1 / plan_bounds.prefill_capacity(one, tp8) >= \
         sum((c.c1 + c.c5) * k + c.c2 * k * (k + 1) / 2 for k in n)
     p = one[0]
     held = sum(p.context_before(i) * (t.output_tokens - 1) * tp8.step_seconds([], [1])
                for i, t in enumerate(p.turns))
-    assert plan_sim.decode_capacity(one, tp8) <= tp8.kv_capacity_tokens(1.0) / held
+    assert plan_bounds.decode_capacity(one, tp8) <= tp8.kv_capacity_tokens(1.0) / held
 
 
 def test_simulated_provider_skips_degrees_the_model_cannot_run():
@@ -394,6 +394,9 @@ def test_chains_that_cannot_beat_the_top_plans_are_not_simulated():
         assert bounded.tau(role, d, 4.0) == math.inf
     assert bounded.simulations < full.simulations
     assert [p.key() for p in plan(bounded, 16, 4.0, objective)] == expected
+    # the best score a plan with a candidate can reach: the other role at tau 0
+    assert plan_bounds.bound_score(objective, "prefill", 1.0) == pytest.approx(0.5 * 1.001)
+    assert plan_bounds.bound_score(objective, "decode", 0.05) == pytest.approx(0.5 * 1.001)
     # the real bound is below what the perf model's idle replica shows: P95 of turns alone
     real = SimulatedTau.chain_bound(full, "prefill", 8, [4.0, 2.0])
     assert 0 < real < math.inf
