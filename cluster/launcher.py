@@ -102,7 +102,8 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                     host: str = "127.0.0.1", side_channel_port: int | None = None,
                     events_ipc: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
-    builds them."""
+    builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
+    the virtual-time cluster's engines do (`eval.bench.make_engine`)."""
     from harness.serve import ServeError, build_command, offload_gib
     from server.events import ENV_EVENTS_IPC, default_ipc_path
 
@@ -131,7 +132,8 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     try:
         command = build_command(policy=spec.policy, profile=spec.profile, host=host, port=port,
                                 seed=config.router.seed, max_model_len=max_model_len(spec),
-                                extra=extra, offload=offload)
+                                extra=extra, offload=offload,
+                                ttft_slo_s=config.router.ttft_slo_s)
     except ServeError as exc:
         raise LauncherError(f"replica {spec.name}: {exc}") from None
     env = {**command.env, **env}

@@ -28,19 +28,37 @@ grid points, lower loads reuse it (the replica is unloaded); every simulation is
 (JSON) when given. Degrees the model cannot run at (``server.perf_model.load_profile`` refuses
 them, e.g. Llama-3.1-70B on one H100) are skipped and listed in ``skipped``; a degree whose KV
 cache cannot hold the workload's longest conversation gets tau = inf.
+
+Not simulated at all: loads at or above a replica's capacity (``CAPACITY``: analytic bounds
+from the perf model, tau = inf, listed in ``overloaded``), and, when ``prefetch`` runs the
+(role, degree) chains ahead (in parallel with ``jobs`` > 1), chains whose idle-replica lower
+bound cannot beat the top plans already found (listed in ``pruned``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.planner import DEGREES, ROLES, Curve, PlanError
+from cluster.plan_bounds import CAPACITY, bound_score, idle_p95
+from cluster.planner import (
+    DEGREES,
+    ROLES,
+    Candidate,
+    Curve,
+    Objective,
+    PlanError,
+    brute_force,
+    counts,
+)
 
+CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5
 FLAT = 0.02
 PROGRAMS = 16
@@ -85,6 +103,29 @@ def prefill_view(trace: Any) -> Any:
                  params=trace.params, seed=trace.seed, programs=programs)
 
 
+@dataclass
+class _ChainResult:
+    """What a worker of `SimulatedTau.prefetch` sends back for one (role, degree) chain."""
+
+    cache: dict[str, float]
+    unfit: dict[tuple[str, int], str]
+    overloaded: set[tuple[str, int, int]]
+    simulations: int
+    sim_seconds: float
+    lines: list[str]
+
+
+def _walk_chain(sim: SimulatedTau, role: str, degree: int, loads: list[float]) -> _ChainResult:
+    """A worker: ask ``sim`` for tau at each load, in order; return what it simulated."""
+    lines: list[str] = []
+    sim.progress = lines.append
+    before = set(sim._cache)
+    for load in loads:
+        sim.tau(role, degree, load)
+    return _ChainResult({k: v for k, v in sim._cache.items() if k not in before}, sim.unfit,
+                        sim.overloaded, sim.simulations, sim.sim_seconds, lines)
+
+
 class SimulatedTau:
     """tau by simulation (see the module docstring). ``trace``: a trace name or file, as for
     ``harness bench --trace``; ``rate``: the whole deployment's load (the top of the grid)."""
@@ -122,6 +163,12 @@ class SimulatedTau:
         self.partner = self.profile(max(self.valid))
         sample = self._workload(32, rate)  # a bad --trace fails now, not after minutes
         self.program_seconds = self._program_seconds(sample, load_profile(self.partner))
+        many = self._workload(CAPACITY_SAMPLE, rate).programs
+        #: programs/s a replica of each role and degree cannot sustain (`CAPACITY`)
+        self.capacity = {(role, d): CAPACITY[role](many, load_profile(self.profile(d)))
+                         for role in ROLES for d in self.valid}
+        self.overloaded: set[tuple[str, int, int]] = set()  # (role, degree, count) pruned
+        self.pruned: dict[tuple[str, int], float] = {}  # chains bounded out, and their bound
         self.simulations = 0  # run in this process (not read from the cache)
         self.sim_seconds = 0.0
         self.cache_path = Path(cache_path) if cache_path else None
@@ -140,6 +187,11 @@ class SimulatedTau:
     def tau(self, role: str, degree: int, load: float) -> float:
         if role not in ROLES or degree not in self.valid:
             return math.inf
+        if (role, degree) in self.pruned:
+            return math.inf  # cannot be among the top plans (`prefetch`)
+        if load >= self.capacity[(role, degree)]:
+            self.overloaded.add((role, degree, round(self.rate / load)))
+            return math.inf  # no steady state: not simulated (`CAPACITY`)
         k_float = math.log(self.rate / load, self.ratio)
         k = max(0, math.floor(k_float + 1e-9))  # grid[k] >= load > grid[k + 1]
         flat_at = self._flat_from(role, degree, k)
@@ -150,6 +202,10 @@ class SimulatedTau:
             return math.inf if load > self.rate * (1 + 1e-9) else hi
         if math.isclose(load, self._grid(k), rel_tol=1e-9) or not math.isfinite(hi):
             return hi
+        if self._flat_from(role, degree, k) is not None:
+            # `hi` just completed a flat pair: loads below grid[k] reuse it, so the grid
+            # point under this load is not needed (one simulation fewer per flat chain)
+            return self._at(role, degree, self._flat_from(role, degree, k))
         lo = self._at(role, degree, k + 1)
         return Curve([(self._grid(k + 1), lo), (self._grid(k), hi)])(load)
 
@@ -175,6 +231,111 @@ class SimulatedTau:
             self._cache[key] = self.simulate(role, degree, self._grid(k))
             self._write_cache()
         return self._cache[key]
+
+    # -- running the chains ahead: bounded, in parallel -----------------------------------
+    def prefetch(self, gpus: int, objective: Objective, top: int = 3, jobs: int = 1) -> None:
+        """Simulate what the planner will ask for, a (role, degree) chain at a time
+        (``cluster.planner.counts``: the replica counts, asked at ``rate / count`` in that
+        order), most promising chain first, ``jobs`` chains at once in worker processes; the
+        results land in the cache. A chain whose lower bound (`chain_bound`) cannot make a
+        plan better than the ``top``-th best plan already simulated is not simulated at all:
+        it is listed in ``pruned`` and its tau is inf, which leaves the top plans unchanged.
+
+        Why chains: which grid loads a chain simulates depends only on that chain's own values
+        (the grid, the flat floor, the capacity bound) and each simulation only on its inputs
+        (seeded), so a chain walked in a worker simulates what the serial walk would, with the
+        same values. With ``jobs`` > 1 the pruning can see fewer finished chains when it
+        decides (they run at the same time), so it may simulate a chain the serial walk prunes;
+        the plans are the same either way."""
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        todo = {(role, d): [self.rate / c for c in cs]
+                for (role, d), cs in counts(self, gpus, self.rate).items() if cs}
+        bound = {key: bound_score(objective, key[0], self.chain_bound(*key, loads))
+                 for key, loads in todo.items()}
+        pending = sorted(todo, key=lambda key: (bound[key], key))
+        finished: list[tuple[str, int]] = []
+        pool = None
+        if jobs > 1:
+            import multiprocessing
+
+            # fork: the workers start with this process's imports (no vLLM yet) and classes
+            pool = ProcessPoolExecutor(max_workers=jobs,
+                                       mp_context=multiprocessing.get_context("fork"))
+        running: dict[Any, tuple[str, int]] = {}
+        try:
+            while pending or running:
+                incumbent = self._kth_best(finished, gpus, objective, top)
+                for key in [k for k in pending if bound[k] > incumbent]:
+                    pending.remove(key)
+                    self.pruned[key] = bound[key]
+                while pending and (pool is None or len(running) < jobs):
+                    key = pending.pop(0)
+                    if pool is None:
+                        for load in todo[key]:
+                            self.tau(*key, load)
+                        finished.append(key)
+                        break
+                    running[pool.submit(_walk_chain, self._worker(), *key, todo[key])] = key
+                if pool is None or not running:
+                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._merge(future.result())
+                    finished.append(running.pop(future))
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+
+    def chain_bound(self, role: str, degree: int, loads: Sequence[float]) -> float:
+        """A lower bound on every tau this chain can report: the least, over the grid points
+        its loads may need, of the P95 the same trace would show on an idle replica (each
+        turn alone, its history cached: prefill time of its new tokens for prefill, one
+        decode step at its context for decode). Queueing, batching and the KV hand-off only
+        add to a turn's time, and a P95 of larger values is no smaller."""
+        ks = [max(0, math.floor(math.log(self.rate / x, self.ratio) + 1e-9)) for x in loads
+              if x < self.capacity[(role, degree)]]
+        if not ks or degree not in self.valid:
+            return math.inf
+        return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
+
+    def _idle_p95(self, role: str, degree: int, k: int) -> float:
+        from server.perf_model import load_profile
+
+        trace = self._workload(self.programs_at(self._grid(k)), self._grid(k))
+        return idle_p95(trace.programs, load_profile(self.profile(degree)), role)
+
+    def _kth_best(self, finished: Sequence[tuple[str, int]], gpus: int, objective: Objective,
+                  top: int) -> float:
+        """The ``top``-th best plan's score among the finished chains' candidates (inf when
+        they make fewer plans): a plan must beat it to be among the top ones."""
+        cands = [Candidate(role, d, c, tau) for (role, d), cs in
+                 counts(self, gpus, self.rate).items() if (role, d) in finished for c in cs
+                 if math.isfinite(tau := self.tau(role, d, self.rate / c))]
+        try:
+            plans = brute_force(cands, gpus, objective, top)
+        except PlanError:
+            return math.inf
+        return plans[-1].score if len(plans) == top else math.inf
+
+    def _worker(self) -> SimulatedTau:
+        """A copy for a worker process: no cache file, nothing counted yet."""
+        worker = copy.copy(self)
+        worker.progress, worker.cache_path = None, None
+        worker.simulations, worker.sim_seconds = 0, 0.0
+        worker.unfit, worker.overloaded = {}, set()
+        return worker
+
+    def _merge(self, done: _ChainResult) -> None:
+        self._cache.update(done.cache)
+        self.unfit.update(done.unfit)
+        self.overloaded |= done.overloaded
+        self.simulations += done.simulations
+        self.sim_seconds += done.sim_seconds
+        if self.progress is not None:
+            for line in done.lines:
+                self.progress(line)
+        self._write_cache()
 
     # -- one simulation --------------------------------------------------------------------
     def simulate(self, role: str, degree: int, load: float) -> float:
@@ -206,19 +367,22 @@ class SimulatedTau:
         return tau
 
     def deployment(self, prefill: tuple[int, int], decode: tuple[int, int],
-                   programs: int) -> tuple[float, float]:
+                   programs: int, seed: int | None = None) -> tuple[float, float]:
         """The whole deployment (``(degree, count)`` per role) replayed at the full rate on
         the virtual-time cluster, `pd` routing: (P95 TTFT over every turn, P95 ITL). What the
         plan's per-replica simulations predict, measured without their simplifications (a
-        partner per role, one replica at its share of the load)."""
+        partner per role, one replica at its share of the load). ``seed`` (default: the
+        planner's) draws the trace and the engines."""
         replicas = [{"name": "p", "role": "prefill", "profile": self.profile(prefill[0]),
                      "count": prefill[1]},
                     {"name": "d", "role": "decode", "profile": self.profile(decode[0]),
                      "count": decode[1]}]
-        return self._p95s("plan-check", replicas, self._workload(programs, self.rate))
+        seed = self.seed if seed is None else seed
+        return self._p95s("plan-check", replicas, self._workload(programs, self.rate, seed),
+                          seed)
 
-    def _p95s(self, name: str, replicas: list[dict[str, Any]],
-              trace: Any) -> tuple[float, float]:
+    def _p95s(self, name: str, replicas: list[dict[str, Any]], trace: Any,
+              seed: int | None = None) -> tuple[float, float]:
         """Replay `trace` on a `pd`-routed cluster of `replicas`, every engine's context the
         longest conversation (a replica whose KV cache is smaller than the model's context,
         70B on two GPUs, can still serve short programs): (P95 TTFT, P95 ITL), inf for none.
@@ -229,16 +393,17 @@ class SimulatedTau:
         from eval.metrics import percentile, tpot_of
         from server.engine import ContextTooLong
 
+        seed = self.seed if seed is None else seed
         config = parse_cluster({"name": name, "router": {"strategy": "pd"},
                                 "replicas": replicas})
         longest = max(p.final_context_tokens for p in trace.programs)
 
         def build(spec: Any) -> Any:
-            return make_engine(spec.policy, spec.profile, self.seed, spec.num_gpu_blocks,
+            return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
                                spec.offload_gib, spec, config, max_model_len=longest)
 
         try:
-            cluster = VirtualCluster(config, seed=self.seed, make_engine=build)
+            cluster = VirtualCluster(config, seed=seed, make_engine=build)
         except ValueError as exc:  # vLLM: the KV cache cannot hold `longest` tokens
             raise Unfit(str(exc).split(".")[0]) from None
         try:
@@ -268,12 +433,12 @@ class SimulatedTau:
         wanted = math.ceil(STEADY_LIFETIMES * load * self.program_seconds)
         return min(self.max_programs, max(self.programs, wanted))
 
-    def _workload(self, n: int, load: float) -> Any:
+    def _workload(self, n: int, load: float, seed: int | None = None) -> Any:
         from eval.bench import BenchError, make_trace
         from eval.traces import TraceFormatError
 
         try:
-            return make_trace(self.trace, n, load, self.seed)
+            return make_trace(self.trace, n, load, self.seed if seed is None else seed)
         except (BenchError, TraceFormatError, ValueError) as exc:
             raise PlanError(f"--trace {self.trace!r}: {exc}") from None
 

@@ -184,10 +184,11 @@ class Objective:
         return max(wp, wd) + TIE_BREAK * (wp + wd)
 
 
-def candidates(provider: TauProvider, gpus: int, rate: float) -> list[Candidate]:
-    """Every (role, degree, count) that leaves room for one replica of the other role, with its
-    tau at ``rate / count``; counts ascend (the load falls), as a simulating provider prefers.
-    Raises :class:`PlanError` when a role has no candidate at all."""
+def counts(provider: TauProvider, gpus: int, rate: float) -> dict[tuple[str, int], range]:
+    """The replica counts each (role, degree) may take in ``gpus`` GPUs, leaving room for one
+    replica of the other role: what :func:`candidates` asks tau for, at ``rate / count``
+    (a simulating provider can run those chains ahead, ``SimulatedTau.prefetch``).
+    Raises :class:`PlanError` when the input cannot make a plan."""
     if not (isinstance(gpus, int) and gpus >= 2):
         raise PlanError(f"--gpus must be an integer >= 2 (one prefill and one decode replica), "
                         f"got {gpus!r}")
@@ -203,14 +204,24 @@ def candidates(provider: TauProvider, gpus: int, rate: float) -> list[Candidate]
             f"{gpus} GPUs cannot hold one prefill and one decode replica: the smallest TP "
             f"degrees available are {min(degrees['prefill'])} (prefill) and "
             f"{min(degrees['decode'])} (decode), so at least {smallest} GPUs are needed")
-    out: list[Candidate] = []
+    out: dict[tuple[str, int], range] = {}
     for role in ROLES:
         other = min(degrees[ROLES[1 - ROLES.index(role)]])
         for d in degrees[role]:
-            for c in range(1, (gpus - other) // d + 1):
-                tau = provider.tau(role, d, rate / c)
-                if math.isfinite(tau):
-                    out.append(Candidate(role, d, c, tau))
+            out[(role, d)] = range(1, (gpus - other) // d + 1)
+    return out
+
+
+def candidates(provider: TauProvider, gpus: int, rate: float) -> list[Candidate]:
+    """Every (role, degree, count) of :func:`counts`, with its tau at ``rate / count``; counts
+    ascend (the load falls), as a simulating provider prefers. Raises :class:`PlanError` when
+    a role has no candidate at all."""
+    out: list[Candidate] = []
+    for (role, d), cs in counts(provider, gpus, rate).items():
+        for c in cs:
+            tau = provider.tau(role, d, rate / c)
+            if math.isfinite(tau):
+                out.append(Candidate(role, d, c, tau))
     for role in ROLES:
         if not any(c.role == role for c in out):
             raise PlanError(f"no {role} replica within {gpus} GPUs can serve this workload "

@@ -207,20 +207,16 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
         raise AmpdBenchError(str(exc)) from None
 
 
-def _engine_factory(config: Any, seed: int, slo: SLO,
+def _engine_factory(config: Any, seed: int,
                     history: str = "pull") -> Callable[[Any], Any]:
-    """`eval.bench.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``), then
-    the AMPD queue policy told the run's TTFT SLO (it is built by name with the policy
-    module's default; Algorithm 2 counts tasks against it)."""
+    """`eval.bench.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``). The
+    AMPD queue policy gets the run's TTFT SLO from the cluster (`cluster_config` puts it in
+    `router.ttft_slo_s`), as a served replica does."""
     from eval.bench import make_engine
 
     def build(spec: Any) -> Any:
-        engine = make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                             spec.offload_gib, spec, config, bidirectional=history == "pull")
-        policy = engine.scheduler.agent_policy
-        if hasattr(policy, "ttft_slo_s"):
-            policy.ttft_slo_s = slo.ttft_s
-        return engine
+        return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
+                           spec.offload_gib, spec, config, bidirectional=history == "pull")
 
     return build
 
@@ -245,7 +241,7 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
                             num_gpu_blocks=num_gpu_blocks)
     wall = time.perf_counter()
     cluster = VirtualCluster(config, seed=seed,
-                             make_engine=_engine_factory(config, seed, slo, history))
+                             make_engine=_engine_factory(config, seed, history))
     try:
         result = replay_cluster(trace, cluster, progress=progress)
         decisions = dict(getattr(cluster.router, "decisions", {}))

@@ -615,7 +615,8 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
     a prefill or decode replica also gets its KV-transfer connector (`bidirectional`: a
-    prefill replica may read a program's history from its decode replica, `cluster.pd`)."""
+    prefill replica may read a program's history from its decode replica, `cluster.pd`), and
+    every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`) for its policy."""
     from harness.serve import DEFAULT_OFFLOAD_GIB
     from server.engine import VirtualEngine
 
@@ -624,10 +625,12 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     if offload and offload_gib is None:
         offload_gib = DEFAULT_OFFLOAD_GIB
     options: dict[str, Any] = {}
+    if cluster is not None:  # the cluster's TTFT SLO, as `harness cluster serve` gives it
+        options["ttft_slo_s"] = cluster.router.ttft_slo_s
     if replica is not None and replica.role != "colocated":
         from cluster.pd import virtual_engine_options
 
-        options = virtual_engine_options(replica, cluster, bidirectional=bidirectional)
+        options.update(virtual_engine_options(replica, cluster, bidirectional=bidirectional))
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
                          num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
                          max_num_batched_tokens=max_num_batched_tokens,

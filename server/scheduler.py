@@ -100,7 +100,8 @@ class PolicyScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings = ServeSettings.from_env()
-        self.agent_policy = make_policy(settings.policy, cost_model=_cost_model(settings))
+        self.agent_policy = make_policy(settings.policy, cost_model=_cost_model(settings),
+                                        **settings.policy_options())
         self.pins: dict[str, Pin] = {}
         self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
         self.pin_stats = PinStats()

@@ -147,3 +147,36 @@ def test_policy_scheduler_runs_the_reordered_queue(monkeypatch):
     assert [n.req_id for n in out.scheduled_new_reqs] == ["B", "C", "A"]
     assert out.num_scheduled_tokens == {"B": 100, "C": 100, "A": 312}
     d.close()
+
+
+# -- the deployment's TTFT SLO reaches the policy, served and simulated alike ------------------
+def test_make_policy_passes_the_slo_to_policies_that_take_it():
+    assert make_policy("ampd", ttft_slo_s=2.5).ttft_slo_s == 2.5
+    assert make_policy("ampd").ttft_slo_s == 1.0  # the module's default
+    assert make_policy("vllm", ttft_slo_s=2.5).name == "vllm"  # not an option of its own
+
+
+def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch):
+    """`harness cluster serve` -> `harness serve` -> the engine core's scheduler, and the
+    virtual-time cluster's engines, all run Algorithm 2 against `router.ttft_slo_s` (2 s in
+    this file), not the 1 s default."""
+    from pathlib import Path
+
+    from vllm_driver import make_scheduler
+
+    from cluster.config import load_cluster
+    from cluster.launcher import replica_command
+    from eval.bench import make_engine
+
+    root = Path(__file__).resolve().parent.parent
+    config = load_cluster(root / "cluster" / "examples" / "ampd-h20-1p3d.yaml")
+    spec = config.replicas[0].model_copy(update={"policy": "ampd"})
+    _, env = replica_command(config, spec, 8400, side_channel_port=8400,
+                             events_ipc="ipc:///dev/null")
+    monkeypatch.setenv("HARNESS_TTFT_SLO_S", env["HARNESS_TTFT_SLO_S"])
+    assert make_scheduler("ampd", monkeypatch=monkeypatch).agent_policy.ttft_slo_s == 2.0
+    engine = make_engine("ampd", spec.profile, 0, None, None, spec, config, max_model_len=4096)
+    try:
+        assert engine.scheduler.agent_policy.ttft_slo_s == 2.0
+    finally:
+        engine.close()

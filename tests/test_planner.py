@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from cluster import plan_sim
+from cluster import plan_bounds, plan_sim
 from cluster.planner import (
     Curve,
     Objective,
@@ -116,17 +116,63 @@ def test_table_file_errors(tmp_path):
 class FakeSim(plan_sim.SimulatedTau):
     """tau = a queue-like curve of the load; records what it was asked to simulate."""
 
+    asked: list
+
+    def chain_bound(self, role, degree, loads):
+        return 0.0  # the fake curve is not the perf model's: no bound holds for it
+
     def simulate(self, role, degree, load):
+        self.asked = getattr(self, "asked", [])
         self.asked.append((role, degree, round(load, 6)))
         self.simulations += 1
-        return (0.5 if role == "prefill" else 0.02) * (1 + max(0.0, load - 0.5) / degree)
+        return fake_tau(role, degree, load)
+
+
+def fake_tau(role: str, degree: int, load: float) -> float:
+    return (0.5 if role == "prefill" else 0.02) * (1 + max(0.0, load - 0.5) / degree)
 
 
 def fake(tmp_path=None, **kw) -> FakeSim:
+    """A stubbed provider whose replicas never count as overloaded (the fake curve is not the
+    workload's)."""
     sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0,
                   cache_path=None if tmp_path is None else tmp_path / "cache.json", **kw)
     sim.asked = []
+    sim.capacity = dict.fromkeys(sim.capacity, math.inf)
     return sim
+
+
+def test_replicas_above_capacity_are_infeasible_and_not_simulated():
+    from server.perf_model import load_profile
+
+    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0)
+    sim.asked = []
+    cap = sim.capacity
+    # more GPUs, more capacity; DuReader on 70B: a TP8 prefill replica sustains ~2.3
+    # programs/s, a TP2 decode replica's 75k-token KV cache ~1 (a TP8 one's ~60)
+    for role in ("prefill", "decode"):
+        assert cap[(role, 2)] < cap[(role, 4)] < cap[(role, 8)]
+    assert 1.5 < cap[("prefill", 8)] < 3.5
+    assert 0.1 < cap[("decode", 2)] < 1.5 and cap[("decode", 8)] > 32
+    assert sim.tau("prefill", 8, 0.99 * cap[("prefill", 8)]) < math.inf
+    assert sim.tau("prefill", 8, cap[("prefill", 8)]) == math.inf
+    assert sim.tau("prefill", 8, 4.0) == math.inf
+    assert ("prefill", 8, 4.0) not in sim.asked and ("prefill", 8, 1) in sim.overloaded
+    assert sim.tau("decode", 2, 4.0) == math.inf
+    assert sim.tau("decode", 8, 4.0) < math.inf
+    # the bound: one program's prefill work, by hand, is at least its step-form terms
+    from eval.traces import load_or_generate
+
+    one = load_or_generate("dureader", 1, 1.0, 0).programs
+    c = load_profile("h100x8-llama-3.1-70b").coefficients()
+    n = [one[0].new_tokens(i) for i in range(one[0].n_turns)]
+    tp8 = load_profile("h100x8-llama-3.1-70b")
+    assert 1 / plan_bounds.prefill_capacity(one, tp8) >= \
+        sum((c.c1 + c.c5) * k + c.c2 * k * (k + 1) / 2 for k in n)
+    p = one[0]
+    held = sum(p.context_before(i) * (t.output_tokens - 1) * tp8.step_seconds([], [1])
+               for i, t in enumerate(p.turns))
+    assert plan_bounds.decode_capacity(one, tp8) <= tp8.kv_capacity_tokens(1.0) / held
 
 
 def test_simulated_provider_skips_degrees_the_model_cannot_run():
@@ -160,7 +206,7 @@ def test_simulated_provider_grid_flat_floor_and_cache(tmp_path):
     # other inputs: the file is not reused
     other = FakeSim("h100-llama-3.1-70b", "dureader", 8.0, cache_path=tmp_path / "cache.json")
     other.asked = []
-    other.tau("decode", 2, 8.0)
+    other.tau("decode", 8, 8.0)
     assert other.asked
 
 
@@ -215,27 +261,161 @@ def test_plan_command_with_a_table(tmp_path, capsys):
     assert "harness plan: error: --gpus must be an integer >= 2" in capsys.readouterr().err
 
 
-def test_verify_ranks_replayed_deployments_by_the_measured_objective():
-    """`harness plan --verify`: each plan's whole deployment is replayed (here a stand-in
-    returns the measured P95s) and scored with the planner's own objective."""
-    from cluster.planner import Candidate, Objective, Plan
-    from harness.plan_cli import verify
+# --- stage two: near-tied plans replayed, the best measured chosen ----------------------------
 
-    def plan_of(p: int, d: int, score: float) -> Plan:
-        return Plan(Candidate("prefill", 8, p, 0.5), Candidate("decode", 8, d, 0.01), score)
 
-    measured = {(1, 1): (0.9, 0.02), (1, 2): (0.5, 0.01)}
+def plan_of(p: int, d: int, score: float):
+    from cluster.planner import Candidate, Plan
 
-    class Replays:
-        def deployment(self, prefill, decode, programs):
-            assert programs == 12
-            return measured[(prefill[1], decode[1])]
+    return Plan(Candidate("prefill", 8, p, 0.5), Candidate("decode", 8, d, 0.01), score)
+
+
+def test_near_ties_are_the_plans_within_the_tolerance_of_the_first():
+    from cluster.plan_verify import TIE_TOLERANCE, near_ties
+
+    plans = [plan_of(1, 1, 0.50), plan_of(1, 2, 0.55), plan_of(2, 1, 0.61), plan_of(2, 2, 0.59)]
+    assert TIE_TOLERANCE == 0.2
+    # 0.50 * 1.2 = 0.60: the third (0.61) is out, the fourth (0.59) in, in the ILP's order
+    assert [p.key() for p in near_ties(plans)] == [(8, 1, 8, 1), (8, 1, 8, 2), (8, 2, 8, 2)]
+    assert len(near_ties(plans, 0.0)) == 1
+    assert len(near_ties(plans, math.inf)) == 4
+    with pytest.raises(PlanError, match="tie-tolerance"):
+        near_ties(plans, -0.1)
+
+
+def test_the_choice_is_the_best_measured_and_ties_keep_the_planners_order():
+    """Hand-made replays: plan 2 measures best, so it is chosen; equal measurements go to the
+    ILP's order."""
+    from cluster.plan_verify import choose, measure, ranked, report
+
+    measured_p95 = {(1, 1): (0.9, 0.02), (1, 2): (0.5, 0.01), (2, 1): (0.5, 0.01)}
+
+    def replay(prefill, decode, programs, seed):
+        assert programs == 12 and prefill[0] == decode[0] == 8 and seed == 0
+        return measured_p95[(prefill[1], decode[1])]
 
     objective = Objective({"prefill": 1.0, "decode": 0.1})
-    text = verify(Replays(), [plan_of(1, 1, 0.5), plan_of(1, 2, 0.6)], objective, 12)
+    plans = [plan_of(1, 1, 0.5), plan_of(1, 2, 0.5), plan_of(2, 1, 0.52)]
+    lines = []
+    got = measure(replay, plans, objective, 12, progress=lines.append)
+    assert [m.planned_rank for m in got] == [1, 2, 3] and len(lines) == 3
+    assert got[0].score == pytest.approx(0.9 + 1e-3 * (0.9 + 0.2))
+    assert got[1].score == got[2].score  # equal measurements
+    assert choose(got).planned_rank == 2
+    assert [m.planned_rank for m in ranked(got)] == [2, 3, 1]
+    text = report(got, 12)
     rows = [line for line in text.splitlines() if line.startswith("| ") and "TP8" in line]
-    # plan 2 measures 0.5 / 1.0 against plan 1's 0.9: it ranks first
-    assert rows[0].startswith("| 1 | 2 |") and rows[1].startswith("| 2 | 1 |")
-    assert "not the best measured: plan 2 is" in text
-    text = verify(Replays(), [plan_of(1, 2, 0.5)], objective, 12)
-    assert "first choice is the best measured" in text
+    assert rows[0].startswith("| 1 | 2 |") and rows[2].startswith("| 3 | 1 |")
+    assert "the best measured is the ILP's plan 2" in text
+    assert "ILP's first plan is also the best measured" in report(got[:1], 12)
+    assert "One replay seed: no estimate of the noise" in text
+
+
+def test_several_seeds_choose_by_the_mean_and_report_the_wins():
+    from cluster.plan_verify import choose, measure, report
+
+    # per seed, the measured P95 TTFT (ITL far below its SLO): plan 1 wins seed 1 only
+    ttft = {(1, 1): [0.8, 0.9, 1.8], (1, 2): [0.7, 1.0, 1.4]}
+
+    def replay(prefill, decode, programs, seed):
+        return ttft[(prefill[1], decode[1])][seed], 0.001
+
+    objective = Objective({"prefill": 1.0, "decode": 0.1})
+    got = measure(replay, [plan_of(1, 1, 0.5), plan_of(1, 2, 0.5)], objective, 12,
+                  seeds=[0, 1, 2])
+    assert got[0].ttft == pytest.approx(3.5 / 3) and len(got[0].scores) == 3
+    assert got[1].score == pytest.approx(sum(got[1].scores) / 3)
+    assert choose(got).planned_rank == 2  # mean 1.03 against 1.17
+    assert "best under 2 of 3 seeds; the plans are not separated" in report(got, 12)
+    with pytest.raises(PlanError, match="verify-seeds"):
+        measure(replay, [plan_of(1, 1, 0.5)], objective, 12, seeds=[])
+
+
+def test_plan_command_replays_near_ties_and_reports_the_best_measured(monkeypatch, capsys):
+    """`harness plan` simulating (stubbed): stage two is on by default, replays the near-tied
+    plans among the top 3 and prints the best measured as the choice; `--verify 0` keeps the
+    ILP's first plan."""
+    replayed = []
+
+    class Stub(FakeSim):
+        def deployment(self, prefill, decode, programs, seed=None):
+            replayed.append((prefill, decode))
+            # the more decode GPUs, the better the measured TTFT: the ILP cannot see it
+            return 1.0 / (decode[0] * decode[1]), 0.01
+
+    monkeypatch.setattr(plan_sim, "SimulatedTau", Stub)
+    args = ["plan", "--gpus", "16", "--profile", "h100-llama-3.1-70b", "--trace", "dureader",
+            "--rate", "4", "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert 2 <= len(replayed) <= 3
+    best = max(replayed, key=lambda r: r[1][0] * r[1][1])
+    (pd, pc), (dd, dc) = best
+    assert f"choice: prefill TP{pd} x {pc}, decode TP{dd} x {dc}" in out
+    assert "the best measured of" in out
+    replayed.clear()
+    assert main([*args, "--verify", "0"]) == 0
+    out = capsys.readouterr().out
+    assert replayed == [] and "the ILP's first plan (--verify 0)" in out
+
+
+def test_parallel_chains_simulate_what_the_serial_walk_does(tmp_path):
+    """`--jobs 2`: each (role, degree) chain walked in a worker process fills the cache with
+    exactly the serial walk's simulations and values, so the plans are the same."""
+    objective = Objective(SLO)
+    serial = fake()
+    serial_plans = plan(serial, 16, 4.0, objective)
+    parallel = fake(tmp_path)
+    parallel.prefetch(16, objective, top=3, jobs=2)
+    assert parallel.simulations == serial.simulations > 0
+    assert parallel._cache == serial._cache
+    asked_before = parallel.simulations
+    assert [p.key() for p in plan(parallel, 16, 4.0, objective)] == \
+        [p.key() for p in serial_plans]
+    assert parallel.simulations == asked_before  # the planner found everything cached
+    assert json.loads((tmp_path / "cache.json").read_text())["tau"] == serial._cache
+
+
+def test_chains_that_cannot_beat_the_top_plans_are_not_simulated():
+    """A chain whose bound scores worse than the 3rd best plan found is skipped, and the plans
+    are those of the walk that simulates everything."""
+    from cluster.plan_sim import SimulatedTau
+
+    objective = Objective(SLO)
+    full = fake()
+    expected = [p.key() for p in plan(full, 16, 4.0, objective)]
+    bounded = fake()
+    # a tight, valid bound: the least tau of the chain (the fake curve rises with the load)
+    bounded.chain_bound = lambda role, d, loads: min(fake_tau(role, d, x) for x in loads)
+    bounded.prefetch(16, objective, top=3)
+    assert bounded.pruned  # some chains could not make a top-3 plan
+    for role, d in bounded.pruned:
+        assert not any(a[:2] == (role, d) for a in bounded.asked)
+        assert bounded.tau(role, d, 4.0) == math.inf
+    assert bounded.simulations < full.simulations
+    assert [p.key() for p in plan(bounded, 16, 4.0, objective)] == expected
+    # the best score a plan with a candidate can reach: the other role at tau 0
+    assert plan_bounds.bound_score(objective, "prefill", 1.0) == pytest.approx(0.5 * 1.001)
+    assert plan_bounds.bound_score(objective, "decode", 0.05) == pytest.approx(0.5 * 1.001)
+    # the real bound is below what the perf model's idle replica shows: P95 of turns alone
+    real = SimulatedTau.chain_bound(full, "prefill", 8, [4.0, 2.0])
+    assert 0 < real < math.inf
+    assert SimulatedTau.chain_bound(full, "decode", 8, [4.0]) < \
+        SimulatedTau.chain_bound(full, "decode", 2, [4.0])
+
+
+def test_a_chain_that_turns_flat_does_not_simulate_below_it():
+    """Once two grid points agree within `flat`, lower loads reuse the lower one's tau, so the
+    grid point under the load asked is not simulated."""
+
+    class Flat(FakeSim):
+        def simulate(self, role, degree, load):
+            self.asked = getattr(self, "asked", [])
+            self.asked.append(round(load, 6))
+            return 0.02
+
+    sim = Flat("h100-llama-3.1-70b", "dureader", 4.0)
+    sim.asked = []
+    sim.capacity = dict.fromkeys(sim.capacity, math.inf)
+    assert sim.tau("decode", 8, 4.0) == 0.02 and sim.tau("decode", 8, 2.0) == 0.02
+    assert sim.asked == [4.0, round(4.0 / 1.5, 6)]  # not 4 / 1.5^2, under 2.0

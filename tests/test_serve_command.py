@@ -45,3 +45,14 @@ def test_cli_prints_the_error_without_a_traceback():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unknown policy 'fifo'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_ttft_slo_travels_in_the_environment():
+    from server.settings import ServeSettings
+
+    command = build_command(policy="ampd", profile="h100-llama-3.1-8b", ttft_slo_s=1.5)
+    assert command.env["HARNESS_TTFT_SLO_S"] == "1.5"
+    assert ServeSettings(ttft_slo_s=1.5).to_env()["HARNESS_TTFT_SLO_S"] == "1.5"
+    assert build_command(policy="ampd").env["HARNESS_TTFT_SLO_S"] == "1.0"
+    with pytest.raises(ServeError, match="--ttft-slo"):
+        build_command(policy="ampd", ttft_slo_s=0.0)

@@ -38,8 +38,11 @@ def policy_class(name: str) -> type[Policy]:
     return getattr(import_module(module), cls)
 
 
-def make_policy(name: str, cost_model: CostModel | None = None) -> Policy:
-    return policy_class(name)(cost_model=cost_model)
+def make_policy(name: str, cost_model: CostModel | None = None, **options: object) -> Policy:
+    """The policy `name`, given those of `options` its class declares (`Policy.options`); the
+    rest are dropped, since deployment-wide settings reach policies that have no use for them."""
+    cls = policy_class(name)
+    return cls(cost_model=cost_model, **{k: v for k, v in options.items() if k in cls.options})
 
 
 __all__ = ["AgentEvent", "CostModel", "Hints", "Policy", "RequestView", "POLICIES",

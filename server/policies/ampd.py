@@ -23,7 +23,8 @@ prefill_seconds(history)` of the cost model (the profile). Without a cost model 
 FCFS. Retention is vLLM's: a finished turn's KV cache is freed at once.
 
 Constants: WINDOW = 3 (w, the paper's), POSTPONE_CAP = WINDOW, TTFT_SLO_S = 1.0 (a default;
-the deployment states its SLO).
+the deployment states its SLO: `ServeSettings.ttft_slo_s`, from a cluster file's
+`router.ttft_slo_s` or `harness serve --ttft-slo`, reaches the constructor via `make_policy`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def best_order(tasks: Sequence[PrefillTask], slo_s: float,
 class AMPDPolicy(Policy):
     name = "ampd"
     reorders_queue = True
+    options = ("ttft_slo_s",)
 
     def __init__(self, cost_model: CostModel | None = None,
                  ttft_slo_s: float = TTFT_SLO_S) -> None:

@@ -112,6 +112,11 @@ class Policy:
     #: priority order picks the victim).
     orders_running = False
 
+    #: Keyword options of the constructor that the deployment sets (`server.settings`
+    #: `ServeSettings.policy_options`, e.g. ``ttft_slo_s``); `make_policy` passes a policy only
+    #: those it names here, so one cluster-wide setting can reach every replica's policy.
+    options: tuple[str, ...] = ()
+
     def __init__(self, cost_model: CostModel | None = None) -> None:
         self.cost_model = cost_model
         #: The engine's limits, set by the scheduler through `configure` (defaults: vLLM's).
