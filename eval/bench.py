@@ -417,9 +417,10 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         iso_task = progress.add_task("isolated JCTs", total=n)
         iso_progress = lambda k: progress.update(iso_task, completed=k)  # noqa: E731
         runs = [(policy, x, closed) for policy in policies for x, closed in loads]
+        iso_timing: tuple[float, int] | None = None  # (wall s, engine steps); None: cached
         if jobs > 1 and http is None:
-            rows = _parallel(runs, traces, first, profile, seed, settings, out, slo, cluster,
-                             steady, jobs, progress, iso_task, console)
+            rows, iso_timing = _parallel(runs, traces, first, profile, seed, settings, out, slo,
+                                         cluster, steady, jobs, progress, iso_task, console)
             isolated = _isolated(first, profile, seed, out, settings, None)  # cached by now
         elif http is not None and http.isolated_over_http:
             from eval.http_replay import isolated_jcts_over_http
@@ -427,7 +428,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
             isolated = isolated_jcts_over_http(first, http.url, model=http.model,
                                                progress=iso_progress)
         else:
-            isolated = _isolated(first, profile, seed, out, settings, iso_progress)
+            isolated, iso_timing = _isolated_timed(first, profile, seed, out, settings,
+                                                   iso_progress)
+            _log_isolated(console, n, iso_timing)
         progress.update(iso_task, completed=n)
         for policy, x, closed in runs if not rows else ():
             trace = traces[x]
@@ -461,6 +464,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "steady": steady,
         "jobs": jobs,
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
+        # measuring the isolated JCTs (None: read from this folder's cache)
+        "isolated_wall_s": None if iso_timing is None else iso_timing[0],
+        "isolated_engine_steps": None if iso_timing is None else iso_timing[1],
         "wall_s": time.perf_counter() - started,
         "results": rows,
     }
@@ -471,19 +477,35 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
 
 
 def _log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:
-    """One plain line per finished run when the output goes to a log file (no live bar)."""
-    if console is not None and not console.is_terminal:
+    """One line per finished run: its figures and how fast it replayed (wall time, engine
+    steps per second), in a terminal above the live bars, in a log file instead of them."""
+    if console is not None:
         console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
                       f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s, "
+                      f"{row.get('engine_steps', 0):,} engine steps, "
                       f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
+
+
+def _log_isolated(console: Any, n: int, timing: tuple[float, int] | None) -> None:
+    """The isolated JCTs' line, as `_log_run`'s (or that they came from the cache)."""
+    if console is None:
+        return
+    if timing is None:
+        console.print(f"isolated JCTs: {n} programs, read from the output folder's cache")
+        return
+    wall, steps = timing
+    console.print(f"isolated JCTs: {n} programs alone, wall {wall:.1f} s, {steps:,} engine "
+                  f"steps, {steps / max(wall, 1e-9):.0f} steps/s")
 
 
 def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any, Trace],
               first: Trace, profile: str, seed: int, settings: EngineSettings, out: Path,
               slo: SLO, cluster: ClusterRuns | None, steady: float, jobs: int,
-              progress: Any, iso_task: Any, console: Any) -> list[dict[str, Any]]:
+              progress: Any, iso_task: Any,
+              console: Any) -> tuple[list[dict[str, Any]], tuple[float, int] | None]:
     """The isolated JCTs and every replay as separate processes, `jobs` at a time; rows are
-    made once all are in (they need the isolated JCTs), in the serial order."""
+    made once all are in (they need the isolated JCTs), in the serial order. Also returns
+    the isolated JCTs' (wall s, engine steps), None if they were cached."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -492,12 +514,13 @@ def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any
              for run in runs}
     with ProcessPoolExecutor(max_workers=jobs,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        iso = pool.submit(_isolated, first, profile, seed, out, settings, None)
+        iso = pool.submit(_isolated_timed, first, profile, seed, out, settings, None)
         futures = {run: pool.submit(_replay_once, traces[run[1]], run[0], profile, seed,
                                     settings, None, None, cluster, run[2], steady)
                    for run in runs}
-        isolated = iso.result()
+        isolated, iso_timing = iso.result()
         progress.update(iso_task, completed=n)
+        _log_isolated(console, n, iso_timing)
         done: dict[Any, tuple[Any, float]] = {}
         for run, future in futures.items():  # in order; later ones may already be done
             done[run] = future.result()
@@ -509,7 +532,7 @@ def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any
                    False, run[2])
         rows.append(row)
         _log_run(console, f"{run[0]} @ {_load_text(run[1], run[2])}", row, n)
-    return rows
+    return rows, iso_timing
 
 
 def _jps_label(x: float | None, closed: int | None = None) -> str:
@@ -616,9 +639,17 @@ def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettin
 
 
 def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
-              progress: Callable[[int], None]) -> dict[str, float]:
+              progress: Callable[[int], None] | None) -> dict[str, float]:
     """Each program alone on an engine of the run's settings (no offloading: alone, nothing
     is evicted); cached in `out` by the programs' contents and the settings."""
+    return _isolated_timed(trace, profile, seed, out, settings, progress)[0]
+
+
+def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
+                    progress: Callable[[int], None] | None
+                    ) -> tuple[dict[str, float], tuple[float, int] | None]:
+    """`_isolated`, and what measuring them cost: (wall seconds, engine steps), or None
+    when they came from the cache."""
     from eval.replay import isolated_jcts
 
     plain = replace(settings, offload_gib=None)
@@ -626,14 +657,16 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: Engine
     if path.exists():
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
-            return {k: float(v) for k, v in cached.items()}
+            return {k: float(v) for k, v in cached.items()}, None
+    wall = time.perf_counter()
     engine = settings_engine("vllm", profile, seed, plain)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
+        steps = int(engine.scheduler.sched_steps)
     finally:
         engine.close()
     _write_json(path, isolated)
-    return isolated
+    return isolated, (time.perf_counter() - wall, steps)
 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
@@ -738,6 +771,8 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("recomputed_tokens", "recomputed tok", "{}"),
             ("preemptions", "preemptions", "{}"), ("pin_memory_share", "pin mem share", "{:.4f}"),
             ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}"),
+            ("engine_steps", "engine steps", "{:,}"),
+            ("wall_s", "wall s", "{:.1f}"),
             ("engine_steps_per_s", "replay steps/s", "{:.0f}")]
 
 
@@ -773,7 +808,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
              f"{summary['programs']} programs, profile `{summary['profile']}`, seed "
              f"{summary['seed']}; isolated JCT mean {summary['isolated_jct_mean_s']:.2f} s "
              "(each program alone on the engine: the lower bound). "
-             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s. SLO per turn: "
+             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s"
+             f"{_isolated_cost_text(summary)}. SLO per turn: "
              f"TTFT <= {summary['slo']['ttft_s']:g} s and TPOT <= {summary['slo']['tpot_s']:g} "
              "s.", "",
              "| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
@@ -786,6 +822,15 @@ def report_markdown(summary: dict[str, Any]) -> str:
     lines += _replayed_section(summary)
     lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def _isolated_cost_text(summary: dict[str, Any]) -> str:
+    """What measuring the isolated JCTs cost, for the report's first paragraph."""
+    wall, steps = summary.get("isolated_wall_s"), summary.get("isolated_engine_steps")
+    if wall is None or steps is None:
+        return ""
+    return (f" (the isolated JCTs {wall:.1f} s of it: {steps:,} engine steps, "
+            f"{steps / max(wall, 1e-9):.0f} steps/s)")
 
 
 def _replayed_section(summary: dict[str, Any]) -> list[str]:
@@ -880,7 +925,7 @@ def print_table(summary: dict[str, Any], console: Any) -> None:
     table = Table(title=f"{summary['trace_name']} on {summary['profile']}")
     wanted = ("policy", "jps", "jct_mean_s", "jct_p95_s", "normalised_latency_mean",
               "throughput_programs_per_min", "prefix_hit_rate", "preemptions",
-              "pin_memory_share")
+              "pin_memory_share", "wall_s", "engine_steps_per_s")
     keys = [c for c in _COLUMNS if c[0] in wanted]
     for _, header, _ in keys:
         table.add_column(header, justify="right", overflow="fold")
