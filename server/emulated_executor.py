@@ -107,6 +107,7 @@ class EmulatedExecutor(Executor):
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
         self._tokenizer: Any = None
         self._token_limit: int | None = None  # random ids stay below this (see _next_token)
+        self._drawn: list[int] = []  # random ids drawn ahead, next one last (see _random_id)
         self._seqs: dict[str, _Sequence] = {}
         self._nixl = self._nixl_worker()
         self._offload = self._offload_worker() if self._nixl is None else None
@@ -296,7 +297,17 @@ class EmulatedExecutor(Executor):
             # the tokenizer would decode to nothing
             vocab = int(self.model_config.hf_config.vocab_size)
             self._token_limit = min(vocab, len(self._get_tokenizer()))
-        return int(self._rng.integers(FIRST_ORDINARY_TOKEN, self._token_limit))
+        return self._random_id()
+
+    def _random_id(self) -> int:
+        """The next random id, as `int(rng.integers(FIRST_ORDINARY_TOKEN, limit))` would give
+        it: numpy draws an array with the same calls, one after another, as it does scalars
+        (tests/test_virtual_engine.py checks it), so ids are drawn 4096 at a time instead of
+        one numpy call per emulated token."""
+        if not self._drawn:
+            ids = self._rng.integers(FIRST_ORDINARY_TOKEN, self._token_limit, size=4096)
+            self._drawn = ids.tolist()[::-1]
+        return self._drawn.pop()
 
     def _get_tokenizer(self) -> Any:
         if self._tokenizer is None:
