@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
@@ -357,6 +357,14 @@ class EngineSettings:
             raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
 
 
+class IsolatedCost(NamedTuple):
+    """What measuring the isolated JCTs took (`summary.json`'s ``isolated_*``)."""
+
+    wall_s: float
+    cpu_s: float  # of the process that measured them
+    engine_steps: int
+
+
 @dataclass(frozen=True)
 class HttpTarget:
     """Where a wall-clock replay goes (`eval.http_replay`)."""
@@ -417,7 +425,7 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         iso_task = progress.add_task("isolated JCTs", total=n)
         iso_progress = lambda k: progress.update(iso_task, completed=k)  # noqa: E731
         runs = [(policy, x, closed) for policy in policies for x, closed in loads]
-        iso_timing: tuple[float, int] | None = None  # (wall s, engine steps); None: cached
+        iso_timing: IsolatedCost | None = None  # None: read from the cache
         if jobs > 1 and http is None:
             rows, iso_timing = _parallel(runs, traces, first, profile, seed, settings, out, slo,
                                          cluster, steady, jobs, progress, iso_task, console)
@@ -465,8 +473,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "jobs": jobs,
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
         # measuring the isolated JCTs (None: read from this folder's cache)
-        "isolated_wall_s": None if iso_timing is None else iso_timing[0],
-        "isolated_engine_steps": None if iso_timing is None else iso_timing[1],
+        "isolated_wall_s": None if iso_timing is None else iso_timing.wall_s,
+        "isolated_cpu_s": None if iso_timing is None else iso_timing.cpu_s,
+        "isolated_engine_steps": None if iso_timing is None else iso_timing.engine_steps,
         "wall_s": time.perf_counter() - started,
         "results": rows,
     }
@@ -481,31 +490,36 @@ def _log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:
     steps per second), in a terminal above the live bars, in a log file instead of them."""
     if console is not None:
         console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
-                      f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s, "
+                      f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s"
+                      f"{_cpu_text(row.get('cpu_s'))}, "
                       f"{row.get('engine_steps', 0):,} engine steps, "
                       f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
 
 
-def _log_isolated(console: Any, n: int, timing: tuple[float, int] | None) -> None:
+def _cpu_text(cpu: float | None) -> str:
+    return "" if cpu is None else f" (CPU {cpu:.1f} s)"
+
+
+def _log_isolated(console: Any, n: int, timing: IsolatedCost | None) -> None:
     """The isolated JCTs' line, as `_log_run`'s (or that they came from the cache)."""
     if console is None:
         return
     if timing is None:
         console.print(f"isolated JCTs: {n} programs, read from the output folder's cache")
         return
-    wall, steps = timing
-    console.print(f"isolated JCTs: {n} programs alone, wall {wall:.1f} s, {steps:,} engine "
-                  f"steps, {steps / max(wall, 1e-9):.0f} steps/s")
+    wall, cpu, steps = timing
+    console.print(f"isolated JCTs: {n} programs alone, wall {wall:.1f} s (CPU {cpu:.1f} s), "
+                  f"{steps:,} engine steps, {steps / max(wall, 1e-9):.0f} steps/s")
 
 
 def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any, Trace],
               first: Trace, profile: str, seed: int, settings: EngineSettings, out: Path,
               slo: SLO, cluster: ClusterRuns | None, steady: float, jobs: int,
               progress: Any, iso_task: Any,
-              console: Any) -> tuple[list[dict[str, Any]], tuple[float, int] | None]:
+              console: Any) -> tuple[list[dict[str, Any]], IsolatedCost | None]:
     """The isolated JCTs and every replay as separate processes, `jobs` at a time; rows are
     made once all are in (they need the isolated JCTs), in the serial order. Also returns
-    the isolated JCTs' (wall s, engine steps), None if they were cached."""
+    what the isolated JCTs cost (None if they were cached)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -527,9 +541,9 @@ def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any
             progress.update(tasks[run], completed=n)
     rows = []
     for run in runs:
-        result, wall = done[run]
+        result, wall, cpu = done[run]
         row = _row(result, wall, run[0], run[1], isolated, out, slo, cluster is not None,
-                   False, run[2])
+                   False, run[2], cpu)
         rows.append(row)
         _log_run(console, f"{run[0]} @ {_load_text(run[1], run[2])}", row, n)
     return rows, iso_timing
@@ -647,9 +661,8 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: Engine
 
 def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
                     progress: Callable[[int], None] | None
-                    ) -> tuple[dict[str, float], tuple[float, int] | None]:
-    """`_isolated`, and what measuring them cost: (wall seconds, engine steps), or None
-    when they came from the cache."""
+                    ) -> tuple[dict[str, float], IsolatedCost | None]:
+    """`_isolated`, and what measuring them cost, or None when they came from the cache."""
     from eval.replay import isolated_jcts
 
     plain = replace(settings, offload_gib=None)
@@ -658,7 +671,7 @@ def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: 
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}, None
-    wall = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     engine = settings_engine("vllm", profile, seed, plain)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
@@ -666,7 +679,7 @@ def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: 
     finally:
         engine.close()
     _write_json(path, isolated)
-    return isolated, (time.perf_counter() - wall, steps)
+    return isolated, IsolatedCost(time.perf_counter() - wall, time.process_time() - cpu, steps)
 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
@@ -675,20 +688,21 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
              slo: SLO | None = None, cluster: ClusterRuns | None = None,
              concurrency: int | None = None, steady: float = 0.0) -> dict[str, Any]:
     """Replay one policy at one load and make its row (and its runs/ file)."""
-    result, wall = _replay_once(trace, policy, profile, seed, settings, progress, http,
-                                cluster, concurrency, steady)
+    result, wall, cpu = _replay_once(trace, policy, profile, seed, settings, progress, http,
+                                     cluster, concurrency, steady)
     return _row(result, wall, policy, x, isolated, out, slo, cluster is not None,
-                http is not None, concurrency)
+                http is not None, concurrency, cpu)
 
 
 def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: EngineSettings,
                  progress: Callable[[int], None] | None, http: HttpTarget | None,
                  cluster: ClusterRuns | None, concurrency: int | None,
-                 steady: float) -> tuple[Any, float]:
-    """The replay alone (what a `--jobs` worker runs): its result and wall seconds."""
+                 steady: float) -> tuple[Any, float, float]:
+    """The replay alone (what a `--jobs` worker runs): its result, wall seconds and this
+    process's CPU seconds (on a shared machine the wall time also counts others' work)."""
     from eval.replay import replay, steady_programs
 
-    wall = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     name, hints = split_policy(policy)
     if cluster is not None:
         from eval.cluster_replay import VirtualCluster, replay_cluster
@@ -719,12 +733,12 @@ def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: E
         finally:
             engine.close()
         result.measured = steady_programs(result, steady)
-    return result, time.perf_counter() - wall
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[str, float],
          out: Path, slo: SLO | None, cluster: bool, http: bool,
-         concurrency: int | None) -> dict[str, Any]:
+         concurrency: int | None, cpu: float | None = None) -> dict[str, Any]:
     """A replay's metrics row; its per-program records go to ``out/runs/``."""
     row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
     if http:
@@ -738,6 +752,7 @@ def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[
 
         row.update(cluster_metrics(result, slo))
     row["wall_s"] = wall
+    row["cpu_s"] = cpu
     if not http:  # the replay's own speed: engine steps (all replicas) per wall second
         row["engine_steps_per_s"] = row.get("engine_steps", 0) / max(row["wall_s"], 1e-9)
     measured = getattr(result, "measured", None)
@@ -772,7 +787,7 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("preemptions", "preemptions", "{}"), ("pin_memory_share", "pin mem share", "{:.4f}"),
             ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}"),
             ("engine_steps", "engine steps", "{:,}"),
-            ("wall_s", "wall s", "{:.1f}"),
+            ("wall_s", "wall s", "{:.1f}"), ("cpu_s", "CPU s", "{:.1f}"),
             ("engine_steps_per_s", "replay steps/s", "{:.0f}")]
 
 
@@ -829,7 +844,9 @@ def _isolated_cost_text(summary: dict[str, Any]) -> str:
     wall, steps = summary.get("isolated_wall_s"), summary.get("isolated_engine_steps")
     if wall is None or steps is None:
         return ""
-    return (f" (the isolated JCTs {wall:.1f} s of it: {steps:,} engine steps, "
+    cpu = summary.get("isolated_cpu_s")
+    spent = f"{wall:.1f} s" + ("" if cpu is None else f", {cpu:.1f} s of CPU")
+    return (f" (the isolated JCTs: {spent}, {steps:,} engine steps, "
             f"{steps / max(wall, 1e-9):.0f} steps/s)")
 
 
