@@ -198,6 +198,8 @@ class VirtualEngine:
                           kv_offloading_size=self.offload_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector)
         self.vllm_config = args.create_engine_config()
+        # no stats loggers here: with log_stats vLLM builds per-step scheduler statistics nobody
+        # reads (it decides the same; summary.json and runs/ are identical either way)
         self.core = EngineCore(self.vllm_config, EmulatedExecutor, log_stats=False)
         self.scheduler = self.core.scheduler
         self._pending: dict[str, Pending] = {}
