@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
@@ -380,6 +380,14 @@ class EngineSettings:
             raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
 
 
+class IsolatedCost(NamedTuple):
+    """What measuring the isolated JCTs took (`summary.json`'s ``isolated_*``)."""
+
+    wall_s: float
+    cpu_s: float  # of the process that measured them
+    engine_steps: int
+
+
 @dataclass(frozen=True)
 class HttpTarget:
     """Where a wall-clock replay goes (`eval.http_replay`)."""
@@ -440,9 +448,10 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         iso_task = progress.add_task("isolated JCTs", total=n)
         iso_progress = lambda k: progress.update(iso_task, completed=k)  # noqa: E731
         runs = [(policy, x, closed) for policy in policies for x, closed in loads]
+        iso_timing: IsolatedCost | None = None  # None: read from the cache
         if jobs > 1 and http is None:
-            rows = _parallel(runs, traces, first, profile, seed, settings, out, slo, cluster,
-                             steady, jobs, progress, iso_task, console)
+            rows, iso_timing = _parallel(runs, traces, first, profile, seed, settings, out, slo,
+                                         cluster, steady, jobs, progress, iso_task, console)
             isolated = _isolated(first, profile, seed, out, settings, None)  # cached by now
         elif http is not None and http.isolated_over_http:
             from eval.http_replay import isolated_jcts_over_http
@@ -450,7 +459,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
             isolated = isolated_jcts_over_http(first, http.url, model=http.model,
                                                progress=iso_progress)
         else:
-            isolated = _isolated(first, profile, seed, out, settings, iso_progress)
+            isolated, iso_timing = _isolated_timed(first, profile, seed, out, settings,
+                                                   iso_progress)
+            _log_isolated(console, n, iso_timing)
         progress.update(iso_task, completed=n)
         for policy, x, closed in runs if not rows else ():
             trace = traces[x]
@@ -485,6 +496,10 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "steady": steady,
         "jobs": jobs,
         "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
+        # measuring the isolated JCTs (None: read from this folder's cache)
+        "isolated_wall_s": None if iso_timing is None else iso_timing.wall_s,
+        "isolated_cpu_s": None if iso_timing is None else iso_timing.cpu_s,
+        "isolated_engine_steps": None if iso_timing is None else iso_timing.engine_steps,
         "wall_s": time.perf_counter() - started,
         "results": rows,
     }
@@ -495,19 +510,40 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
 
 
 def _log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:
-    """One plain line per finished run when the output goes to a log file (no live bar)."""
-    if console is not None and not console.is_terminal:
+    """One line per finished run: its figures and how fast it replayed (wall time, engine
+    steps per second), in a terminal above the live bars, in a log file instead of them."""
+    if console is not None:
         console.print(f"{label}: {row.get('programs', n)} programs, mean JCT "
-                      f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s, "
+                      f"{row.get('jct_mean_s', math.nan):.2f} s, wall {row['wall_s']:.1f} s"
+                      f"{_cpu_text(row.get('cpu_s'))}, "
+                      f"{row.get('engine_steps', 0):,} engine steps, "
                       f"{row.get('engine_steps_per_s', math.nan):.0f} steps/s")
+
+
+def _cpu_text(cpu: float | None) -> str:
+    return "" if cpu is None else f" (CPU {cpu:.1f} s)"
+
+
+def _log_isolated(console: Any, n: int, timing: IsolatedCost | None) -> None:
+    """The isolated JCTs' line, as `_log_run`'s (or that they came from the cache)."""
+    if console is None:
+        return
+    if timing is None:
+        console.print(f"isolated JCTs: {n} programs, read from the output folder's cache")
+        return
+    wall, cpu, steps = timing
+    console.print(f"isolated JCTs: {n} programs alone, wall {wall:.1f} s (CPU {cpu:.1f} s), "
+                  f"{steps:,} engine steps, {steps / max(wall, 1e-9):.0f} steps/s")
 
 
 def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any, Trace],
               first: Trace, profile: str, seed: int, settings: EngineSettings, out: Path,
               slo: SLO, cluster: ClusterRuns | None, steady: float, jobs: int,
-              progress: Any, iso_task: Any, console: Any) -> list[dict[str, Any]]:
+              progress: Any, iso_task: Any,
+              console: Any) -> tuple[list[dict[str, Any]], IsolatedCost | None]:
     """The isolated JCTs and every replay as separate processes, `jobs` at a time; rows are
-    made once all are in (they need the isolated JCTs), in the serial order."""
+    made once all are in (they need the isolated JCTs), in the serial order. Also returns
+    what the isolated JCTs cost (None if they were cached)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -516,24 +552,25 @@ def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any
              for run in runs}
     with ProcessPoolExecutor(max_workers=jobs,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        iso = pool.submit(_isolated, first, profile, seed, out, settings, None)
+        iso = pool.submit(_isolated_timed, first, profile, seed, out, settings, None)
         futures = {run: pool.submit(_replay_once, traces[run[1]], run[0], profile, seed,
                                     settings, None, None, cluster, run[2], steady)
                    for run in runs}
-        isolated = iso.result()
+        isolated, iso_timing = iso.result()
         progress.update(iso_task, completed=n)
+        _log_isolated(console, n, iso_timing)
         done: dict[Any, tuple[Any, float]] = {}
         for run, future in futures.items():  # in order; later ones may already be done
             done[run] = future.result()
             progress.update(tasks[run], completed=n)
     rows = []
     for run in runs:
-        result, wall = done[run]
+        result, wall, cpu = done[run]
         row = _row(result, wall, run[0], run[1], isolated, out, slo, cluster is not None,
-                   False, run[2])
+                   False, run[2], cpu)
         rows.append(row)
         _log_run(console, f"{run[0]} @ {_load_text(run[1], run[2])}", row, n)
-    return rows
+    return rows, iso_timing
 
 
 def _jps_label(x: float | None, closed: int | None = None) -> str:
@@ -646,9 +683,16 @@ def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettin
 
 
 def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
-              progress: Callable[[int], None]) -> dict[str, float]:
+              progress: Callable[[int], None] | None) -> dict[str, float]:
     """Each program alone on an engine of the run's settings (no offloading: alone, nothing
     is evicted); cached in `out` by the programs' contents and the settings."""
+    return _isolated_timed(trace, profile, seed, out, settings, progress)[0]
+
+
+def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
+                    progress: Callable[[int], None] | None
+                    ) -> tuple[dict[str, float], IsolatedCost | None]:
+    """`_isolated`, and what measuring them cost, or None when they came from the cache."""
     from eval.replay import isolated_jcts
 
     # no copy to price either: the isolated bound is the same whatever the copy model
@@ -657,14 +701,16 @@ def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: Engine
     if path.exists():
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
-            return {k: float(v) for k, v in cached.items()}
+            return {k: float(v) for k, v in cached.items()}, None
+    wall, cpu = time.perf_counter(), time.process_time()
     engine = settings_engine("vllm", profile, seed, plain)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
+        steps = int(engine.scheduler.sched_steps)
     finally:
         engine.close()
     _write_json(path, isolated)
-    return isolated
+    return isolated, IsolatedCost(time.perf_counter() - wall, time.process_time() - cpu, steps)
 
 
 def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int,
@@ -673,20 +719,21 @@ def _one_run(trace: Trace, policy: str, x: float | None, profile: str, seed: int
              slo: SLO | None = None, cluster: ClusterRuns | None = None,
              concurrency: int | None = None, steady: float = 0.0) -> dict[str, Any]:
     """Replay one policy at one load and make its row (and its runs/ file)."""
-    result, wall = _replay_once(trace, policy, profile, seed, settings, progress, http,
-                                cluster, concurrency, steady)
+    result, wall, cpu = _replay_once(trace, policy, profile, seed, settings, progress, http,
+                                     cluster, concurrency, steady)
     return _row(result, wall, policy, x, isolated, out, slo, cluster is not None,
-                http is not None, concurrency)
+                http is not None, concurrency, cpu)
 
 
 def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: EngineSettings,
                  progress: Callable[[int], None] | None, http: HttpTarget | None,
                  cluster: ClusterRuns | None, concurrency: int | None,
-                 steady: float) -> tuple[Any, float]:
-    """The replay alone (what a `--jobs` worker runs): its result and wall seconds."""
+                 steady: float) -> tuple[Any, float, float]:
+    """The replay alone (what a `--jobs` worker runs): its result, wall seconds and this
+    process's CPU seconds (on a shared machine the wall time also counts others' work)."""
     from eval.replay import replay, steady_programs
 
-    wall = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     name, hints = split_policy(policy)
     if cluster is not None:
         from eval.cluster_replay import VirtualCluster, replay_cluster
@@ -718,12 +765,12 @@ def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: E
         finally:
             engine.close()
         result.measured = steady_programs(result, steady)
-    return result, time.perf_counter() - wall
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[str, float],
          out: Path, slo: SLO | None, cluster: bool, http: bool,
-         concurrency: int | None) -> dict[str, Any]:
+         concurrency: int | None, cpu: float | None = None) -> dict[str, Any]:
     """A replay's metrics row; its per-program records go to ``out/runs/``."""
     row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
     if http:
@@ -737,6 +784,7 @@ def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[
 
         row.update(cluster_metrics(result, slo))
     row["wall_s"] = wall
+    row["cpu_s"] = cpu
     if not http:  # the replay's own speed: engine steps (all replicas) per wall second
         row["engine_steps_per_s"] = row.get("engine_steps", 0) / max(row["wall_s"], 1e-9)
     measured = getattr(result, "measured", None)
@@ -770,6 +818,8 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("recomputed_tokens", "recomputed tok", "{}"),
             ("preemptions", "preemptions", "{}"), ("pin_memory_share", "pin mem share", "{:.4f}"),
             ("sched_cpu_ms_per_step", "sched ms/step", "{:.3f}"),
+            ("engine_steps", "engine steps", "{:,}"),
+            ("wall_s", "wall s", "{:.1f}"), ("cpu_s", "CPU s", "{:.1f}"),
             ("engine_steps_per_s", "replay steps/s", "{:.0f}")]
 
 
@@ -805,7 +855,8 @@ def report_markdown(summary: dict[str, Any]) -> str:
              f"{summary['programs']} programs, profile `{summary['profile']}`, seed "
              f"{summary['seed']}; isolated JCT mean {summary['isolated_jct_mean_s']:.2f} s "
              "(each program alone on the engine: the lower bound). "
-             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s. SLO per turn: "
+             f"{_mode_text(summary)}; wall time {summary['wall_s']:.1f} s"
+             f"{_isolated_cost_text(summary)}. SLO per turn: "
              f"TTFT <= {summary['slo']['ttft_s']:g} s and TPOT <= {summary['slo']['tpot_s']:g} "
              "s.", "",
              "| " + " | ".join(h for _, h, _ in _COLUMNS) + " |",
@@ -818,6 +869,17 @@ def report_markdown(summary: dict[str, Any]) -> str:
     lines += _replayed_section(summary)
     lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def _isolated_cost_text(summary: dict[str, Any]) -> str:
+    """What measuring the isolated JCTs cost, for the report's first paragraph."""
+    wall, steps = summary.get("isolated_wall_s"), summary.get("isolated_engine_steps")
+    if wall is None or steps is None:
+        return ""
+    cpu = summary.get("isolated_cpu_s")
+    spent = f"{wall:.1f} s" + ("" if cpu is None else f", {cpu:.1f} s of CPU")
+    return (f" (the isolated JCTs: {spent}, {steps:,} engine steps, "
+            f"{steps / max(wall, 1e-9):.0f} steps/s)")
 
 
 def _replayed_section(summary: dict[str, Any]) -> list[str]:
@@ -915,7 +977,7 @@ def print_table(summary: dict[str, Any], console: Any) -> None:
     table = Table(title=f"{summary['trace_name']} on {summary['profile']}")
     wanted = ("policy", "jps", "jct_mean_s", "jct_p95_s", "normalised_latency_mean",
               "throughput_programs_per_min", "prefix_hit_rate", "preemptions",
-              "pin_memory_share")
+              "pin_memory_share", "wall_s", "engine_steps_per_s")
     keys = [c for c in _COLUMNS if c[0] in wanted]
     for _, header, _ in keys:
         table.add_column(header, justify="right", overflow="fold")

@@ -134,9 +134,9 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
     return out
 
 
-#: Keys of `replay_metrics` that measure this machine (CPU time), not the replay: they differ
-#: between identical replays.
-MACHINE_DEPENDENT = ("sched_cpu_ms_per_step", "wall_s")
+#: Keys of a bench row that measure this machine (CPU and wall time), not the replay: they
+#: differ between identical replays.
+MACHINE_DEPENDENT = ("sched_cpu_ms_per_step", "wall_s", "cpu_s", "engine_steps_per_s")
 
 
 def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:

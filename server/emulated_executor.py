@@ -58,6 +58,36 @@ class _Sequence:
         self.budget = budget  # random tokens to emit before EOS, or None for until max_tokens
 
 
+class _Completed(Future):
+    """A future that is done when made: what `execute_model(non_block=True)` returns. The
+    engine core asks every step for a future and reads its result at once; a plain `Future`
+    builds a lock and a condition for that, a measurable share of an emulated step."""
+
+    def __init__(self, value: Any) -> None:  # no super().__init__: nothing ever waits
+        self._value = value
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return None
+
+    def done(self) -> bool:
+        return True
+
+    def running(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_done_callback(self, fn: Any) -> None:
+        fn(self)
+
+
 class EmulatedExecutor(Executor):
     uses_ray = False
     supports_pp = False
@@ -78,6 +108,7 @@ class EmulatedExecutor(Executor):
         self._eos = int(eos[0] if isinstance(eos, list) else eos)
         self._tokenizer: Any = None
         self._token_limit: int | None = None  # random ids stay below this (see _next_token)
+        self._drawn: list[int] = []  # random ids drawn ahead, next one last (see _random_id)
         self._seqs: dict[str, _Sequence] = {}
         self._nixl = self._nixl_worker()
         self._offload = self._offload_worker() if self._nixl is None else None
@@ -189,9 +220,7 @@ class EmulatedExecutor(Executor):
                 clock().sleep(self._nixl.idle_seconds())
             output.kv_connector_output = self._nixl.finish_step()
         if non_block:
-            future: Future = Future()
-            future.set_result(output)
-            return future
+            return _Completed(output)
         return output
 
     def _finish_offload_step(self, offload_meta: Any, idle: bool) -> Any:
@@ -209,36 +238,36 @@ class EmulatedExecutor(Executor):
     def _step(self, so: Any) -> tuple[ModelRunnerOutput, list[tuple[int, int]], list[int]]:
         """Advance every scheduled sequence; also return the batch shape the step is priced by:
         prefill chunks as (new tokens, tokens computed before) and decodes as context length."""
+        seqs = self._seqs  # (locals: this runs on every emulated step)
         for req_id in so.finished_req_ids:
-            self._seqs.pop(req_id, None)
+            seqs.pop(req_id, None)
         computed_before: dict[str, int] = {}
         for new in so.scheduled_new_reqs:
-            if new.req_id not in self._seqs:
-                self._seqs[new.req_id] = self._new_sequence(new)
+            if new.req_id not in seqs:
+                seqs[new.req_id] = self._new_sequence(new)
             computed_before[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         computed_before.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
 
-        req_ids = list(so.num_scheduled_tokens)
+        scheduled = so.num_scheduled_tokens
+        req_ids = list(scheduled)
         sampled: list[list[int]] = []
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
-        for req_id in req_ids:
-            seq = self._seqs.get(req_id)
-            n = so.num_scheduled_tokens[req_id]
+        next_token = self._next_token
+        for req_id, n in scheduled.items():
+            seq = seqs.get(req_id)
             if seq is None:
                 sampled.append([])
                 continue
             before = computed_before.get(req_id, 0)
-            if n == 1 and seq.emitted > 0 and before + 1 == seq.prompt_len + seq.emitted:
+            known = seq.prompt_len + seq.emitted
+            if n == 1 and seq.emitted > 0 and before + 1 == known:
                 decode.append(before + 1)
             else:
                 prefill.append((n, before))
             # A token is sampled only when this step reaches the end of what is known.
-            if before + n >= seq.prompt_len + seq.emitted:
-                sampled.append([self._next_token(seq)])
-            else:
-                sampled.append([])
+            sampled.append([next_token(seq)] if before + n >= known else [])
         output = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                    sampled_token_ids=sampled)
@@ -270,7 +299,17 @@ class EmulatedExecutor(Executor):
             # the tokenizer would decode to nothing
             vocab = int(self.model_config.hf_config.vocab_size)
             self._token_limit = min(vocab, len(self._get_tokenizer()))
-        return int(self._rng.integers(FIRST_ORDINARY_TOKEN, self._token_limit))
+        return self._random_id()
+
+    def _random_id(self) -> int:
+        """The next random id, as `int(rng.integers(FIRST_ORDINARY_TOKEN, limit))` would give
+        it: numpy draws an array with the same calls, one after another, as it does scalars
+        (tests/test_virtual_engine.py checks it), so ids are drawn 4096 at a time instead of
+        one numpy call per emulated token."""
+        if not self._drawn:
+            ids = self._rng.integers(FIRST_ORDINARY_TOKEN, self._token_limit, size=4096)
+            self._drawn = ids.tolist()[::-1]
+        return self._drawn.pop()
 
     def _get_tokenizer(self) -> Any:
         if self._tokenizer is None:

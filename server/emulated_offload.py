@@ -126,7 +126,10 @@ class EmulatedOffloadWorker:
         """What the real worker's `get_finished` + `build_connector_worker_meta` report now."""
         now = clock().now()
         done = sorted((c for c in self._in_flight.values() if c.done_at <= now),
-                      key=lambda c: (c.done_at, c.job_id))
+                      key=lambda c: (c.done_at, c.job_id)) if self._in_flight else []
+        if not done:  # most steps: nothing to report (and no metadata to build)
+            return KVConnectorOutput(finished_sending=set(), finished_recving=set(),
+                                     kv_connector_worker_meta=None)
         meta = OffloadingWorkerMetadata()
         recving: set[str] = set()
         for copy in done:
@@ -137,7 +140,7 @@ class EmulatedOffloadWorker:
             if copy.is_load:
                 recving.add(copy.req_id)
         return KVConnectorOutput(finished_sending=set(), finished_recving=recving,
-                                 kv_connector_worker_meta=meta if done else None)
+                                 kv_connector_worker_meta=meta)
 
     # -- time ----------------------------------------------------------------------------------
     def idle_seconds(self) -> float:

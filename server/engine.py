@@ -211,7 +211,9 @@ class VirtualEngine:
                           kv_offloading_size=self.offload_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector)
         self.vllm_config = args.create_engine_config()
-        self.core = EngineCore(self.vllm_config, EmulatedExecutor, log_stats=True)
+        # no stats loggers here: with log_stats vLLM builds per-step scheduler statistics nobody
+        # reads (it decides the same; summary.json and runs/ are identical either way)
+        self.core = EngineCore(self.vllm_config, EmulatedExecutor, log_stats=False)
         self.scheduler = self.core.scheduler
         self._pending: dict[str, Pending] = {}
         self._idle_steps = 0  # consecutive steps computing nothing while requests wait
@@ -321,11 +323,13 @@ class VirtualEngine:
     def _check_progress(self, outputs: dict[Any, Any], done: list[Finished]) -> None:
         """Raise `NoProgress` after `NO_PROGRESS_STEPS` steps in a row that computed no token
         and finished nothing while requests were unfinished."""
-        computed = bool(done) or any(out.new_token_ids for client in outputs.values()
-                                     for out in client.outputs)
         scheduler = self.scheduler
-        waiting = scheduler.get_num_unfinished_requests()
-        if computed or scheduler.last_scheduled_tokens or not waiting:
+        if scheduler.last_scheduled_tokens or done:  # the usual case, decided cheaply
+            self._idle_steps = 0
+            return
+        computed = any(out.new_token_ids for client in outputs.values()
+                       for out in client.outputs)
+        if computed or not scheduler.get_num_unfinished_requests():
             self._idle_steps = 0
             return
         self._idle_steps += 1

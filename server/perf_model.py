@@ -37,6 +37,7 @@ has fewer ids, so the emulated executor must sample ids below the tokenizer's si
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -442,12 +443,12 @@ def _check_batch(prefill: Sequence[Sequence[int]], decode: Sequence[int]) -> Non
             raise ValueError(
                 f"prefill chunk must be >= 1 token and its prior context >= 0, got {item!r}"
             )
-    for ctx in decode:
-        if ctx < 1:
-            raise ValueError(
-                "decode context lengths count the token being decoded, so must be >= 1, "
-                f"got {ctx!r}"
-            )
+    if decode and min(decode) < 1:  # one C-level pass: this runs on every emulated step
+        ctx = next(c for c in decode if c < 1)
+        raise ValueError(
+            "decode context lengths count the token being decoded, so must be >= 1, "
+            f"got {ctx!r}"
+        )
 
 
 def step_features(prefill: Sequence[Sequence[int]], decode: Sequence[int]) -> StepFeatures:
@@ -725,27 +726,33 @@ class RooflineProfile(Profile):
             c5=c5,
         )
 
+    @functools.cached_property
+    def _step_constants(self) -> tuple[float, float, float, float, float, float, float, int]:
+        """What `step_seconds` needs of the (frozen) model, GPU and efficiencies, computed
+        once: the emulated executor prices every engine step, hundreds of thousands a replay.
+        Each value is the same expression, in the same order, as it was inline."""
+        m, e = self.model, self.eff
+        flops = self.peak_flops * e.mfu
+        attn_flops = self.peak_flops * e.attention_mfu
+        bw = self.hbm_bandwidth * e.hbm
+        return (flops, attn_flops, bw, 2.0 * m.matmul_params_per_token,
+                m.weight_bytes_read_per_step / bw, 2.0 * m.vocab * m.hidden,
+                m.attention_flops_per_pair(), self.kv_bytes_per_token)
+
     def step_seconds(self, prefill: Sequence[Sequence[int]], decode: Sequence[int]) -> float:
         _check_batch(prefill, decode)
         seqs = len(prefill) + len(decode)
         if seqs == 0:
             return 0.0
-        m, e = self.model, self.eff
-        flops = self.peak_flops * e.mfu
-        attn_flops = self.peak_flops * e.attention_mfu
-        bw = self.hbm_bandwidth * e.hbm
+        flops, attn_flops, bw, two_matmul, weights_s, two_lm_head, pair_flops, kvb = (
+            self._step_constants)
         tokens = sum(c for c, _ in prefill) + len(decode)
 
         # Linear layers: FLOPs of every new token vs one read of the weights.
-        linear = max(
-            2.0 * m.matmul_params_per_token * tokens / flops,
-            m.weight_bytes_read_per_step / bw,
-        )
+        linear = max(two_matmul * tokens / flops, weights_s)
         # LM head on each sequence's last position (vLLM computes logits per request).
-        lm_head = 2.0 * m.vocab * m.hidden * seqs / flops
+        lm_head = two_lm_head * seqs / flops
         # Attention, a roofline per sequence: query-key pair FLOPs vs reading its KV.
-        pair_flops = m.attention_flops_per_pair()
-        kvb = self.kv_bytes_per_token
         attention = 0.0
         for chunk, ctx in prefill:
             pairs = chunk * ctx + chunk * (chunk + 1) / 2

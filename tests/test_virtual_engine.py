@@ -49,3 +49,22 @@ def test_time_is_the_modelled_step_time(runs):
     assert a0.output_tokens == 50 and a0.finish_reason == "stop"
     # the second turn reuses the first turn's prompt from the prefix cache
     assert a1.cached_tokens == 2000 and a1.arrival == pytest.approx(a0.finished + 0.5)
+
+
+def test_emulated_ids_are_numpys_scalar_draws(runs):
+    """The emulated model draws its random ids 4096 at a time; they must be the ids that one
+    `rng.integers` call per token gives (numpy draws an array with the same calls, in order),
+    so replays keep their token ids and with them every prefix-cache figure."""
+    import numpy as np
+
+    from server.emulated_executor import FIRST_ORDINARY_TOKEN
+
+    for limit in (1000, 32000):
+        one, many = np.random.default_rng(0), np.random.default_rng(0)
+        scalars = [int(one.integers(FIRST_ORDINARY_TOKEN, limit)) for _ in range(10_000)]
+        arrays: list[int] = []
+        while len(arrays) < len(scalars):
+            arrays += many.integers(FIRST_ORDINARY_TOKEN, limit, size=4096).tolist()
+        assert arrays[:len(scalars)] == scalars
+    a0 = runs[0][0]  # what the engine answered: ids in range, the last one EOS
+    assert all(FIRST_ORDINARY_TOKEN <= t < 32000 for t in a0.token_ids[:-1])
