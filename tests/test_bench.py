@@ -263,3 +263,27 @@ def test_slo_attainment_and_goodput_by_hand():
     assert m["tpot_mean_s"] == pytest.approx((0.1 + 0.05 + 0.2) / 3)
     # a looser TTFT bound admits `late`
     assert slo_metrics([a, b, c], 60.0, SLO(ttft_s=3.0, tpot_s=0.1))["slo_attainment"] == 3 / 4
+
+
+def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
+    """vLLM's offloading connector walks a set of request ids, so a replay's figures depend on
+    the string-hash seed: `harness bench` (and plan, cluster) re-exec under PYTHONHASHSEED=0
+    unless the user chose a seed; other commands are left alone."""
+    from harness import cli
+
+    calls = []
+    monkeypatch.setattr(cli.os, "execve", lambda exe, cmd, env: calls.append((cmd, env)))
+    monkeypatch.setattr(cli.sys, "argv", ["/venv/bin/harness", "bench", "--trace", "swe"])
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    cli._pin_hash_seed(["bench", "--trace", "swe"])
+    assert len(calls) == 1
+    cmd, env = calls[0]
+    assert cmd[1:] == ["/venv/bin/harness", "bench", "--trace", "swe"]
+    assert env["PYTHONHASHSEED"] == "0"
+    cli._pin_hash_seed(["serve", "--policy", "vllm"])  # not a replay: no re-exec
+    monkeypatch.setattr(cli.sys, "argv", ["/x/harness/cli.py", "plan", "--gpus", "4"])
+    cli._pin_hash_seed(["plan", "--gpus", "4"])
+    assert calls[1][0][1:] == ["-m", "harness.cli", "plan", "--gpus", "4"]
+    monkeypatch.setenv("PYTHONHASHSEED", "7")  # the user's own seed is kept
+    cli._pin_hash_seed(["bench"])
+    assert len(calls) == 2
