@@ -45,7 +45,8 @@ def _run_matches(labels: dict[str, str], run_id: str | None) -> bool:
 
 def dead_containers(client: Any, run_id: str | None = None) -> list[Leftover]:
     found = []
-    for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+    for container in client.containers.list(all=True, filters={"label": OWNER_LABEL},
+                                             ignore_removed=True):
         labels = container.labels or {}
         if not _run_matches(labels, run_id) or lb.process_alive(labels) is not False:
             continue
@@ -59,7 +60,7 @@ def dead_containers(client: Any, run_id: str | None = None) -> list[Leftover]:
 
 def run_containers(client: Any, run_id: str) -> list[Any]:
     """The containers this process made for run `run_id` that still exist."""
-    return [c for c in client.containers.list(all=True, filters={"label": [
+    return [c for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [
         f"{lb.RUN_LABEL}={run_id}", f"{lb.PID_LABEL}={os.getpid()}"]})]
 
 

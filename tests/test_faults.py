@@ -121,7 +121,9 @@ def test_server_killed_mid_run_then_resume_on_a_fresh_server(server, tmp_path):
 
 
 def run_containers(docker_client: Any, pid: int) -> list[Any]:
-    return docker_client.containers.list(all=True, filters={"label": f"harness.pid={pid}"})
+    # ignore_removed: the run removes its containers while this polls (list, then inspect each)
+    return docker_client.containers.list(all=True, filters={"label": f"harness.pid={pid}"},
+                                         ignore_removed=True)
 
 
 def test_containers_removed_mid_run_then_resume(server, docker_client, tmp_path):

@@ -239,7 +239,10 @@ def remove_leftovers(client: Any = None, owner: str | None = None) -> list[str]:
     if owner is not None:
         labels.append(f"{OWNER_LABEL}={owner}")
     removed: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": labels}):
+    # ignore_removed: a container that goes away between the listing and its inspection (another
+    # run's clean-up) is not an error
+    for container in client.containers.list(all=True, filters={"label": labels},
+                                            ignore_removed=True):
         try:
             container.remove(force=True)
         except docker.errors.NotFound:
