@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=int, default=8192,
                    help="KV cache size in tokens on both sides (default 8192)")
     p.add_argument("--max-model-len", type=int, default=6144)
+    p.add_argument("--tie", type=float, default=0.01,
+                   help="mean JCTs within this fraction are tied when rankings are compared "
+                   "(default 0.01: two policies the emulator shows deciding alike differed by "
+                   "up to 0.75%% on the real engine, quiet machine)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-emulator", action="store_true",
                    help="also replay over HTTP on the emulator (`harness serve --profile "
@@ -193,6 +197,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     by_real = sorted(policies, key=lambda p: rows[p]["mean_jct_real_s"])
     by_emu = sorted(policies, key=lambda p: rows[p]["mean_jct_emulated_s"])
+    agree, disagree, tied = compare_rankings(
+        {p: rows[p]["mean_jct_real_s"] for p in policies},
+        {p: rows[p]["mean_jct_emulated_s"] for p in policies}, args.tie)
     return {"table": str(args.table), "trace": {"generator": "bfcl_like",
                                                 "programs": args.programs, "jps": args.jps,
                                                 "scale": args.scale, "seed": args.seed},
@@ -200,7 +207,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "step_error_fit": table.get("fit_errors"),
             "step_error_roofline": table.get("roofline_errors"),
             "policies": rows, "ranking_real": by_real, "ranking_emulated": by_emu,
-            "same_ranking": by_real == by_emu}
+            "tie": args.tie, "same_ranking": not disagree, "separated_pairs": agree,
+            "contradicted_pairs": disagree, "tied_pairs": tied}
+
+
+def compare_rankings(real: dict[str, float], emulated: dict[str, float],
+                     tie: float) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+    """Whether the emulator orders the policies as the real engine does, pair by pair.
+
+    Two policies whose mean JCTs differ by less than `tie` (relative to the smaller) on a side
+    are tied there: the real side's order inside that margin is run-to-run noise, and a strict
+    order of two exactly equal emulated means is an accident of sorting. Returns the pairs
+    (faster first, by the real engine) both sides separate the same way, those they separate
+    in opposite ways (a wrong ranking) and those tied on at least one side."""
+
+    def order(means: dict[str, float], a: str, b: str) -> int:
+        x, y = means[a], means[b]
+        if abs(x - y) <= tie * min(x, y):
+            return 0
+        return -1 if x < y else 1
+
+    agree: list[list[str]] = []
+    disagree: list[list[str]] = []
+    tied: list[list[str]] = []
+    names = sorted(real, key=real.__getitem__)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            r, e = order(real, a, b), order(emulated, a, b)
+            (tied if r == 0 or e == 0 else agree if r == e else disagree).append([a, b])
+    return agree, disagree, tied
 
 
 def report(summary: dict[str, Any]) -> str:
@@ -231,9 +266,16 @@ def report(summary: dict[str, Any]) -> str:
                 f"{r['ttft_error_http']['median']:.1%} / {r['ttft_error_http']['p90']:.1%} | "
                 f"{t['real'] * 1e3:.0f} / {t['emulated'] * 1e3:.0f} / "
                 f"{t['emulated_http'] * 1e3:.0f} ms |")
+    def pairs(key: str) -> str:
+        return ", ".join(f"{a} / {b}" for a, b in summary[key])
+
+    verdict = "same" if summary["same_ranking"] else f"DIFFERENT ({pairs('contradicted_pairs')})"
     lines += ["", f"ranking by mean JCT: real {' < '.join(summary['ranking_real'])}; emulated "
-              f"{' < '.join(summary['ranking_emulated'])}: "
-              f"{'same' if summary['same_ranking'] else 'DIFFERENT'}"]
+              f"{' < '.join(summary['ranking_emulated'])}: {verdict}"]
+    if summary["tied_pairs"]:
+        lines.append(f"tied within {summary['tie']:.1%} on a side (not ranked): "
+                     f"{pairs('tied_pairs')}; separated both ways alike: "
+                     f"{pairs('separated_pairs') or 'none'}")
     return "\n".join(lines)
 
 

@@ -215,3 +215,21 @@ def test_fidelity_without_a_table_says_how_to_make_one(tmp_path, capsys):
 
     assert main(["--table", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
     assert "harness profile --device cpu" in capsys.readouterr().err
+
+
+def test_fidelity_ranks_only_the_pairs_both_sides_separate():
+    from eval.fidelity import compare_rankings
+
+    # the emulator ties vllm and continuum exactly; the real engine is 0.25% apart: no verdict
+    agree, disagree, tied = compare_rankings({"vllm": 11.99, "continuum": 11.96},
+                                             {"vllm": 11.52, "continuum": 11.52}, 0.01)
+    assert (agree, disagree, tied) == ([], [], [["continuum", "vllm"]])
+    # separated on both sides: the same order agrees, the opposite order is a wrong ranking
+    real = {"vllm": 20.0, "continuum": 15.0, "discard": 15.1}
+    emulated = {"vllm": 19.0, "continuum": 16.0, "discard": 14.0}
+    agree, disagree, tied = compare_rankings(real, emulated, 0.01)
+    assert agree == [["continuum", "vllm"], ["discard", "vllm"]]
+    assert disagree == []
+    assert tied == [["continuum", "discard"]]  # 0.7% apart on the real engine
+    agree, disagree, tied = compare_rankings(real, emulated, 0.001)
+    assert disagree == [["continuum", "discard"]]
