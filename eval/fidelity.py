@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jps", type=float, default=1.0, help="program arrivals per second")
     p.add_argument("--scale", type=float, default=0.1,
                    help="token counts of the BFCL-like trace times this (default 0.1)")
+    p.add_argument("--tool-scale", type=float, default=1.0,
+                   help="tool-call durations times this (default 1; below 1 the trace is "
+                   "compute-bound, where policies can differ)")
     p.add_argument("--kv-tokens", type=int, default=8192,
                    help="KV cache size in tokens on both sides (default 8192)")
     p.add_argument("--max-model-len", type=int, default=6144)
@@ -72,7 +75,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def make_trace(args: argparse.Namespace) -> Any:
     from eval.traces import bfcl_like
 
-    return bfcl_like(args.programs, args.jps, seed=args.seed, scale=args.scale)
+    trace = bfcl_like(args.programs, args.jps, seed=args.seed, scale=args.scale)
+    if args.tool_scale == 1.0:
+        return trace
+    if not args.tool_scale > 0:
+        raise FidelityError(f"--tool-scale {args.tool_scale}: give a positive factor")
+    # shorter tool calls make the run compute-bound, where retention and ordering can matter
+    return trace.model_copy(update={"programs": [
+        p.model_copy(update={"turns": [t.model_copy(update={
+            "tool_seconds": t.tool_seconds * args.tool_scale}) for t in p.turns]})
+        for p in trace.programs]})
 
 
 def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
@@ -202,7 +214,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         {p: rows[p]["mean_jct_emulated_s"] for p in policies}, args.tie)
     return {"table": str(args.table), "trace": {"generator": "bfcl_like",
                                                 "programs": args.programs, "jps": args.jps,
-                                                "scale": args.scale, "seed": args.seed},
+                                                "scale": args.scale, "seed": args.seed,
+                                                "tool_scale": args.tool_scale},
             "kv_tokens": args.kv_tokens, "max_model_len": args.max_model_len,
             "step_error_fit": table.get("fit_errors"),
             "step_error_roofline": table.get("roofline_errors"),

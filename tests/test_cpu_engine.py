@@ -233,3 +233,20 @@ def test_fidelity_ranks_only_the_pairs_both_sides_separate():
     assert tied == [["continuum", "discard"]]  # 0.7% apart on the real engine
     agree, disagree, tied = compare_rankings(real, emulated, 0.001)
     assert disagree == [["continuum", "discard"]]
+
+
+def test_fidelity_tool_scale_shortens_only_the_tool_calls():
+    import argparse
+
+    from eval.fidelity import FidelityError, make_trace
+
+    base = argparse.Namespace(programs=4, jps=2.0, seed=0, scale=0.1, tool_scale=1.0)
+    plain = make_trace(base)
+    short = make_trace(argparse.Namespace(**{**vars(base), "tool_scale": 0.05}))
+    for p, q in zip(plain.programs, short.programs):
+        assert [t.tool_seconds * 0.05 for t in p.turns] == pytest.approx(
+            [t.tool_seconds for t in q.turns])
+        assert [t.output_tokens for t in p.turns] == [t.output_tokens for t in q.turns]
+        assert p.arrival_s == q.arrival_s
+    with pytest.raises(FidelityError, match="tool-scale"):
+        make_trace(argparse.Namespace(**{**vars(base), "tool_scale": 0.0}))
