@@ -243,7 +243,7 @@ def test_fidelity_tool_scale_shortens_only_the_tool_calls():
     base = argparse.Namespace(programs=4, jps=2.0, seed=0, scale=0.1, tool_scale=1.0)
     plain = make_trace(base)
     short = make_trace(argparse.Namespace(**{**vars(base), "tool_scale": 0.05}))
-    for p, q in zip(plain.programs, short.programs):
+    for p, q in zip(plain.programs, short.programs, strict=True):
         assert [t.tool_seconds * 0.05 for t in p.turns] == pytest.approx(
             [t.tool_seconds for t in q.turns])
         assert [t.output_tokens for t in p.turns] == [t.output_tokens for t in q.turns]
