@@ -312,12 +312,9 @@ class PolicyScheduler(Scheduler):
             return
         book = self._prefetch
         assert book is not None
-        turns = [r for r in self.waiting if not book.is_prefetch(r.request_id)]
-        if len(turns) == len(self.waiting):
-            return
-        later = [r for r in self.waiting if book.is_prefetch(r.request_id)]
+        ordered = sorted(self.waiting, key=lambda r: book.is_prefetch(r.request_id))  # stable
         self.waiting.clear()
-        self.waiting.extend(turns + later)
+        self.waiting.extend(ordered)
 
     def _turn_arrived(self, program: str | None) -> None:
         """A program's turn arrived: its remembered context is stale, and a prefetch that has

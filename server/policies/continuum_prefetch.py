@@ -36,7 +36,7 @@ import heapq
 import math
 
 from server.policies.base import AgentEvent, RequestView
-from server.policies.continuum import ContinuumPolicy, _Pin
+from server.policies.continuum import UNKNOWN_TOOL, ContinuumPolicy, _Pin
 
 MARGIN_S = 0.1
 
@@ -61,7 +61,7 @@ class ContinuumPrefetchPolicy(ContinuumPolicy):
             return None
         if st.predicted_s is not None and math.isfinite(st.predicted_s) and st.predicted_s >= 0:
             return float(st.predicted_s)
-        _, dist = self.durations.resolve(st.tool or "unknown")
+        _, dist = self.durations.resolve(st.tool or UNKNOWN_TOOL)
         return None if dist is None else float(dist.quantile(0.5))
 
     def _plan(self, program_id: str, context_tokens: int) -> None:
