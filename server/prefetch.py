@@ -56,10 +56,10 @@ class PrefetchBook:
         self._made = 0
 
     def remember(self, request: Request) -> None:
-        """A turn of `request.session_id` finished normally: its context is what a prefetch
-        would bring back."""
+        """A turn (not a prefetch: the scheduler tells them apart) of `request.session_id`
+        finished normally: its context is what a prefetch would bring back."""
         program = request.session_id
-        if program is None or request.request_id in self.in_flight:
+        if program is None:
             return
         self._contexts[program] = _Context(request._all_token_ids, request._block_hasher,
                                            request.cache_salt, request.lora_request)
