@@ -202,10 +202,10 @@ class SimulatedTau:
             return math.inf if load > self.rate * (1 + 1e-9) else hi
         if math.isclose(load, self._grid(k), rel_tol=1e-9) or not math.isfinite(hi):
             return hi
-        if self._flat_from(role, degree, k) is not None:
+        if (flat_at := self._flat_from(role, degree, k)) is not None:
             # `hi` just completed a flat pair: loads below grid[k] reuse it, so the grid
             # point under this load is not needed (one simulation fewer per flat chain)
-            return self._at(role, degree, self._flat_from(role, degree, k))
+            return self._at(role, degree, flat_at)
         lo = self._at(role, degree, k + 1)
         return Curve([(self._grid(k + 1), lo), (self._grid(k), hi)])(load)
 
