@@ -169,6 +169,7 @@ class SimulatedTau:
                          for role in ROLES for d in self.valid}
         self.overloaded: set[tuple[str, int, int]] = set()  # (role, degree, count) pruned
         self.pruned: dict[tuple[str, int], float] = {}  # chains bounded out, and their bound
+        self._idle_traces: dict[int, Any] = {}  # grid index -> its trace (`_idle_p95`)
         self.simulations = 0  # run in this process (not read from the cache)
         self.sim_seconds = 0.0
         self.cache_path = Path(cache_path) if cache_path else None
@@ -302,8 +303,9 @@ class SimulatedTau:
     def _idle_p95(self, role: str, degree: int, k: int) -> float:
         from server.perf_model import load_profile
 
-        trace = self._workload(self.programs_at(self._grid(k)), self._grid(k))
-        return idle_p95(trace.programs, load_profile(self.profile(degree)), role)
+        if k not in self._idle_traces:  # the same trace for every (role, degree) chain
+            self._idle_traces[k] = self._workload(self.programs_at(self._grid(k)), self._grid(k))
+        return idle_p95(self._idle_traces[k].programs, load_profile(self.profile(degree)), role)
 
     def _kth_best(self, finished: Sequence[tuple[str, int]], gpus: int, objective: Objective,
                   top: int) -> float:
