@@ -294,9 +294,11 @@ class SimulatedTau:
         turn alone, its history cached: prefill time of its new tokens for prefill, one
         decode step at its context for decode). Queueing, batching and the KV hand-off only
         add to a turn's time, and a P95 of larger values is no smaller."""
+        if degree not in self.valid:
+            return math.inf
         ks = [max(0, math.floor(math.log(self.rate / x, self.ratio) + 1e-9)) for x in loads
               if x < self.capacity[(role, degree)]]
-        if not ks or degree not in self.valid:
+        if not ks:
             return math.inf
         return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
 
