@@ -20,6 +20,11 @@ from typing import Any
 from cluster.planner import ROLES, Candidate, Objective
 
 
+def _uncached_tokens(program: Any, i: int) -> int:
+    """Turn ``i``'s new tokens, less the shared prefix on the first turn (cached too)."""
+    return program.new_tokens(i) - (program.shared_prefix_tokens if i == 0 else 0)
+
+
 def prefill_capacity(programs: Any, profile: Any) -> float:
     """Programs/s above which one prefill replica of ``profile`` has no steady state: the
     inverse of a lower bound on the mean prefill work of a program.
@@ -38,7 +43,7 @@ def prefill_capacity(programs: Any, profile: Any) -> float:
     total = 0.0
     for p in programs:
         for i in range(p.n_turns):
-            n = p.new_tokens(i) - (p.shared_prefix_tokens if i == 0 else 0)
+            n = _uncached_tokens(p, i)
             history = p.context_before(i) - n
             total += (c.c1 + c.c5) * n + c.c2 * (n * history + n * (n + 1) / 2) + c.c4
     return len(programs) / total if total > 0 else math.inf
@@ -68,8 +73,6 @@ def decode_capacity(programs: Any, profile: Any) -> float:
 CAPACITY = {"prefill": prefill_capacity, "decode": decode_capacity}
 
 
-
-
 def idle_p95(programs: Any, profile: Any, role: str) -> float:
     """P95 over the turns of ``programs`` on an idle replica of ``profile``: the prefill time
     of each turn's new tokens (history and any shared prefix cached) for ``prefill``; one
@@ -82,7 +85,7 @@ def idle_p95(programs: Any, profile: Any, role: str) -> float:
         for i, t in enumerate(p.turns):
             ctx = p.context_before(i)
             if role == "prefill":
-                new = p.new_tokens(i) - (p.shared_prefix_tokens if i == 0 else 0)
+                new = _uncached_tokens(p, i)
                 times.append(profile.prefill_seconds(ctx, cached=ctx - new))
             elif t.output_tokens >= 2:
                 times.append(profile.step_seconds([], [ctx + 1]))

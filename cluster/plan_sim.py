@@ -169,6 +169,7 @@ class SimulatedTau:
                          for role in ROLES for d in self.valid}
         self.overloaded: set[tuple[str, int, int]] = set()  # (role, degree, count) pruned
         self.pruned: dict[tuple[str, int], float] = {}  # chains bounded out, and their bound
+        self._idle_traces: dict[int, Any] = {}  # grid index -> its trace (`_idle_p95`)
         self.simulations = 0  # run in this process (not read from the cache)
         self.sim_seconds = 0.0
         self.cache_path = Path(cache_path) if cache_path else None
@@ -202,10 +203,10 @@ class SimulatedTau:
             return math.inf if load > self.rate * (1 + 1e-9) else hi
         if math.isclose(load, self._grid(k), rel_tol=1e-9) or not math.isfinite(hi):
             return hi
-        if self._flat_from(role, degree, k) is not None:
+        if (flat_at := self._flat_from(role, degree, k)) is not None:
             # `hi` just completed a flat pair: loads below grid[k] reuse it, so the grid
             # point under this load is not needed (one simulation fewer per flat chain)
-            return self._at(role, degree, self._flat_from(role, degree, k))
+            return self._at(role, degree, flat_at)
         lo = self._at(role, degree, k + 1)
         return Curve([(self._grid(k + 1), lo), (self._grid(k), hi)])(load)
 
@@ -293,17 +294,20 @@ class SimulatedTau:
         turn alone, its history cached: prefill time of its new tokens for prefill, one
         decode step at its context for decode). Queueing, batching and the KV hand-off only
         add to a turn's time, and a P95 of larger values is no smaller."""
+        if degree not in self.valid:
+            return math.inf
         ks = [max(0, math.floor(math.log(self.rate / x, self.ratio) + 1e-9)) for x in loads
               if x < self.capacity[(role, degree)]]
-        if not ks or degree not in self.valid:
+        if not ks:
             return math.inf
         return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
 
     def _idle_p95(self, role: str, degree: int, k: int) -> float:
         from server.perf_model import load_profile
 
-        trace = self._workload(self.programs_at(self._grid(k)), self._grid(k))
-        return idle_p95(trace.programs, load_profile(self.profile(degree)), role)
+        if k not in self._idle_traces:  # the same trace for every (role, degree) chain
+            self._idle_traces[k] = self._workload(self.programs_at(self._grid(k)), self._grid(k))
+        return idle_p95(self._idle_traces[k].programs, load_profile(self.profile(degree)), role)
 
     def _kth_best(self, finished: Sequence[tuple[str, int]], gpus: int, objective: Objective,
                   top: int) -> float:

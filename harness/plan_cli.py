@@ -92,6 +92,15 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise PlanError("--top must be at least 1")
+    if args.verify is None:
+        args.verify = 0 if args.table else plan_verify.SHORTLIST
+    if args.verify < 0 or args.verify_programs < 2 or args.verify_seeds < 1:
+        raise PlanError("--verify must be >= 0, --verify-programs >= 2 and --verify-seeds >= 1")
+    if args.verify and args.table:
+        raise PlanError("--verify replays deployments on the emulated GPUs: drop --table "
+                        "(or give --verify 0)")
+    if args.jobs < 1:
+        raise PlanError("--jobs must be at least 1")
     objective = Objective({"prefill": args.slo_ttft, "decode": args.slo_itl}, args.objective)
     started = time.perf_counter()
     sim = None
@@ -109,19 +118,10 @@ def _run(args: argparse.Namespace) -> int:
             programs=args.sim_programs or plan_sim.PROGRAMS,
             max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say)
         provider = sim
-    if args.verify is None:
-        args.verify = plan_verify.SHORTLIST if sim is not None else 0
-    if args.verify < 0 or args.verify_programs < 2 or args.verify_seeds < 1:
-        raise PlanError("--verify must be >= 0, --verify-programs >= 2 and --verify-seeds >= 1")
-    if args.verify and sim is None:
-        raise PlanError("--verify replays deployments on the emulated GPUs: drop --table "
-                        "(or give --verify 0)")
-    if args.jobs < 1:
-        raise PlanError("--jobs must be at least 1")
+    shortlist = max(args.top, args.verify)
     if sim is not None:
-        sim.prefetch(args.gpus, objective, max(args.top, args.verify), args.jobs)
-    plans = plan(provider, args.gpus, args.rate, objective,
-                 top=max(args.top, args.verify), solver=args.solver)
+        sim.prefetch(args.gpus, objective, shortlist, args.jobs)
+    plans = plan(provider, args.gpus, args.rate, objective, top=shortlist, solver=args.solver)
     elapsed = time.perf_counter() - started
     print(f"# {args.trace} at {args.rate:g} programs/s on {args.gpus} GPUs ({args.profile})\n")
     print(table(plans[:args.top], objective))
