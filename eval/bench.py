@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
 from harness.atomic import atomic_path, write_text_atomic
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, OFFLOAD_COPY_MODELS
+from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, add_offload_copy_model_argument
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
@@ -78,13 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
                    "one policy only (at this size, or the default)")
-    p.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
-                   choices=list(OFFLOAD_COPY_MODELS),
-                   help="how the emulated GPU times vLLM's CPU KV offloading copies, for every "
-                   "engine of the run: peak80 (default: PCIe at 0.8 of peak, loads and stores "
-                   "alike) or sourced (vLLM 0.32's per-block-and-layer copies priced from "
-                   "public H100 measurements; docs/emulated-gpu.md); the policies' cost model "
-                   "prices a reload the same way")
+    add_offload_copy_model_argument(p, "vLLM's CPU KV offloading copies, for every engine "
+                                    "of the run")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="replays to run at once, one process each (default 1); the figures "
                    "do not change, only the wall time (each process takes a core)")
