@@ -26,7 +26,11 @@ from typing import Any, NamedTuple
 from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
 from harness.atomic import atomic_path, write_text_atomic
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, OFFLOAD_COPY_MODELS
+from server.perf_model import (
+    DEFAULT_OFFLOAD_COPY_MODEL,
+    add_offload_copy_model_argument,
+    check_offload_copy_model,
+)
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
@@ -78,13 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
                    "one policy only (at this size, or the default)")
-    p.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
-                   choices=list(OFFLOAD_COPY_MODELS),
-                   help="how the emulated GPU times vLLM's CPU KV offloading copies, for every "
-                   "engine of the run: peak80 (default: PCIe at 0.8 of peak, loads and stores "
-                   "alike) or sourced (vLLM 0.32's per-block-and-layer copies priced from "
-                   "public H100 measurements; docs/emulated-gpu.md); the policies' cost model "
-                   "prices a reload the same way")
+    add_offload_copy_model_argument(p, "vLLM's CPU KV offloading copies, for every engine "
+                                    "of the run")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="replays to run at once, one process each (default 1); the figures "
                    "do not change, only the wall time (each process takes a core)")
@@ -356,8 +355,6 @@ class EngineSettings:
 
     def check(self, *, cluster: bool = False, http: bool = False) -> None:
         """Refuse values no engine takes, naming the flag."""
-        from server.perf_model import check_offload_copy_model
-
         try:
             check_offload_copy_model(self.offload_copy_model)
         except ValueError as exc:
@@ -450,9 +447,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         runs = [(policy, x, closed) for policy in policies for x, closed in loads]
         iso_timing: IsolatedCost | None = None  # None: read from the cache
         if jobs > 1 and http is None:
-            rows, iso_timing = _parallel(runs, traces, first, profile, seed, settings, out, slo,
-                                         cluster, steady, jobs, progress, iso_task, console)
-            isolated = _isolated(first, profile, seed, out, settings, None)  # cached by now
+            rows, isolated, iso_timing = _parallel(runs, traces, first, profile, seed, settings,
+                                                   out, slo, cluster, steady, jobs, progress,
+                                                   iso_task, console)
         elif http is not None and http.isolated_over_http:
             from eval.http_replay import isolated_jcts_over_http
 
@@ -540,10 +537,11 @@ def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any
               first: Trace, profile: str, seed: int, settings: EngineSettings, out: Path,
               slo: SLO, cluster: ClusterRuns | None, steady: float, jobs: int,
               progress: Any, iso_task: Any,
-              console: Any) -> tuple[list[dict[str, Any]], IsolatedCost | None]:
+              console: Any
+              ) -> tuple[list[dict[str, Any]], dict[str, float], IsolatedCost | None]:
     """The isolated JCTs and every replay as separate processes, `jobs` at a time; rows are
     made once all are in (they need the isolated JCTs), in the serial order. Also returns
-    what the isolated JCTs cost (None if they were cached)."""
+    the isolated JCTs and what they cost (None if they were cached)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -570,7 +568,7 @@ def _parallel(runs: list[tuple[str, float | None, int | None]], traces: dict[Any
                    False, run[2], cpu)
         rows.append(row)
         _log_run(console, f"{run[0]} @ {_load_text(run[1], run[2])}", row, n)
-    return rows, iso_timing
+    return rows, isolated, iso_timing
 
 
 def _jps_label(x: float | None, closed: int | None = None) -> str:
@@ -682,17 +680,12 @@ def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettin
                        offload_copy_model=settings.offload_copy_model)
 
 
-def _isolated(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
-              progress: Callable[[int], None] | None) -> dict[str, float]:
-    """Each program alone on an engine of the run's settings (no offloading: alone, nothing
-    is evicted); cached in `out` by the programs' contents and the settings."""
-    return _isolated_timed(trace, profile, seed, out, settings, progress)[0]
-
-
 def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
                     progress: Callable[[int], None] | None
                     ) -> tuple[dict[str, float], IsolatedCost | None]:
-    """`_isolated`, and what measuring them cost, or None when they came from the cache."""
+    """Each program's JCT alone on an engine of the run's settings (no offloading: alone,
+    nothing is evicted), cached in `out` by the programs' contents and the settings; and what
+    measuring them cost, or None when they came from the cache."""
     from eval.replay import isolated_jcts
 
     # no copy to price either: the isolated bound is the same whatever the copy model

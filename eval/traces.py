@@ -57,7 +57,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -985,19 +985,21 @@ _SWE_LONG_TOOLS = (
     ToolSpec("bash:python", 0.20, _SWE_TOOLS[2].seconds),
 )
 _SWE_LONG_PREFIX = 1200  # mini-swe-agent's system prompt + instance template, shared by all
-_SWE_LONG_TURNS = DiscreteNormal(40.3, 19.9, 3, 150)
-_SWE_LONG_PROMPT = ClippedLogNormal(1890.0 - _SWE_LONG_PREFIX, 350.0, 100.0, 6000.0)
-_SWE_LONG_OUTPUT = _with_median(257.0, 71.0, 5.0, 12_000.0)
-_SWE_LONG_RETURN = _with_median(285.0, 75.0, 1.0, 16_000.0)
 
 
+@cache
 def _swe_long_spec() -> ShapeSpec:
+    # Built on first use, not at import: the two `_with_median` fits are root searches.
+    t = SWE_LONG_TARGETS
     return ShapeSpec(
         benchmark="swe",
-        turns=_SWE_LONG_TURNS,
-        prompt=_SWE_LONG_PROMPT,
-        output=_SWE_LONG_OUTPUT,
-        tool_return=_SWE_LONG_RETURN,
+        turns=DiscreteNormal(t["turns_mean"], t["turns_sd"], 3, 150),
+        prompt=ClippedLogNormal(t["first_prompt_mean"] - _SWE_LONG_PREFIX, 350.0, 100.0,
+                                6000.0),
+        output=_with_median(t["output_tokens_per_turn_mean"],
+                            t["output_tokens_per_turn_median"], 5.0, 12_000.0),
+        tool_return=_with_median(t["tool_return_tokens_mean"], t["tool_return_tokens_median"],
+                                 1.0, 16_000.0),
         tools=_SWE_LONG_TOOLS,
         shared_prefix_tokens=_SWE_LONG_PREFIX,
         shared_prefix_id="swe-long-system",

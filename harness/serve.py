@@ -29,7 +29,7 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, OFFLOAD_COPY_MODELS
+from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, add_offload_copy_model_argument
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
 
@@ -270,13 +270,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host memory for vLLM's native KV offloading, GiB (default: "
                         f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
                         "the others unless given)")
-    parser.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
-                        choices=list(OFFLOAD_COPY_MODELS),
-                        help="how the emulated GPU times the offloading connector's copies: "
-                        "peak80 (default: PCIe at 0.8 of peak, loads and stores alike) or "
-                        "sourced (vLLM 0.32's per-block-and-layer copies priced from public "
-                        "H100 measurements; docs/emulated-gpu.md); the policies' cost model "
-                        "prices a reload the same way")
+    add_offload_copy_model_argument(parser, "the offloading connector's copies")
     parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S, metavar="S",
                         help="the deployment's TTFT SLO in seconds, for policies that aim at "
                         f"one (ampd's prefill reordering; default {TTFT_SLO_S:g})")

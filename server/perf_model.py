@@ -229,6 +229,18 @@ TRITON_BPS = 35e9
 SOURCED_COPY_GPUS = ("h100", "h200", "h20")
 
 
+def add_offload_copy_model_argument(parser: Any, what: str) -> None:
+    """The ``--offload-copy-model`` option, one definition for every command that takes it
+    (`harness serve`, the bench): `what` names the copies it times, for the help."""
+    parser.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
+                        choices=list(OFFLOAD_COPY_MODELS),
+                        help=f"how the emulated GPU times {what}: peak80 (default: PCIe at 0.8 "
+                        "of peak, loads and stores alike) or sourced (vLLM 0.32's "
+                        "per-block-and-layer copies priced from public H100 measurements; "
+                        "docs/emulated-gpu.md); the policies' cost model prices a reload the "
+                        "same way")
+
+
 def check_offload_copy_model(name: str) -> str:
     """`name` if it is a known copy model, else a ValueError that lists them."""
     if name not in OFFLOAD_COPY_MODELS:
@@ -1065,6 +1077,7 @@ __all__ = [
     "RooflineProfile",
     "StepFeatures",
     "TableProfile",
+    "add_offload_copy_model_argument",
     "available_models",
     "check_offload_copy_model",
     "dma_bytes_per_second",
