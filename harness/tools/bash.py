@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.tools.base import Observation, SandboxError, Tool
-from harness.tools.labels import PROGRAM_LABEL, process_labels
+from harness.tools.labels import OWNER_LABEL, PROGRAM_LABEL, process_labels
 from harness.tools.sandbox_image import (
     AGENT_UID,
     AGENT_USER,
@@ -80,7 +80,6 @@ from harness.tools.sandbox_image import (
 )
 
 TOOL_LABEL = "harness.tool"
-OWNER_LABEL = "harness.owner"
 TOOL_NAME = "bash"
 
 DEFAULT_OWNER = str(os.getpid())
