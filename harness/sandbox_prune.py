@@ -58,8 +58,8 @@ def dead_containers(client: Any, run_id: str | None = None) -> list[Leftover]:
 
 def run_containers(client: Any, run_id: str) -> list[Any]:
     """The containers this process made for run `run_id` that still exist."""
-    return [c for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [
-        f"{lb.RUN_LABEL}={run_id}", f"{lb.PID_LABEL}={os.getpid()}"]})]
+    return client.containers.list(all=True, ignore_removed=True, filters={"label": [
+        f"{lb.RUN_LABEL}={run_id}", f"{lb.PID_LABEL}={os.getpid()}"]})
 
 
 def sweep_run(client: Any, run_id: str) -> tuple[list[str], str | None]:
