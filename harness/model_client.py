@@ -104,8 +104,9 @@ class ChatClient:
             if chunk.get("prompt_token_ids") is not None:  # the first chunk, when asked
                 prompt_ids = list(chunk["prompt_token_ids"])
             for choice in chunk.get("choices") or []:
-                if choice.get("token_ids") is not None:
-                    output_ids = (output_ids or []) + list(choice["token_ids"])
+                if choice.get("token_ids") is not None:  # extend in place: one chunk a token
+                    output_ids = output_ids if output_ids is not None else []
+                    output_ids.extend(choice["token_ids"])
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     ttft = ttft if ttft is not None else time.monotonic() - started

@@ -102,6 +102,12 @@ def interrupted(task_id: str, program_id: str, status: str, error: str,
             "llm_s": 0.0, "tool_s": 0.0, "passed": False}
 
 
+def record(out: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Write a task's result the moment it is known (so an interrupted run keeps it)."""
+    write_json_atomic(result_path(out, result["task_id"]), result)
+    return result
+
+
 async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | None,
                    out: Path, run_id: str,
                    diagnose: Callable[[], str | None] | None = None) -> dict[str, Any]:
@@ -115,13 +121,11 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
         result = {"task_id": task.id, "program_id": program_id, "status": "setup_error",
                   "error": str(exc), "jct_s": 0.0, "steps": 0, "llm_s": 0.0, "tool_s": 0.0,
                   "passed": False}
-        write_json_atomic(result_path(out, task.id), result)
-        return result
+        return record(out, result)
     except SandboxError as exc:  # the engine failed before the program began
         result = interrupted(task.id, program_id, "sandbox_error",
                              f"the Docker sandbox failed: {exc}", started_at)
-        write_json_atomic(result_path(out, task.id), result)
-        return result
+        return record(out, result)
     try:
         trajectory = await agent.run(task.id, program_id, bench.name, bench.messages(task),
                                      toolbox, replay)
@@ -139,8 +143,7 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
             error = f"the Docker sandbox failed mid-run: {error}"
         result = interrupted(task.id, program_id, trajectory.status, error,
                              trajectory.started_at, steps)
-        write_json_atomic(result_path(out, task.id), result)
-        return result
+        return record(out, result)
     try:
         score = bench.score(task, trajectory)
         if inspect.isawaitable(score):  # e.g. grading in a container
@@ -149,8 +152,7 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
         result = interrupted(task.id, program_id, "sandbox_error",
                              f"the Docker sandbox failed while grading: {exc}",
                              trajectory.started_at, steps)
-        write_json_atomic(result_path(out, task.id), result)
-        return result
+        return record(out, result)
     result = {"task_id": task.id, "program_id": program_id, "status": trajectory.status,
               "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
               "steps": steps, "llm_s": sum(s.llm_s for s in trajectory.steps),
@@ -158,8 +160,7 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
     if "token_id_turns" in trajectory.info:
         result["token_id_turns"] = trajectory.info["token_id_turns"]
         result["prefix_broken_turns"] = trajectory.info["prefix_broken_turns"]
-    write_json_atomic(result_path(out, task.id), result)
-    return result
+    return record(out, result)
 
 
 def load_replays(bench: Benchmark, tasks: list[Task], spec: ModelSpec) -> dict[str, Replay]:
@@ -185,16 +186,15 @@ def load_text_model(directory: str | None) -> Any:
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
                   console: Console, text_model: Any = None, token_ids: bool = True,
-                  diagnose: Callable[[], str | None] | None = None) -> dict[str, Any]:
-    """Run the tasks; returns the events sent / dropped, the tasks not started (once the
-    model server is gone no new program starts) and why."""
+                  diagnose: Callable[[], str | None] | None = None) -> dict[str, int]:
+    """Run the tasks (once the model server is gone no new program starts); returns the
+    events sent / dropped."""
     client = ChatClient(base_url, model, token_ids=token_ids)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
     bench.run_id = run_id
     halted: str | None = None  # why no new program starts: the model server is gone
-    not_started = 0
 
     def log(message: str) -> None:
         console.print(message, markup=False, highlight=False, soft_wrap=True)
@@ -210,10 +210,9 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
             passed = 0
 
             async def one(task: Task) -> None:
-                nonlocal passed, halted, not_started
+                nonlocal passed, halted
                 async with semaphore:
-                    if halted is not None:
-                        not_started += 1
+                    if halted is not None:  # build_summary counts these as not started
                         return
                     result = await run_task(bench, task, agent, replays.get(task.id), out,
                                             run_id, diagnose)
@@ -235,8 +234,7 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
     await client.aclose()
     if bench.uses_docker:
         sweep_containers(run_id, log)
-    return {"sent": events.sent, "dropped": events.dropped, "not_started": not_started,
-            "halted": halted}
+    return {"sent": events.sent, "dropped": events.dropped}
 
 
 def sweep_containers(run_id: str, log: Callable[[str], None]) -> None:

@@ -28,8 +28,6 @@ from typing import Any
 from eval import swebench_grading as grading
 from harness.tools import labels as lb
 
-OWNER_LABEL = "harness.owner"  # every harness container has it (bash and grading)
-
 
 @dataclass(frozen=True)
 class Leftover:
@@ -45,12 +43,12 @@ def _run_matches(labels: dict[str, str], run_id: str | None) -> bool:
 
 def dead_containers(client: Any, run_id: str | None = None) -> list[Leftover]:
     found = []
-    for container in client.containers.list(all=True, filters={"label": OWNER_LABEL},
+    for container in client.containers.list(all=True, filters={"label": lb.OWNER_LABEL},
                                              ignore_removed=True):
         labels = container.labels or {}
         if not _run_matches(labels, run_id) or lb.process_alive(labels) is not False:
             continue
-        pid = labels.get(lb.PID_LABEL) or labels.get(OWNER_LABEL)
+        pid = labels.get(lb.PID_LABEL) or labels.get(lb.OWNER_LABEL)
         what = ", ".join(f"{k.split('.')[-1]} {labels[k]}" for k in
                          (lb.RUN_LABEL, lb.TASK_LABEL) if labels.get(k))
         found.append(Leftover("container", container.id, container.name,
@@ -60,8 +58,8 @@ def dead_containers(client: Any, run_id: str | None = None) -> list[Leftover]:
 
 def run_containers(client: Any, run_id: str) -> list[Any]:
     """The containers this process made for run `run_id` that still exist."""
-    return [c for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [
-        f"{lb.RUN_LABEL}={run_id}", f"{lb.PID_LABEL}={os.getpid()}"]})]
+    return client.containers.list(all=True, ignore_removed=True, filters={"label": [
+        f"{lb.RUN_LABEL}={run_id}", f"{lb.PID_LABEL}={os.getpid()}"]})
 
 
 def sweep_run(client: Any, run_id: str) -> tuple[list[str], str | None]:

@@ -1,5 +1,8 @@
 """Shared pytest fixtures.
 
+server: a `harness serve --policy continuum` (emulated GPU) shared by a test module; a module
+that needs other server options defines its own `server`.
+
 docker_client: a docker SDK client for the local engine.  When no engine
 answers, tests that use it are skipped, unless HARNESS_REQUIRE_DOCKER=1 (set
 in CI), where a silent skip would hide a broken sandbox, so they fail.
@@ -32,3 +35,12 @@ def docker_client() -> Any:
         pytest.skip(msg)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    """A `harness serve --policy continuum` process for the module's tests."""
+    from harness.server_process import ServerProcess
+
+    with ServerProcess(policy="continuum") as s:
+        yield s

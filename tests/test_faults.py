@@ -20,16 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
-from harness.server_process import ServerProcess
-
 pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess(policy="continuum") as s:
-        yield s
 
 
 def start_run(*args: str) -> subprocess.Popen[str]:

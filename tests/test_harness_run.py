@@ -16,12 +16,6 @@ pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess(policy="continuum") as s:
-        yield s
-
-
 def received(server: ServerProcess) -> int:
     return int(httpx.get(server.base_url + "/v1/agent/events", timeout=5).json()["received"])
 

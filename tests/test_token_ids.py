@@ -26,14 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = "llama-3.1-8b"
 
 
-@pytest.fixture(scope="module")
-def server():
-    from harness.server_process import ServerProcess
-
-    with ServerProcess(policy="continuum") as s:
-        yield s
-
-
 def test_run_records_exact_token_ids_and_no_broken_prefix(server, tmp_path):
     out = tmp_path / "gsm8k"
     run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "gsm8k", "--server",

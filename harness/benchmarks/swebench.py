@@ -35,7 +35,7 @@ from harness.benchmarks.base import (
     load_jsonl,
 )
 from harness.tools.base import Observation
-from harness.tools.bash import BashTool, engine_failure, shared_client
+from harness.tools.bash import BashTool, engine_failures, shared_client
 from harness.tools.labels import PROGRAM_LABEL, RUN_LABEL, TASK_LABEL
 from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
@@ -183,17 +183,14 @@ class SweBench(Benchmark):
                 self.log(message)
 
         labels = self.labels(task)
-        try:
-            client = shared_client()
-            return await asyncio.to_thread(grading.ensure_task_image, client, task.data,
-                                           self.tasks_dir, progress=progress, labels=labels)
-        except (grading.TaskImageError, SandboxImageError) as exc:
-            raise TaskSetupError(str(exc)) from None
-        except Exception as exc:  # the engine went away: the task may run again
-            failure = engine_failure(exc, f"the image of {task.id} was looked up or built")
-            if failure is None:
-                raise
-            raise failure from exc
+        # the engine going away is a SandboxError: the task may run again
+        with engine_failures(f"the image of {task.id} was looked up or built"):
+            try:
+                client = shared_client()
+                return await asyncio.to_thread(grading.ensure_task_image, client, task.data,
+                                               self.tasks_dir, progress=progress, labels=labels)
+            except (grading.TaskImageError, SandboxImageError) as exc:
+                raise TaskSetupError(str(exc)) from None
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         image = await self.image(task)
@@ -220,34 +217,26 @@ class SweBench(Benchmark):
                                           base_commit], user="agent")
             return out.decode("utf-8", errors="replace") if rc == 0 else ""
 
-        try:
+        # a lost container must not submit an empty patch
+        with engine_failures(f"the patch of program {tool.program_id} was collected"):
             return await asyncio.to_thread(diff)
-        except Exception as exc:  # a lost container must not submit an empty patch
-            failure = engine_failure(exc, f"the patch of program {tool.program_id} was "
-                                          "collected")
-            if failure is None:
-                raise
-            raise failure from exc
 
     # -- scoring -----------------------------------------------------------------
 
     async def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
         patch = (trajectory.answer or "") if trajectory.status == "submitted" else ""
-        try:
-            if trajectory.status != "submitted":
-                raise TaskSetupError(f"no patch submitted ({trajectory.status})")
-            image = await self.image(task)
-            report = await asyncio.to_thread(grading.grade, shared_client(), task.data, patch,
-                                             image, self.test_timeout,
-                                             self.labels(task, trajectory.program_id))
-        except TaskSetupError as exc:
-            report = {"instance_id": task.id, "resolved": False, "reason": str(exc),
-                      "grader": grading.grader_name()}
-        except Exception as exc:  # the engine failed under the grader: no report, no verdict
-            failure = engine_failure(exc, f"the patch of {task.id} was graded")
-            if failure is None:
-                raise
-            raise failure from exc
+        # the engine failing under the grader is a SandboxError: no report, no verdict
+        with engine_failures(f"the patch of {task.id} was graded"):
+            try:
+                if trajectory.status != "submitted":
+                    raise TaskSetupError(f"no patch submitted ({trajectory.status})")
+                image = await self.image(task)
+                report = await asyncio.to_thread(grading.grade, shared_client(), task.data,
+                                                 patch, image, self.test_timeout,
+                                                 self.labels(task, trajectory.program_id))
+            except TaskSetupError as exc:
+                report = {"instance_id": task.id, "resolved": False, "reason": str(exc),
+                          "grader": grading.grader_name()}
         if self.out_dir is not None:
             grading.write_report(self.out_dir, report)
             grading.append_prediction(self.out_dir / "predictions.jsonl", task.id, patch)

@@ -52,6 +52,7 @@ whose process is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import re
@@ -64,12 +65,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from harness.tools.base import Observation, SandboxError, Tool
-from harness.tools.labels import PROGRAM_LABEL, process_labels
+from harness.tools.labels import OWNER_LABEL, PROGRAM_LABEL, process_labels
 from harness.tools.sandbox_image import (
     AGENT_UID,
     AGENT_USER,
@@ -79,7 +80,6 @@ from harness.tools.sandbox_image import (
 )
 
 TOOL_LABEL = "harness.tool"
-OWNER_LABEL = "harness.owner"
 TOOL_NAME = "bash"
 
 DEFAULT_OWNER = str(os.getpid())
@@ -223,6 +223,19 @@ def engine_failure(exc: BaseException, doing: str) -> SandboxError | None:
     if isinstance(exc, docker.errors.APIError) and (exc.status_code or 0) >= 500:
         return SandboxError(f"the Docker engine failed while {doing}: {exc}")
     return None
+
+
+@contextlib.contextmanager
+def engine_failures(doing: str) -> Iterator[None]:
+    """Raise the Docker engine failing inside the block as ``engine_failure``'s
+    ``SandboxError``; any other exception passes through unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        failure = engine_failure(exc, doing)
+        if failure is None or failure is exc:
+            raise
+        raise failure from exc
 
 
 def remove_leftovers(client: Any = None, owner: str | None = None) -> list[str]:
@@ -609,8 +622,7 @@ class BashTool(Tool):
                 ok=False,
                 info={"exit_code": None, "timed_out": False, "truncated": False, "seconds": 0.0},
             )
-        doing = f"program {self.program_id} started a command"
-        try:
+        with engine_failures(f"program {self.program_id} started a command"):
             container = await asyncio.to_thread(self._ensure_started)
             api = self.client.api
             t0 = time.monotonic()
@@ -622,11 +634,6 @@ class BashTool(Tool):
                 ["sh", RUNNER, limit_arg, command, str(self._pids_high)],
                 tag,
             )
-        except Exception as exc:
-            failure = engine_failure(exc, doing)
-            if failure is None:
-                raise
-            raise failure from exc
         capture = _Capture(self.head_chars, self.tail_chars)
         reader = _Exec(api, exec_id, capture)
         reader.start()
@@ -637,18 +644,13 @@ class BashTool(Tool):
             reader.shutdown()
             threading.Thread(target=self._kill, args=(["sh", KILLER, tag],), daemon=True).start()
             raise
-        doing = f"program {self.program_id}'s command ran in container {container.name}"
-        try:
+        with engine_failures(f"program {self.program_id}'s command ran in container "
+                             f"{container.name}"):
             if reader.error is not None:
                 raise reader.error
             exit_code = await asyncio.to_thread(self._exit_code, exec_id)
             if exit_code in (None, 137) and not host_killed:  # killed: by whom?
                 await asyncio.to_thread(self._check_running, container)
-        except Exception as exc:
-            failure = engine_failure(exc, doing)
-            if failure is None:
-                raise
-            raise failure from exc
         seconds = time.monotonic() - t0
         timed_out = bool(host_killed) or (exit_code == 137 and seconds >= limit - 0.05)
         output, elided = capture.text()

@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Mapping
 
+OWNER_LABEL = "harness.owner"  # every harness container: the pid or run id that owns it
 RUN_LABEL = "harness.run"
 PROGRAM_LABEL = "harness.program"
 TASK_LABEL = "harness.task"
@@ -59,7 +60,7 @@ def process_alive(labels: Mapping[str, str]) -> bool | None:
     when this machine cannot tell (another host, or no pid label)."""
     if labels.get(HOST_LABEL, socket.gethostname()) != socket.gethostname():
         return None
-    pid = labels.get(PID_LABEL) or labels.get("harness.owner", "")
+    pid = labels.get(PID_LABEL) or labels.get(OWNER_LABEL, "")
     if not pid.isdigit():
         return None
     if not os.path.exists("/proc"):
