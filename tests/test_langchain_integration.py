@@ -36,12 +36,6 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ServerProcess(policy="continuum") as s:
-        yield s
-
-
 @pytest.fixture
 def llm(server: ServerProcess) -> ChatHarness:
     return ChatHarness(base_url=server.base_url + "/v1", max_tokens=200, timeout=60)
