@@ -32,6 +32,7 @@ from server.events import ENV_EVENTS_IPC, default_ipc_path
 from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, add_offload_copy_model_argument
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
+from server.step_log import ENV_STEP_LOG
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_DIR = ROOT / "server"
@@ -274,6 +275,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S, metavar="S",
                         help="the deployment's TTFT SLO in seconds, for policies that aim at "
                         f"one (ampd's prefill reordering; default {TTFT_SLO_S:g})")
+    parser.add_argument("--step-log", type=Path, default=None, metavar="FILE",
+                        help="append one JSON line per engine step to FILE: its batch (prefill "
+                        "chunks, decode contexts), wall seconds and the engine loop's gap "
+                        "before it (server/step_log.py), to check a step-time model")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
                         help="after --: extra arguments passed to `vllm serve` unchanged")
 
@@ -290,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
                             offload_copy_model=args.offload_copy_model,
                             ttft_slo_s=args.ttft_slo)
     env = {**os.environ, **command.env}
+    if args.step_log is not None:
+        env[ENV_STEP_LOG] = str(args.step_log.resolve())
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)
     os.execvpe(command.argv[0], command.argv, env)

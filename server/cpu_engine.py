@@ -31,6 +31,7 @@ from typing import Any
 
 from server.engine import Pending, collect_finished, submit
 from server.settings import DEFAULT_PROFILE, ServeSettings
+from server.step_log import StepRecord
 
 SERVER_DIR = Path(__file__).resolve().parent
 MODELS_DIR = SERVER_DIR / "models"
@@ -93,16 +94,6 @@ def is_cpu_build() -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
-
-
-@dataclass
-class StepRecord:
-    """One engine step as executed: wall seconds of the whole step (schedule, forward pass,
-    sampling, output processing) and the batch it ran, as the emulator's features see it."""
-
-    seconds: float
-    prefill: list[tuple[int, int]]  # (new tokens, tokens already in context) per prefill chunk
-    decode: list[int]  # context length per decoding sequence
 
 
 @dataclass
@@ -249,43 +240,12 @@ class CpuEngine:
 
     # -- step records (for `harness profile --device cpu`) ------------------------------
     def start_recording(self) -> None:
-        """From now on time every executed step and note its batch shape (prefill chunks
-        with their context, decode contexts) in `steps`, as `server.perf_model` features
-        describe a batch."""
-        if self._recording:
-            return
-        self._recording = True
-        core = self.core
-        scheduler = self.scheduler
-        inner_step = core.step
-        inner_schedule = scheduler.schedule
-        shapes: list[tuple[list[tuple[int, int]], list[int]]] = []
-
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            output = inner_schedule(*args, **kwargs)
-            prefill: list[tuple[int, int]] = []
-            decode: list[int] = []
-            for req_id, n in output.num_scheduled_tokens.items():
-                request = scheduler.requests[req_id]
-                done = request.num_computed_tokens - n  # after _update_after_schedule
-                if done >= request.num_prompt_tokens:
-                    decode.append(done)
-                else:
-                    prefill.append((n, done))
-            shapes.append((prefill, decode))
-            return output
-
-        def step() -> Any:
-            shapes.clear()
-            started = time.perf_counter()
-            result = inner_step()
-            seconds = time.perf_counter() - started
-            if shapes and (shapes[-1][0] or shapes[-1][1]):
-                self.steps.append(StepRecord(seconds, *shapes[-1]))
-            return result
-
-        scheduler.schedule = schedule  # type: ignore[method-assign]
-        core.step = step  # type: ignore[method-assign]
+        """From now on time every executed step and note its batch (prefill chunks with
+        their context, decode contexts) in `steps`, as `server.perf_model` features describe
+        a batch: the scheduler's own step records (`server.step_log`)."""
+        if not self._recording:
+            self._recording = True
+            self.scheduler.record_steps(self.steps.append)
 
     def _eos(self) -> int:
         eos = self.vllm_config.model_config.hf_config.eos_token_id

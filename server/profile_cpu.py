@@ -39,11 +39,11 @@ from server.cpu_engine import (
     SETUP_COMMAND,
     CpuEngine,
     ModelFolderError,
-    StepRecord,
     is_cpu_build,
     model_folder,
 )
 from server.profile_gpu import write_table
+from server.step_log import StepRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,6 +19,8 @@ object. The mechanisms added here:
 * Events. Agent events drained from the side channel (`server.events`) at the top of each step.
 * Prefetch. For policies that prefetch, the contexts of programs in a tool call are brought
   back into GPU memory when the policy says (`server.prefetch` has the mechanism and its rules).
+* Step records. With a sink (`record_steps`, or `HARNESS_STEP_LOG`) every executed step's
+  batch and wall time go to it (`server.step_log`), to check the step-time model.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,7 @@ from server.events import ENV_EVENTS_IPC, EventReceiver
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.prefetch import PrefetchBook
 from server.settings import ServeSettings
+from server.step_log import StepRecord, StepTimer, sink_from_env
 
 logger = logging.getLogger("harness.scheduler")
 
@@ -125,6 +129,9 @@ class PolicyScheduler(Scheduler):
         self._prefetch: PrefetchBook | None = None
         if self.agent_policy.prefetches:
             self._prefetch = PrefetchBook(self.max_model_len)
+        self._step_timer: StepTimer | None = None
+        if (sink := sink_from_env()) is not None:
+            self.record_steps(sink)
         logger.info("harness policy %s (profile %s, events %s)", settings.policy,
                     settings.profile, address or "off")
 
@@ -146,6 +153,10 @@ class PolicyScheduler(Scheduler):
         return view
 
     # -- the step ----------------------------------------------------------------------
+    def record_steps(self, sink: Callable[[StepRecord], None]) -> None:
+        """From now on hand every executed step (batch and wall seconds) to `sink`."""
+        self._step_timer = StepTimer(sink)
+
     def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[override]
         started = time.perf_counter()  # a vDSO read; process_time() is a syscall (6x dearer)
         now = clock().now()
@@ -179,9 +190,21 @@ class PolicyScheduler(Scheduler):
             if view.program_id in self.pins:
                 self._unpin(view.program_id, "handoff", now)
         self.last_scheduled_tokens = int(output.total_num_scheduled_tokens)
+        if self._step_timer is not None:
+            self._step_timer.scheduled(started, now, output.num_scheduled_tokens,
+                                       self.requests,
+                                       (new.req_id for new in output.scheduled_new_reqs))
         self.sched_cpu_seconds += time.perf_counter() - started
         self.sched_steps += 1
         return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any
+                           ) -> Any:  # type: ignore[override]
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._step_timer is not None:
+            self._step_timer.updated(scheduler_output.total_num_scheduled_tokens,
+                                     len(self.requests))
+        return outputs
 
     def handle_event(self, event: AgentEvent, now: float) -> None:
         """An agent event, from the side channel or an in-process driver."""

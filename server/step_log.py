@@ -1,0 +1,139 @@
+"""What each engine step ran and how long it took: the measured side of the step-time model.
+
+Why: the emulator prices a step by its batch (prefill chunks with their context, decode
+contexts; `server.perf_model.step_features`). To check that model against a real engine, or
+to tell a slow step from time the engine loop spends outside steps (taking requests in,
+sending outputs out, waiting), each executed step is recorded with the same batch description
+the emulated executor prices, timed from the start of `schedule()` to the end of
+`update_from_output()` (vLLM's `EngineCore.step` is those two around the forward pass).
+Seconds are wall-clock seconds: under the virtual clock they time the simulation itself, while
+`t` and `waited` are on the engine's clock either way.
+
+`PolicyScheduler` records when given a sink (`CpuEngine` in-process, `harness profile --device
+cpu`) or when `HARNESS_STEP_LOG` names a file (`harness serve --step-log FILE`): one JSON line
+per step, ``{"t": wall start, "seconds": ..., "gap": seconds since the previous step ended,
+"busy": whether requests were left then, "prefill": [[chunk, context before], ...],
+"decode": [context, ...], "waited": [seconds from arrival, per request first scheduled]}``.
+A gap after a busy step is the engine loop's own time outside steps (requests in, outputs
+out); after an idle one it includes waiting. No vLLM import here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_STEP_LOG = "HARNESS_STEP_LOG"
+
+
+@dataclass
+class StepRecord:
+    """One engine step as executed: wall seconds of the whole step (schedule, forward pass,
+    sampling, output processing) and the batch it ran, as the emulator's features see it.
+    `gap` is the time since the previous step ended, `busy` whether the engine still had
+    requests then (the gap is then engine-loop work, else it includes idling); `t` the start
+    on the engine's clock."""
+
+    seconds: float
+    prefill: list[tuple[int, int]]  # (new tokens, tokens already in context) per prefill chunk
+    decode: list[int]  # context length per decoding sequence, the decoded token included
+    gap: float = 0.0
+    busy: bool = False
+    t: float = 0.0
+    #: for each request this step schedules for the first time: seconds from its arrival
+    #: (vLLM stamps it when the API server takes the request in) to this step's start
+    waited: list[float] = field(default_factory=list)
+
+
+def batch_shape(num_scheduled: Mapping[str, int], requests: Mapping[str, Any]
+                ) -> tuple[list[tuple[int, int]], list[int]]:
+    """The batch of a schedule, after vLLM advanced `num_computed_tokens` by it: a request
+    scheduled one token that reaches the end of what it knows, with outputs already, decodes
+    (at its context, that token included); anything else is a prefill chunk (n, before),
+    a recomputation after preemption included. The emulated executor classifies alike."""
+    prefill: list[tuple[int, int]] = []
+    decode: list[int] = []
+    for req_id, n in num_scheduled.items():
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        before = request.num_computed_tokens - n
+        if n == 1 and request.num_output_tokens > 0 and before + 1 == request.num_tokens:
+            decode.append(before + 1)
+        else:
+            prefill.append((n, before))
+    return prefill, decode
+
+
+class StepTimer:
+    """Pairs each `schedule()` that ran something with its `update_from_output()` (in order:
+    with vLLM's batch queue a second schedule may come before the first update) and hands
+    the finished records to a sink. Schedules of nothing are not steps: neither end counts
+    them, so an empty scheduling pass with no update (`CpuEngine.step` when idle) is safe."""
+
+    def __init__(self, sink: Callable[[StepRecord], None]) -> None:
+        self.sink = sink
+        self._open: deque[tuple[float, float, list[tuple[int, int]], list[int], list[float]]]
+        self._open = deque()
+        self._last_end: float | None = None
+        self._busy = False
+
+    def scheduled(self, started: float, wall: float, num_scheduled: Mapping[str, int],
+                  requests: Mapping[str, Any], new_ids: Iterable[str] = ()) -> None:
+        if num_scheduled:
+            waited = [round(wall - requests[r].arrival_time, 6) for r in new_ids if r in requests]
+            self._open.append((started, wall, *batch_shape(num_scheduled, requests), waited))
+
+    def updated(self, scheduled_tokens: int, requests_left: int) -> None:
+        if not scheduled_tokens or not self._open:
+            return
+        started, wall, prefill, decode, waited = self._open.popleft()
+        end = time.perf_counter()
+        gap = max(started - self._last_end, 0.0) if self._last_end is not None else 0.0
+        busy = self._busy
+        self._last_end, self._busy = end, requests_left > 0
+        self.sink(StepRecord(end - started, prefill, decode, gap, busy, wall, waited))
+
+
+class JsonlStepSink:
+    """Appends records to a file, one JSON object per line, flushed as written (a served
+    engine is stopped by a signal; nothing before it is lost)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)
+
+    def __call__(self, record: StepRecord) -> None:
+        self._file.write(json.dumps(asdict(record), separators=(",", ":")) + "\n")
+
+
+def sink_from_env() -> JsonlStepSink | None:
+    path = os.environ.get(ENV_STEP_LOG)
+    return JsonlStepSink(path) if path else None
+
+
+def read_step_log(path: str | Path) -> list[StepRecord]:
+    records = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            records.append(StepRecord(
+                seconds=float(d["seconds"]), prefill=[(int(c), int(x)) for c, x in d["prefill"]],
+                decode=[int(x) for x in d["decode"]], gap=float(d.get("gap", 0.0)),
+                busy=bool(d.get("busy", False)), t=float(d.get("t", 0.0)),
+                waited=[float(x) for x in d.get("waited", [])]))
+    return records
+
+
+def relative_errors(predict: Callable[[list[tuple[int, int]], list[int]], float],
+                    steps: Iterable[StepRecord]) -> list[float]:
+    """|predicted - measured| / measured per step, sorted."""
+    return sorted(abs(predict(s.prefill, s.decode) - s.seconds) / s.seconds for s in steps
+                  if s.seconds > 0)
