@@ -205,13 +205,17 @@ class EmulatedExecutor(Executor):
             self._offload.begin_step(connector_meta)  # may wait for flushed stores first
         if self._nixl is not None:
             self._nixl.begin_step(connector_meta)  # reads start beside the forward
-        started = time.perf_counter()
+        # a modelled step time covers the whole engine step (a measured "step" table, or a
+        # GPU forward plus the CPU overheads the profile adds), so on the wall clock the
+        # step ends that long after its scheduling began, not after the scheduler's real
+        # time plus the modelled time again
+        started = getattr(scheduler_output, "harness_step_started", None) or time.perf_counter()
         output, prefill, decode = self._step(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens > 0:
             seconds = float(self.profile.step_seconds(prefill, decode))
-            elapsed = time.perf_counter() - started
             the_clock = clock()
-            the_clock.sleep(seconds if the_clock.virtual else seconds - elapsed)
+            the_clock.sleep(seconds if the_clock.virtual
+                            else seconds - (time.perf_counter() - started))
         if self._offload is not None:
             output.kv_connector_output = self._finish_offload_step(
                 connector_meta, idle=scheduler_output.total_num_scheduled_tokens == 0)

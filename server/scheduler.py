@@ -190,6 +190,8 @@ class PolicyScheduler(Scheduler):
             if view.program_id in self.pins:
                 self._unpin(view.program_id, "handoff", now)
         self.last_scheduled_tokens = int(output.total_num_scheduled_tokens)
+        # an emulated step lasts its modelled time from here, scheduling included
+        output.harness_step_started = started
         if self._step_timer is not None:
             self._step_timer.scheduled(started, now, output.num_scheduled_tokens,
                                        self.requests,
