@@ -51,6 +51,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    if "--served" in args.profile_args:  # over HTTP: needs harness's server process
+        from harness import profile_served
+
+        return profile_served.main(args.profile_args)
     from server import profile_gpu
 
     return profile_gpu.main(args.profile_args)

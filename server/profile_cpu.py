@@ -152,14 +152,14 @@ def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int,
         before = len(engine.steps)
         driver.run(shape, repeats)
         new = engine.steps[before:]
-        own = [s for s in new if _of_shape(s, shape)]
+        own = [s for s in new if of_shape(s, shape)]
         ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
         print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
               f"{len(own)} of the shape, median {ms:.2f} ms", file=log, flush=True)
     return list(engine.steps)
 
 
-def _of_shape(step: StepRecord, shape: Shape) -> bool:
+def of_shape(step: StepRecord, shape: Shape) -> bool:
     """Whether a recorded step is the batch the drive was after (the others are the steps
     that set it up: prompts of decoders, the cached history of a chunk)."""
     kind, a, b = shape
@@ -192,6 +192,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a few small shapes (smoke test)")
     ap.add_argument("--repeats", type=int, default=None,
                     help="steps per shape (default 6, 2 with --quick)")
+    ap.add_argument("--served", action="store_true",
+                    help="time the steps of `harness serve --device cpu` driven over HTTP "
+                    "(streamed requests, the API server and client on the same cores) instead "
+                    "of an in-process engine: the table for emulating a served engine "
+                    "(harness/profile_served.py)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model as `harness serve --device cpu` does "
                     "(default: eager, start-up ~30 s faster)")
@@ -252,6 +257,10 @@ def table_from_steps(folder: Path, steps: Sequence[StepRecord], **meta: Any) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.served:
+        print("harness profile: --served drives a served engine; run it as `harness profile "
+              "--device cpu --served`", file=sys.stderr)
+        return 2
     if not is_cpu_build():
         python = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu") / "bin" / "python"
         if not python.is_file():

@@ -56,3 +56,22 @@ def test_the_ttft_slo_travels_in_the_environment():
     assert build_command(policy="ampd").env["HARNESS_TTFT_SLO_S"] == "1.0"
     with pytest.raises(ServeError, match="--ttft-slo"):
         build_command(policy="ampd", ttft_slo_s=0.0)
+
+
+def test_yield_cores_to_engine_lowers_the_servers_priority(tmp_path):
+    """Measurements give the engine its core back: the API server's process (the pid
+    `harness serve` execs into) drops to the given niceness; `client=False` spares the caller."""
+    import os
+
+    from harness.server_process import ServerProcess
+
+    server = ServerProcess(log_path=tmp_path / "serve.log")
+    server.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        caller = os.getpriority(os.PRIO_PROCESS, 0)
+        server.yield_cores_to_engine(niceness=7, client=False)
+        assert os.getpriority(os.PRIO_PROCESS, server.process.pid) == max(7, caller)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == caller
+    finally:
+        server.process.kill()
+        server.process.wait()
