@@ -160,6 +160,7 @@ class PolicyScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any):  # type: ignore[override]
         started = time.perf_counter()  # a vDSO read; process_time() is a syscall (6x dearer)
         now = clock().now()
+        queued = len(self.waiting)
         self.account_pins(now)
         if self._events is not None:
             for event in self._events.drain():
@@ -195,17 +196,19 @@ class PolicyScheduler(Scheduler):
         if self._step_timer is not None:
             self._step_timer.scheduled(started, now, output.num_scheduled_tokens,
                                        self.requests,
-                                       (new.req_id for new in output.scheduled_new_reqs))
+                                       (new.req_id for new in output.scheduled_new_reqs),
+                                       waiting=queued)
         self.sched_cpu_seconds += time.perf_counter() - started
         self.sched_steps += 1
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any
                            ) -> Any:  # type: ignore[override]
+        started = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_timer is not None:
             self._step_timer.updated(scheduler_output.total_num_scheduled_tokens,
-                                     len(self.requests))
+                                     len(self.requests), started)
         return outputs
 
     def handle_event(self, event: AgentEvent, now: float) -> None:

@@ -13,7 +13,9 @@ Seconds are wall-clock seconds: under the virtual clock they time the simulation
 cpu`) or when `HARNESS_STEP_LOG` names a file (`harness serve --step-log FILE`): one JSON line
 per step, ``{"t": wall start, "seconds": ..., "gap": seconds since the previous step ended,
 "busy": whether requests were left then, "prefill": [[chunk, context before], ...],
-"decode": [context, ...], "waited": [seconds from arrival, per request first scheduled]}``.
+"decode": [context, ...], "waited": [seconds from arrival, per request first scheduled],
+"waiting": requests queued, "schedule_s" and "update_s": seconds inside schedule() and
+update_from_output()}``.
 A gap after a busy step is the engine loop's own time outside steps (requests in, outputs
 out); after an idle one it includes waiting. No vLLM import here.
 """
@@ -49,6 +51,12 @@ class StepRecord:
     #: for each request this step schedules for the first time: seconds from its arrival
     #: (vLLM stamps it when the API server takes the request in) to this step's start
     waited: list[float] = field(default_factory=list)
+    #: requests waiting to be admitted when the step was scheduled, and the seconds
+    #: `schedule()` took (part of `seconds`): the scheduler's own work grows with the queue
+    waiting: int = 0
+    schedule_s: float = 0.0
+    #: seconds `update_from_output()` took (part of `seconds`); the rest is the forward pass
+    update_s: float = 0.0
 
 
 def batch_shape(num_scheduled: Mapping[str, int], requests: Mapping[str, Any]
@@ -79,26 +87,33 @@ class StepTimer:
 
     def __init__(self, sink: Callable[[StepRecord], None]) -> None:
         self.sink = sink
-        self._open: deque[tuple[float, float, list[tuple[int, int]], list[int], list[float]]]
-        self._open = deque()
+        self._open: deque[tuple[float, StepRecord]] = deque()
         self._last_end: float | None = None
         self._busy = False
 
     def scheduled(self, started: float, wall: float, num_scheduled: Mapping[str, int],
-                  requests: Mapping[str, Any], new_ids: Iterable[str] = ()) -> None:
+                  requests: Mapping[str, Any], new_ids: Iterable[str] = (),
+                  waiting: int = 0) -> None:
         if num_scheduled:
+            prefill, decode = batch_shape(num_scheduled, requests)
             waited = [round(wall - requests[r].arrival_time, 6) for r in new_ids if r in requests]
-            self._open.append((started, wall, *batch_shape(num_scheduled, requests), waited))
+            self._open.append((started, StepRecord(
+                0.0, prefill, decode, t=wall, waited=waited, waiting=waiting,
+                schedule_s=time.perf_counter() - started)))
 
-    def updated(self, scheduled_tokens: int, requests_left: int) -> None:
+    def updated(self, scheduled_tokens: int, requests_left: int,
+                update_started: float | None = None) -> None:
         if not scheduled_tokens or not self._open:
             return
-        started, wall, prefill, decode, waited = self._open.popleft()
+        started, record = self._open.popleft()
         end = time.perf_counter()
-        gap = max(started - self._last_end, 0.0) if self._last_end is not None else 0.0
-        busy = self._busy
+        if update_started is not None:
+            record.update_s = end - update_started
+        record.seconds = end - started
+        record.gap = max(started - self._last_end, 0.0) if self._last_end is not None else 0.0
+        record.busy = self._busy
         self._last_end, self._busy = end, requests_left > 0
-        self.sink(StepRecord(end - started, prefill, decode, gap, busy, wall, waited))
+        self.sink(record)
 
 
 class JsonlStepSink:
@@ -128,7 +143,9 @@ def read_step_log(path: str | Path) -> list[StepRecord]:
                 seconds=float(d["seconds"]), prefill=[(int(c), int(x)) for c, x in d["prefill"]],
                 decode=[int(x) for x in d["decode"]], gap=float(d.get("gap", 0.0)),
                 busy=bool(d.get("busy", False)), t=float(d.get("t", 0.0)),
-                waited=[float(x) for x in d.get("waited", [])]))
+                waited=[float(x) for x in d.get("waited", [])], waiting=int(d.get("waiting", 0)),
+                schedule_s=float(d.get("schedule_s", 0.0)),
+                update_s=float(d.get("update_s", 0.0))))
     return records
 
 

@@ -48,8 +48,8 @@ def test_timer_pairs_each_step_and_skips_empty_passes():
     timer = StepTimer(records.append)
     requests = {"a": req(64, 0, 64, arrival=9.5), "b": req(301, 1, 301)}
     t0 = time.perf_counter()
-    timer.scheduled(t0, 10.0, {"a": 64}, requests, ["a"])
-    timer.updated(64, requests_left=2)
+    timer.scheduled(t0, 10.0, {"a": 64}, requests, ["a"], waiting=3)
+    timer.updated(64, requests_left=2, update_started=time.perf_counter())
     timer.scheduled(time.perf_counter(), 10.1, {}, requests)  # an idle scheduling pass
     timer.updated(0, requests_left=2)  # ... and an update of nothing: not a step
     timer.scheduled(time.perf_counter(), 10.2, {"b": 1}, requests)
@@ -59,6 +59,10 @@ def test_timer_pairs_each_step_and_skips_empty_passes():
     assert [(r.prefill, r.decode) for r in records] == [([(64, 0)], []), ([], [301]),
                                                        ([], [301])]
     assert records[0].waited == [0.5] and records[1].waited == []
+    assert records[0].waiting == 3 and records[1].waiting == 0
+    first = records[0]  # the parts it timed lie inside the step
+    assert 0 <= first.schedule_s and 0 <= first.update_s
+    assert first.schedule_s + first.update_s <= first.seconds
     assert [r.t for r in records] == [10.0, 10.2, 10.3]
     assert all(r.seconds >= 0 and r.gap >= 0 for r in records)
     # the second step followed a step that left requests: its gap is the loop's own time
