@@ -288,8 +288,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "step_error_fit": table.get("fit_errors"),
             "step_error_roofline": table.get("roofline_errors"),
             "policies": rows, "ranking_real": by_real, "ranking_emulated": by_emu,
-            "tie": args.tie, "real_runs": args.real_runs, "same_ranking": not disagree, "separated_pairs": agree,
-            "contradicted_pairs": disagree, "tied_pairs": tied}
+            "tie": args.tie, "real_runs": args.real_runs, "same_ranking": not disagree,
+            "separated_pairs": agree, "contradicted_pairs": disagree, "tied_pairs": tied}
 
 
 def compare_rankings(real: dict[str, float], emulated: dict[str, float], tie: float,

@@ -31,9 +31,8 @@ from typing import Any
 import httpx
 
 from harness.server_process import ServerProcess
-from server.cpu_engine import ModelFolderError, model_folder
+from server.cpu_engine import model_folder
 from server.profile_cpu import Shape, grid, of_shape, quick_grid, table_from_steps
-from server.profile_gpu import write_table
 from server.step_log import StepRecord, read_step_log
 
 #: the in-process drive's token budget (vLLM's CPU default), passed explicitly
@@ -155,21 +154,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from server.profile_cpu import parse_args
+    from server.profile_cpu import measure_and_write, parse_args
 
     args = parse_args(argv)
-    try:
-        table = run(args)
-    except (ValueError, ModelFolderError) as exc:
-        print(f"harness profile: {exc}", file=sys.stderr)
-        return 2
-    out = args.out or Path("runs/profiles") / f"{table['name']}-served.json"
-    write_table(out, table)
-    fit = table["fit_errors"]
-    print(f"wrote {out} ({len(table['measurements'])} served steps; start-up "
-          f"{table['startup_s']} s)")
-    print(f"per-step |error| of the fit: median {fit['median']:.1%}, P90 {fit['p90']:.1%}")
-    return 0
+    return measure_and_write(lambda: run(args), args.out, suffix="-served")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -271,12 +271,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         argv = list(sys.argv[1:] if argv is None else argv)
         return subprocess_run([str(python), "-m", "server.profile_cpu", *argv], env)
+    return measure_and_write(lambda: run(args), args.out)
+
+
+def measure_and_write(measure_table: Callable[[], dict[str, Any]], out: Path | None,
+                      suffix: str = "") -> int:
+    """Run a drive, write its table (default runs/profiles/cpu-MODEL{suffix}.json) and print
+    the per-step errors; a bad option or model folder is one line on stderr and exit 2."""
     try:
-        table = run(args)
+        table = measure_table()
     except (ValueError, ModelFolderError) as exc:
         print(f"harness profile: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("runs/profiles") / f"{table['name']}.json"
+    out = out or Path("runs/profiles") / f"{table['name']}{suffix}.json"
     write_table(out, table)
     fit, roof = table["fit_errors"], table.get("roofline_errors")
     print(f"wrote {out} ({len(table['measurements'])} steps; start-up {table['startup_s']} s)")
