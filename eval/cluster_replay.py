@@ -171,14 +171,24 @@ class _Turn:
 
 
 def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = None,
-                   hints: str = "none", concurrency: int | None = None) -> ReplayResult:
+                   hints: str = "none", concurrency: int | None = None,
+                   intake_s: float = 0.0, delivery_s: float = 0.0) -> ReplayResult:
     """Replay every program of `trace` on `cluster` (left open; the caller closes it).
     `progress(n_done)` is called as programs end; `hints` as in `eval.replay.HINT_MODES`.
     `concurrency`: closed loop instead of the trace's arrivals: that many programs start at
     once and, in trace order, a new one starts the moment one ends (as an agent fleet with a
-    fixed number of workers, or the Continuum runner's concurrent agents)."""
+    fixed number of workers, or the Continuum runner's concurrent agents).
+
+    `intake_s` and `delivery_s`: the served path, which a virtual-time replay otherwise does
+    not have: a turn reaches the engine `intake_s` after the client sends it (HTTP, the API
+    server, the engine's input queue), and the client has each token `delivery_s` after the
+    engine made it, so its times (first token, finish, the next turn's start) are that much
+    later. `harness profile --device cpu --served` measures both on an idle server; 0 (the
+    default) replays as before, bit for bit."""
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if not (intake_s >= 0 and delivery_s >= 0):
+        raise ValueError(f"served-path latencies must be >= 0 s, got {intake_s}, {delivery_s}")
     client = ClientPredictions(hints)
     limit = min(r.engine.context_limit for r in cluster.replicas)
     long = too_long_turns(trace, limit)
@@ -263,16 +273,23 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
         rid = f"{pid}#{i}"
         if route.prefill is None:
             live[rid] = _Turn(record, route, route.decode)
-            deliver(decoder, t)
-            submit(decoder, rid, pid, i, max_one=False, params=None)
+            send(t, decoder, rid, pid, i, max_one=False, params=None)
             return
         from cluster.pd import prefill_params
 
         prefiller = cluster.by_name[route.prefill]
         live[rid + "@p"] = _Turn(record, route, route.prefill)
-        deliver(prefiller, t)
-        submit(prefiller, rid + "@p", pid, i, max_one=True,
-               params=prefill_params(exported=exports.pop(pid, None)))
+        send(t, prefiller, rid + "@p", pid, i, max_one=True,
+             params=prefill_params(exported=exports.pop(pid, None)))
+
+    def send(t: float, replica: Replica, rid: str, pid: str, i: int, *, max_one: bool,
+             params: dict[str, Any] | None) -> None:
+        """The client's request reaches the engine now, or `intake_s` later."""
+        if intake_s:
+            push(t + intake_s, "submit", pid, i, (replica, rid, max_one, params))
+            return
+        deliver(replica, t)
+        submit(replica, rid, pid, i, max_one=max_one, params=params)
 
     def start_decode(t: float, pid: str, i: int, params: dict[str, Any]) -> None:
         rid = f"{pid}#{i}"
@@ -315,8 +332,9 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
         if observe_itl is not None and fin.first_token is not None and fin.output_tokens > 1:
             observe_itl(replica.name, (fin.finished - fin.first_token) / (fin.output_tokens - 1),
                         fin.finished)
-        record.first_token = fin.first_token
-        record.finished = fin.finished
+        seen = fin.finished + delivery_s  # when the client has the last token
+        record.first_token = None if fin.first_token is None else fin.first_token + delivery_s
+        record.finished = seen
         record.output_tokens = fin.output_tokens
         if record.admitted is None:
             record.admitted = record.first_token if record.first_token is not None else \
@@ -326,11 +344,11 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
             for name in placement.end(program.id):
                 event(name, "program_end", program.id)
             router.program_end(program.id)
-            records[program.id].finished = fin.finished
+            records[program.id].finished = seen
             if queued:  # closed loop: the freed worker starts the next program now
                 following = queued.pop()
-                records[following.id].arrival = fin.finished
-                push(fin.finished, "turn", following.id, 0)
+                records[following.id].arrival = seen
+                push(seen, "turn", following.id, 0)
             done += 1
             if progress is not None:
                 progress(done)
@@ -339,7 +357,7 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
         state.extend(i, fin.token_ids)
         event(placement.current(program.id), "tool_start", program.id, tool=tool_turn.tool,
               predicted_s=client.predict(tool_turn.tool, tool_turn.tool_seconds))
-        push(fin.finished + tool_turn.tool_seconds, "turn", program.id, i + 1)
+        push(seen + tool_turn.tool_seconds, "turn", program.id, i + 1)
 
     def step(replica: Replica) -> None:
         nonlocal engine_steps
@@ -387,6 +405,10 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
             t, _, kind, pid, i, payload = heapq.heappop(agenda)
             if kind == "turn":
                 start_turn(t, pid, i)
+            elif kind == "submit":
+                replica, rid, max_one, params = payload
+                deliver(replica, t)
+                submit(replica, rid, pid, i, max_one=max_one, params=params)
             else:
                 start_decode(t, pid, i, payload)
             continue

@@ -190,15 +190,17 @@ class ClientPredictions:
 
 
 def replay(trace: Trace, engine: Any, *, progress: Any = None,
-           hints: str = "none", concurrency: int | None = None) -> ReplayResult:
+           hints: str = "none", concurrency: int | None = None,
+           intake_s: float = 0.0, delivery_s: float = 0.0) -> ReplayResult:
     """Run every program of ``trace`` through ``engine`` (a fresh ``VirtualEngine``); the
     engine is left open (the caller closes it). ``progress(n_done)`` is called as programs
-    end; ``hints`` is one of ``HINT_MODES``. One engine is a cluster of one replica: the same
+    end; ``hints`` is one of ``HINT_MODES``; ``intake_s`` / ``delivery_s`` add a served path
+    (`eval.cluster_replay.replay_cluster`). One engine is a cluster of one replica: the same
     discrete-event loop (`eval.cluster_replay`) drives both."""
     from eval.cluster_replay import VirtualCluster, replay_cluster
 
     return replay_cluster(trace, VirtualCluster.around(engine), progress=progress, hints=hints,
-                          concurrency=concurrency)
+                          concurrency=concurrency, intake_s=intake_s, delivery_s=delivery_s)
 
 
 def isolated_jcts(trace: Trace, engine: Any, *, progress: Any = None) -> dict[str, float]:

@@ -142,3 +142,36 @@ def test_ampd_routes_every_turn_and_counts_why():
     assert metrics["local_prefill_share"] == pytest.approx(local / turns)
     assert local == decisions.get("local_slack", 0) + decisions.get("local_cost", 0)
     assert held == {"p": 0, "d0": 0, "d1": 0}
+
+
+def test_served_path_delays_each_turn_by_its_intake_and_delivery():
+    """`intake_s` / `delivery_s`: a turn reaches the engine intake later and the client has
+    its tokens delivery later, so a lone program's turns start, stream and end later by
+    exactly those amounts per turn; the engine's own work is unchanged."""
+    from eval.replay import replay
+    from eval.traces import Program, Trace, Turn
+    from server.engine import VirtualEngine
+
+    trace = Trace(name="lone", programs=[Program(id="p", arrival_s=0.0, turns=[
+        Turn(input_tokens=600, output_tokens=20, tool="bash", tool_seconds=0.5,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10)])])
+
+    def lone(intake: float, delivery: float):
+        engine = VirtualEngine(policy="vllm", profile=PROFILE)
+        try:
+            return replay(trace, engine, intake_s=intake, delivery_s=delivery)
+        finally:
+            engine.close()
+
+    plain, served = lone(0.0, 0.0), lone(0.004, 0.003)
+    a, b = plain.programs["p"], served.programs["p"]
+    assert b.jct == pytest.approx(a.jct + 2 * (0.004 + 0.003), abs=1e-9)
+    for x, y in zip(a.turns, b.turns, strict=True):
+        assert y.first_token - y.arrival == pytest.approx(x.first_token - x.arrival + 0.007)
+        assert y.finished - y.first_token == pytest.approx(x.finished - x.first_token)
+        assert y.cached_tokens == x.cached_tokens
+    # the second turn is due when the client had the first's last token, plus the tool
+    assert b.turns[1].arrival == pytest.approx(b.turns[0].finished + 0.5)
+    with pytest.raises(ValueError, match="served-path"):
+        lone(-0.001, 0.0)
