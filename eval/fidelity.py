@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "1 two policies are ranked on the real side only when every run of one "
                    "beat every run of the other, so run-to-run noise is not taken for a "
                    "ranking (per-program errors are those of the first run)")
+    p.add_argument("--no-served-path", action="store_true",
+                   help="replay in virtual time without the per-request HTTP/API-server "
+                   "latency the served profile measured (table key served_path)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-emulator", action="store_true",
                    help="also replay over HTTP on the emulator (`harness serve --profile "
@@ -142,7 +145,10 @@ def served_emulator(trace: Any, policy: str, table_path: Path,
         return replay_over_http(trace, server.base_url)
 
 
-def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace) -> Any:
+def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace,
+             path: dict[str, float] | None = None) -> Any:
+    """The virtual-time replay; `path` (the table's measured `served_path`) adds the HTTP
+    and API-server latency per request that the served side has (`--no-served-path`: none)."""
     from eval.replay import replay
     from server.engine import VirtualEngine
 
@@ -150,7 +156,8 @@ def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace
                            max_model_len=args.max_model_len,
                            num_gpu_blocks=args.kv_tokens // 16 + 1)
     try:
-        return replay(trace, engine)
+        return replay(trace, engine, intake_s=(path or {}).get("intake_s", 0.0),
+                      delivery_s=(path or {}).get("delivery_s", 0.0))
     finally:
         engine.close()
 
@@ -232,6 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_policies(policies)
     trace = make_trace(args)
     rows: dict[str, Any] = {}
+    path = None if args.no_served_path else table.get("served_path")
     real_runs: dict[str, list[float]] = {}
     for policy in policies:
         runs = []
@@ -248,7 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         real_runs[policy] = [statistics.fmean(v["jct"] for v in per_program(r).values())
                              for r, _ in runs]
         print(f"[{policy}] emulated ...", file=sys.stderr, flush=True)
-        emu_result = emulated(trace, policy, args.table, args)
+        emu_result = emulated(trace, policy, args.table, args, path)
         real, emu = per_program(real_result), per_program(emu_result)
         over_http: dict[str, Any] = {}
         if args.served_emulator:
@@ -288,6 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "step_error_fit": table.get("fit_errors"),
             "step_error_roofline": table.get("roofline_errors"),
             "policies": rows, "ranking_real": by_real, "ranking_emulated": by_emu,
+            "served_path": path,
             "tie": args.tie, "real_runs": args.real_runs, "same_ranking": not disagree,
             "separated_pairs": agree, "contradicted_pairs": disagree, "tied_pairs": tied}
 
@@ -338,6 +347,11 @@ def report(summary: dict[str, Any]) -> str:
         lines.append(f"per-step |error| on the profiled steps: fit median {fit['median']:.1%}, "
                      f"P90 {fit['p90']:.1%}" + (f"; roofline median {roof['median']:.1%}, P90 "
                                                 f"{roof['p90']:.1%}" if roof else ""))
+    path = summary.get("served_path")
+    lines.append("virtual time " + (
+        f"with the served path the table measured: intake {path['intake_s'] * 1e3:.1f} ms, "
+        f"delivery {path['delivery_s'] * 1e3:.1f} ms per request" if path else
+        "without a served path (none in the table, or --no-served-path)"))
     lines += ["", "| policy | mean JCT real | emulated | error | JCT err median / P90 | "
               "TTFT err median / P90 | load avg |", "|---|---:|---:|---:|---:|---:|---:|"]
     for policy, r in summary["policies"].items():

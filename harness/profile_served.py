@@ -50,24 +50,32 @@ class HttpDriver:
         self.model = model
         self.mixed_context = mixed_context
         self.rng = random.Random(seed)
+        #: (sent, first token in hand) wall times of requests sent to an idle engine
+        self.lone: list[tuple[float, float]] = []
 
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(8, 30000) for _ in range(n)]
 
     async def complete(self, prompt: list[int], max_tokens: int,
-                       started: asyncio.Event | None = None) -> None:
-        """One streamed completion; `started` is set when its first token arrives."""
+                       started: asyncio.Event | None = None, lone: bool = False) -> None:
+        """One streamed completion; `started` is set when its first token arrives. `lone`:
+        nothing else runs, so its send and first-token times are kept (`self.lone`)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
                 "ignore_eos": True, "return_token_ids": True, "stream": True}
+        sent, first = time.time(), None
         async with self.client.stream("POST", self.url, json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 raise RuntimeError(f"the server answered {response.status_code}: {text[:300]}")
             async for line in response.aiter_lines():
-                if started is not None and line.startswith("data: {"):
-                    started.set()
+                if line.startswith("data: {"):
+                    first = first or time.time()
+                    if started is not None:
+                        started.set()
         if started is not None:
             started.set()
+        if lone and first is not None:
+            self.lone.append((sent, first))
 
     async def decode(self, batch: int, ctx: int, steps: int) -> None:
         await asyncio.gather(*(self.complete(self.tokens(ctx), steps + 1)
@@ -78,7 +86,7 @@ class HttpDriver:
             history = self.tokens(cached)
             if cached:
                 await self.complete(history, 1)
-            await self.complete(history + self.tokens(chunk), 1)
+            await self.complete(history + self.tokens(chunk), 1, lone=True)
 
     async def mixed(self, chunk: int, decodes: int, repeats: int) -> None:
         # decoders outlive the prompts of the others and every chunk (each chunk request
@@ -103,9 +111,30 @@ class HttpDriver:
             await self.mixed(a, b, repeats)
 
 
+def served_path(lone: Sequence[tuple[float, float]], steps: Sequence[StepRecord]
+                ) -> dict[str, float] | None:
+    """The served path's own latency, from requests sent to an idle engine (one prompt of at
+    most the token budget, one token): intake is from the client's send to the start of the
+    request's step (HTTP, the API server, the engine's input queue), delivery from the end of
+    that step to the client having the token. Medians; None without such requests."""
+    starts = sorted((s.t, s.t + s.seconds) for s in steps if s.waited)
+    intake, delivery = [], []
+    for sent, first in lone:
+        step = next(((t, end) for t, end in starts if t >= sent), None)
+        if step is not None and step[1] <= first:
+            intake.append(step[0] - sent)
+            delivery.append(first - step[1])
+    if not intake:
+        return None
+    return {"intake_s": statistics.median(intake), "delivery_s": statistics.median(delivery),
+            "requests": len(intake)}
+
+
 async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], repeats: int,
-                log: Any = sys.stderr) -> list[StepRecord]:
-    """Every shape after a warm-up; the steps the server logged from then on."""
+                log: Any = sys.stderr, lone: list[tuple[float, float]] | None = None
+                ) -> list[StepRecord]:
+    """Every shape after a warm-up; the steps the server logged from then on. `lone`, if
+    given, receives the (sent, first token) times of the requests sent to an idle engine."""
     def logged() -> list[StepRecord]:
         return read_step_log(step_log) if step_log.is_file() else []
 
@@ -113,6 +142,7 @@ async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], r
         driver = HttpDriver(client, url, model)
         await driver.run(("prefill", 64, 0), 2)  # warm-up: first steps are slow (allocations)
         await driver.run(("decode", 2, 64), 4)
+        driver.lone.clear()
         start = len(logged())
         for i, shape in enumerate(shapes):
             before = len(logged())
@@ -122,6 +152,8 @@ async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], r
             ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
             print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
                   f"{len(own)} of the shape, median {ms:.2f} ms", file=log, flush=True)
+    if lone is not None:
+        lone.extend(driver.lone)
     return logged()[start:]
 
 
@@ -146,10 +178,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 limit = json.loads(httpx.get(server.base_url + "/v1/models", timeout=30)
                                    .text)["data"][0]["max_model_len"]
                 shapes = grid(MAX_NUM_BATCHED_TOKENS, int(limit))
-            steps = asyncio.run(drive(server.base_url, folder.name, step_log, shapes, repeats))
+            lone: list[tuple[float, float]] = []
+            steps = asyncio.run(drive(server.base_url, folder.name, step_log, shapes, repeats,
+                                      lone=lone))
             elapsed = time.time() - started - startup
     return table_from_steps(folder, steps, enforce_eager=not args.compile, path="served",
                             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                            served_path=served_path(lone, steps),
                             startup_s=round(startup, 1), elapsed_s=round(elapsed, 1))
 
 

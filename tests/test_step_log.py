@@ -117,3 +117,17 @@ def test_scheduler_records_the_batches_the_emulator_priced():
     # chunked prompts (budget 512) beside decodes, and the second turn's prefix-cache hit
     assert any(r.prefill and r.decode for r in logged)
     assert any(chunk == 300 and before >= 1200 for r in logged for chunk, before in r.prefill)
+
+
+def test_served_path_is_the_latency_around_a_lone_requests_step():
+    """`harness profile --device cpu --served` measures the HTTP/API-server path on requests
+    sent to an idle engine: send -> start of its step, end of that step -> first token."""
+    from harness.profile_served import served_path
+
+    steps = [StepRecord(0.010, [(64, 0)], [], t=100.004, waited=[0.001]),
+             StepRecord(0.003, [], [65], t=100.015),
+             StepRecord(0.020, [(256, 0)], [], t=200.005, waited=[0.002])]
+    lone = [(100.0, 100.016), (200.0, 200.028), (300.0, 300.01)]  # no step after the last
+    path = served_path(lone, steps)
+    assert path == pytest.approx({"intake_s": 0.0045, "delivery_s": 0.0025, "requests": 2})
+    assert served_path([], steps) is None
