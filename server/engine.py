@@ -141,7 +141,7 @@ class VirtualEngine:
     """`EngineCore` + `EmulatedExecutor` + `PolicyScheduler` on a virtual clock.
 
     `offload_gib`: host memory for vLLM's native KV offloading. Policies that need it (`swap`)
-    get `harness.serve.DEFAULT_OFFLOAD_GIB` when it is None, as `harness serve` gives them;
+    get `server.settings.DEFAULT_OFFLOAD_GIB` when it is None, as `harness serve` gives them;
     other policies run without offloading unless it is given.
 
     `offload_copy_model`: how the emulated offload worker times its copies, and how the
@@ -189,8 +189,8 @@ class VirtualEngine:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
 
-        from harness.serve import OFFLOAD_CONNECTOR_OPTIONS, emulated_model_dir, offload_gib
         from server.emulated_executor import EmulatedExecutor
+        from server.settings import OFFLOAD_CONNECTOR_OPTIONS, emulated_model_dir, offload_gib
 
         self.offload_gib = offload_gib(self.policy, self.offload_gib)
         connector = None  # our connector options; vLLM names the connector itself

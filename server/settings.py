@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, MODELS_DIR
 from server.policies.ampd import TTFT_SLO_S
 
 ENV_POLICY = "HARNESS_POLICY"
@@ -25,6 +26,44 @@ ENV_OFFLOAD_COPY_MODEL = "HARNESS_OFFLOAD_COPY_MODEL"
 ENV_TTFT_SLO = "HARNESS_TTFT_SLO_S"
 DEFAULT_POLICY = "continuum"
 DEFAULT_PROFILE = "h100-llama-3.1-8b"
+#: Host memory (GiB) for vLLM's native KV offloading, used by policies with `needs_offload`
+#: (`swap`, `infercept`) unless `--offload-gib` says otherwise. Half the 128 GiB of host RAM of
+#: the lent H100/H200 machines, so a real-GPU run can pin it; for Llama-3.1-8B that is 524k
+#: tokens of KV, more than an H100's 448k-token GPU cache, so host copies are rarely evicted.
+DEFAULT_OFFLOAD_GIB = 64.0
+#: Options of the offloading connector: store the blocks of generated tokens too. vLLM 0.32
+#: offloads prompt blocks only by default (meant for chats that drop earlier answers), but an
+#: agent's next turn appends its answer verbatim, so the answer's KV is part of what a swap keeps.
+OFFLOAD_CONNECTOR_OPTIONS: dict[str, object] = {"offload_prompt_only": False}
+
+
+class ServeOptionsError(Exception):
+    """A user mistake in the options of a served or in-process engine (`harness serve`
+    prints it without a traceback, as `ServeError`)."""
+
+
+def emulated_model_dir(profile: str) -> Path:
+    """The config.json folder of the model a profile name (or table) stands for."""
+    from server.perf_model import load_profile
+
+    model = load_profile(profile).model.name
+    folder = MODELS_DIR / model
+    if not (folder / "config.json").is_file():
+        known = ", ".join(sorted(p.name for p in MODELS_DIR.iterdir() if p.is_dir()))
+        raise ServeOptionsError(f"no model config for {model!r} in {MODELS_DIR}; known: {known}")
+    return folder
+
+
+def offload_gib(policy: str, requested: float | None = None) -> float | None:
+    """GiB of host memory for KV offloading, or None to leave it off: on when asked for
+    (any policy may run on top of vLLM's offloading) or when the policy needs it."""
+    from server.policies import policy_class
+
+    if requested is not None:
+        if not requested > 0:
+            raise ServeOptionsError(f"--offload-gib {requested}: give a positive size in GiB")
+        return float(requested)
+    return DEFAULT_OFFLOAD_GIB if policy_class(policy).needs_offload else None
 
 
 @dataclass(frozen=True)
