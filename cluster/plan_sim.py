@@ -467,7 +467,7 @@ class SimulatedTau:
     def _write_cache(self) -> None:
         if self.cache_path is None:
             return
-        from harness.atomic import write_text_atomic
+        from common.atomic import write_text_atomic
 
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
         body = {"identity": self._identity(), "tau": self._cache}

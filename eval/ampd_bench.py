@@ -335,7 +335,7 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
-    from harness.atomic import write_text_atomic
+    from common.atomic import write_text_atomic
 
     write_text_atomic(out / "rows.json", json.dumps(summary, indent=1, allow_nan=True) + "\n")
     write_text_atomic(out / "report.md", report_markdown(summary))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import atomic_path
+from common.atomic import atomic_path
 
 
 def plot_slo(summary: dict[str, Any], path: Path) -> None:

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from common.atomic import atomic_path, write_text_atomic
 from eval.metrics import SLO, replay_metrics
 from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
-from harness.atomic import atomic_path, write_text_atomic
 from server.perf_model import (
     DEFAULT_OFFLOAD_COPY_MODEL,
     add_offload_copy_model_argument,

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python eval/load_bench.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from common.atomic import write_json_atomic  # noqa: E402
 from harness.agent import Agent, Limits  # noqa: E402
-from harness.atomic import write_json_atomic  # noqa: E402
 from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark  # noqa: E402
 from harness.events_client import EventClient  # noqa: E402
 from harness.model_client import ChatClient, api_root  # noqa: E402

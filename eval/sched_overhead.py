@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from common.atomic import write_json_atomic
 from eval.replay import replay
 from eval.traces import Program, Trace, Turn
-from harness.atomic import write_json_atomic
 from harness.serve import DEFAULT_OFFLOAD_GIB
 from server.engine import VirtualEngine
 from server.policies import POLICIES

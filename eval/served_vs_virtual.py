@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 
 from cluster.config import ClusterConfigError, load_cluster
+from common.atomic import write_text_atomic
 from eval.bench import BenchError, ClusterRuns, EngineSettings, HttpTarget, bench
-from harness.atomic import write_text_atomic
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
 

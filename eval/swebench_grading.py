@@ -516,7 +516,7 @@ def append_prediction(path: Path, instance_id: str, model_patch: str | None,
 
 
 def write_report(out: Path, report: dict[str, Any]) -> Path:
-    from harness.atomic import write_json_atomic
+    from common.atomic import write_json_atomic
 
     path = out / "reports" / f"{report['instance_id']}.json"
     write_json_atomic(path, report)

@@ -65,9 +65,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from scipy import optimize, stats
 
+from common.atomic import atomic_write
+from common.jsonl import json_lines
 from eval.metrics import percentile
-from harness.atomic import atomic_write
-from harness.jsonl import json_lines
 
 FORMAT_NAME = "harness-trace"
 FORMAT_VERSION = 1

@@ -17,8 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from common.atomic import write_json_atomic
 from harness import run as run_mod
-from harness.atomic import write_json_atomic
 from harness.run import RunError
 
 ROWS = ("tasks", "passed", "resolved", "pass_rate", "jct_mean_s", "jct_p95_s", "wall_s",

@@ -33,9 +33,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from common.atomic import write_json_atomic
 from eval.metrics import summarize
 from harness.agent import Agent, Limits, Replay
-from harness.atomic import write_json_atomic
 from harness.benchmarks import Benchmark, BenchmarkError, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
 from harness.model_client import ChatClient, api_root

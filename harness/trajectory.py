@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import write_json_atomic
+from common.atomic import write_json_atomic
 
 
 @dataclass

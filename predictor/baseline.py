@@ -121,7 +121,7 @@ class TfidfRidge:
                           for k, h in self.heads.items()}}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        from harness.atomic import write_text_atomic
+        from common.atomic import write_text_atomic
 
         return write_text_atomic(path, json.dumps(self.to_json(), separators=(",", ":")))
 

@@ -176,7 +176,7 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"model: {args.model} ({predictor.backend}); data: {args.data}")
     _print_figures(results, title)
     if args.json is not None:
-        from harness.atomic import write_json_atomic
+        from common.atomic import write_json_atomic
 
         write_json_atomic(args.json, {"split": choice, "examples": len(chosen),
                                       "figures": results})

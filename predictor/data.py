@@ -42,7 +42,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from harness.jsonl import json_lines
+from common.jsonl import json_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_DIR = ROOT / "server" / "tokenizer"
@@ -231,7 +231,7 @@ def dumps_examples(examples: Iterable[Example]) -> str:
 
 
 def save_examples(examples: Iterable[Example], path: str | os.PathLike[str]) -> Path:
-    from harness.atomic import write_text_atomic
+    from common.atomic import write_text_atomic
 
     return write_text_atomic(path, dumps_examples(examples))
 

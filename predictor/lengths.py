@@ -155,7 +155,7 @@ class LengthPredictor:
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the model directory; files are written beside it first and the directory is
         swapped in whole, so a failed save leaves any old model as it was."""
-        from harness.atomic import write_text_atomic
+        from common.atomic import write_text_atomic
 
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)

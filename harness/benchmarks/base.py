@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.jsonl import json_lines
 from harness.agent import ToolBox
-from harness.jsonl import json_lines
 from harness.tools.base import Observation
 from harness.trajectory import Trajectory
 

@@ -1,0 +1,3 @@
+"""Helpers every layer may import (atomic file writes, JSON Lines reading): nothing here
+imports `harness`, `server`, `predictor`, `eval` or `cluster`, so the arrows between those
+keep pointing down."""
