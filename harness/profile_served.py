@@ -33,7 +33,7 @@ import httpx
 from harness.server_process import ServerProcess
 from server.cpu_engine import model_folder
 from server.profile_cpu import Shape, grid, of_shape, quick_grid, table_from_steps
-from server.step_log import StepRecord, read_step_log
+from server.step_log import StepLogTail, StepRecord
 
 #: the in-process drive's token budget (vLLM's CPU default), passed explicitly
 MAX_NUM_BATCHED_TOKENS = 2048
@@ -135,26 +135,25 @@ async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], r
                 ) -> list[StepRecord]:
     """Every shape after a warm-up; the steps the server logged from then on. `lone`, if
     given, receives the (sent, first token) times of the requests sent to an idle engine."""
-    def logged() -> list[StepRecord]:
-        return read_step_log(step_log) if step_log.is_file() else []
-
+    tail = StepLogTail(step_log)
+    steps: list[StepRecord] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         driver = HttpDriver(client, url, model)
         await driver.run(("prefill", 64, 0), 2)  # warm-up: first steps are slow (allocations)
         await driver.run(("decode", 2, 64), 4)
         driver.lone.clear()
-        start = len(logged())
+        tail.new()  # the warm-up's steps
         for i, shape in enumerate(shapes):
-            before = len(logged())
             await driver.run(shape, repeats)
-            new = logged()[before:]
+            new = tail.new()  # a shape's last step is logged before its last token is sent
+            steps += new
             own = [s for s in new if of_shape(s, shape)]
             ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
             print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
                   f"{len(own)} of the shape, median {ms:.2f} ms", file=log, flush=True)
     if lone is not None:
         lone.extend(driver.lone)
-    return logged()[start:]
+    return steps
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

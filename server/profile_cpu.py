@@ -43,7 +43,7 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.profile_gpu import write_table
-from server.step_log import StepRecord
+from server.step_log import StepRecord, relative_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,8 +172,7 @@ def of_shape(step: StepRecord, shape: Shape) -> bool:
 
 def errors(profile: Any, steps: Sequence[StepRecord]) -> dict[str, float]:
     """Median, P90 and mean of |predicted - measured| / measured over the steps."""
-    rel = sorted(abs(profile.step_seconds(s.prefill, s.decode) - s.seconds) / s.seconds
-                 for s in steps)
+    rel = relative_errors(profile.step_seconds, steps)
     if not rel:
         return {}
     return {"median": rel[len(rel) // 2], "p90": rel[min(len(rel) - 1, int(0.9 * len(rel)))],

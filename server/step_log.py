@@ -134,19 +134,35 @@ def sink_from_env() -> JsonlStepSink | None:
     return JsonlStepSink(path) if path else None
 
 
+def record_from(line: str) -> StepRecord:
+    """A record from its JSON line (fields a log from an older version lacks take defaults)."""
+    d = json.loads(line)
+    d["prefill"] = [tuple(p) for p in d["prefill"]]
+    return StepRecord(**d)
+
+
 def read_step_log(path: str | Path) -> list[StepRecord]:
-    records = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            d = json.loads(line)
-            records.append(StepRecord(
-                seconds=float(d["seconds"]), prefill=[(int(c), int(x)) for c, x in d["prefill"]],
-                decode=[int(x) for x in d["decode"]], gap=float(d.get("gap", 0.0)),
-                busy=bool(d.get("busy", False)), t=float(d.get("t", 0.0)),
-                waited=[float(x) for x in d.get("waited", [])], waiting=int(d.get("waiting", 0)),
-                schedule_s=float(d.get("schedule_s", 0.0)),
-                update_s=float(d.get("update_s", 0.0))))
-    return records
+    return [record_from(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class StepLogTail:
+    """Follows a step log another process appends to: each `new()` returns the records
+    written since the previous call, reading only those bytes (a line still being written
+    waits for the next call)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+
+    def new(self) -> list[StepRecord]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [record_from(line) for line in complete.decode().splitlines() if line.strip()]
 
 
 def relative_errors(predict: Callable[[list[tuple[int, int]], list[int]], float],

@@ -14,6 +14,7 @@ import pytest
 from server.engine import VirtualEngine
 from server.step_log import (
     JsonlStepSink,
+    StepLogTail,
     StepRecord,
     StepTimer,
     batch_shape,
@@ -80,6 +81,23 @@ def test_log_file_round_trip(tmp_path):
     # the model's error on each step, sorted
     errors = relative_errors(lambda prefill, decode: 0.003, back)
     assert errors == pytest.approx([0.25, 0.5])
+
+
+def test_tail_reads_only_what_was_appended_and_waits_for_a_whole_line(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    tail = StepLogTail(path)
+    assert tail.new() == []  # no log yet
+    sink = JsonlStepSink(path)
+    sink(StepRecord(0.004, [(16, 0)], []))
+    sink(StepRecord(0.002, [], [17]))
+    assert [r.decode for r in tail.new()] == [[], [17]]
+    assert tail.new() == []
+    with path.open("a") as f:  # the writer is half-way through a line
+        f.write('{"seconds":0.003,"prefill":[],')
+    assert tail.new() == []
+    with path.open("a") as f:
+        f.write('"decode":[18]}\n')
+    assert tail.new() == [StepRecord(0.003, [], [18])]
 
 
 def test_scheduler_records_the_batches_the_emulator_priced():
