@@ -188,17 +188,18 @@ def quantiles(values: Sequence[float]) -> dict[str, float]:
 
 def check_policies(policies: Sequence[str]) -> None:
     """Before any server starts: every policy exists and runs on the CPU engine (vLLM's CPU
-    platform has no KV offloading, so the policies that swap cannot)."""
-    from server.policies import policy_class
+    platform has no KV offloading, so the policies that swap cannot: the rule `harness serve
+    --device cpu` applies, `server.settings.offload_gib`)."""
+    from server.settings import offload_gib
 
     if not policies:
         raise FidelityError("--policies: name at least one policy")
     for policy in policies:
         try:
-            cls = policy_class(policy)
+            offload = offload_gib(policy)
         except ValueError as exc:
             raise FidelityError(f"--policies: {exc}") from None
-        if cls.needs_offload:
+        if offload is not None:
             raise FidelityError(f"--policies: {policy!r} needs KV offloading, which vLLM's CPU "
                                 "platform does not run; the CPU engine takes the others")
 
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile = load_table(args.table)
     except ValueError as exc:
         raise FidelityError(str(exc)) from None
-    table = json.loads(args.table.read_text())
+    table = profile.meta  # the table's keys but its measurements
     if table.get("gpu") != "cpu":
         raise FidelityError(f"{args.table} is not a CPU table (gpu={table.get('gpu')!r})")
     policies = [p for p in args.policies.split(",") if p]
