@@ -204,11 +204,12 @@ class PolicyScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any
                            ) -> Any:  # type: ignore[override]
+        timer = self._step_timer
+        if timer is None:  # every emulated step comes through here: no clock read for nothing
+            return super().update_from_output(scheduler_output, model_runner_output)
         started = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if self._step_timer is not None:
-            self._step_timer.updated(scheduler_output.total_num_scheduled_tokens,
-                                     len(self.requests), started)
+        timer.updated(scheduler_output.total_num_scheduled_tokens, len(self.requests), started)
         return outputs
 
     def handle_event(self, event: AgentEvent, now: float) -> None:
