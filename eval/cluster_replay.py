@@ -336,9 +336,8 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
         record.first_token = None if fin.first_token is None else fin.first_token + delivery_s
         record.finished = seen
         record.output_tokens = fin.output_tokens
-        if record.admitted is None:
-            record.admitted = record.first_token if record.first_token is not None else \
-                fin.finished
+        if record.admitted is None:  # engine times: the served path does not delay them
+            record.admitted = fin.first_token if fin.first_token is not None else fin.finished
         program = state.program
         if i == program.n_turns - 1:
             for name in placement.end(program.id):
