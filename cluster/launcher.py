@@ -3,7 +3,7 @@ the router (`cluster.router_app`) in front of them, started and stopped together
 
 Why processes and not vLLM's data parallelism: replicas of one cluster may differ in role,
 profile, policy and KV size, and vLLM's DP ranks share all of those. Each replica is the
-command `harness serve` would run (`harness.serve.build_command`), with its own port, its own
+command `harness serve` would run (`server.launch.build_command`), with its own port, its own
 events channel (`HARNESS_EVENTS_IPC`) and its own log file.
 
 Nothing outlives the launcher:
@@ -104,8 +104,9 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
     builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
     the virtual-time cluster's engines do (`eval.bench.make_engine`)."""
-    from harness.serve import ServeError, build_command, offload_gib
     from server.events import ENV_EVENTS_IPC, default_ipc_path
+    from server.launch import ServeError, build_command
+    from server.settings import offload_gib
 
     extra: list[str] = []
     env: dict[str, str] = {}

@@ -20,7 +20,7 @@ objectives go to the planner's order. Noise: a replay's P95 depends on the progr
 with several seeds (``--verify-seeds``) the report says under how many seeds the choice also
 measured best; with one seed it cannot say, and the docs give the figures of a 3-seed check.
 Pure Python: the replays come from ``replay(prefill, decode, programs, seed)`` ->
-``(P95 TTFT, P95 ITL)`` (``cluster.plan_sim.SimulatedTau.deployment``), so the selection is
+``(P95 TTFT, P95 ITL)`` (``sim.planning.SimulatedTau.deployment``), so the selection is
 tested with hand-made measurements.
 """
 

@@ -26,7 +26,7 @@ The next-best plans come from re-solving with a no-good cut on each plan found
 check. Candidates whose tau is infinite (the replica cannot run the workload) are left out.
 
 ``tau`` comes from a :class:`TauProvider`: :class:`TableTau` (a table of measured or hand-made
-points, interpolated) here, or ``cluster.plan_sim.SimulatedTau`` (the virtual-time cluster).
+points, interpolated) here, or ``sim.planning.SimulatedTau`` (the virtual-time cluster).
 Pure Python and scipy: nothing here imports vLLM.
 """
 

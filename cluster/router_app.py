@@ -56,7 +56,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.placement import Placement
-from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, TurnInfo, make_router
+from cluster.routers import make_router
+from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, TurnInfo
 from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
 
 log = logging.getLogger("harness.cluster.router")

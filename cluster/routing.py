@@ -33,7 +33,6 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(slots=True)
@@ -235,28 +234,3 @@ class PDRouter(Router):
 
     def bound(self, program_id: str) -> str | None:
         return self._binding.of.get(program_id)
-
-
-ROUTERS: dict[str, type[Router]] = {
-    cls.name: cls for cls in (SessionRouter, RoundRobinRouter, LeastLoadedRouter, PDRouter)
-}
-
-
-def make_router(spec: Any, cluster: Any = None) -> Router:
-    """A router from a `cluster.config.RouterSpec`; `ampd` also needs the `ClusterConfig`
-    (`cluster`), whose replica profiles and links price its estimates."""
-    strategy = spec.strategy
-    if strategy == "ampd":
-        if cluster is None:
-            raise ValueError("router strategy 'ampd' prices prefills with the replicas' "
-                             "profiles and links: build it with make_router(spec, cluster)")
-        from cluster.ampd import AMPDRouter
-
-        return AMPDRouter.from_spec(spec, cluster)
-    if strategy not in ROUTERS:
-        raise ValueError(f"unknown router strategy {strategy!r}; choose one of "
-                         f"{', '.join([*ROUTERS, 'ampd'])}")
-    if strategy == "session":
-        return SessionRouter(kv_guard=spec.kv_guard,
-                             hash_points=spec.hash_points)
-    return ROUTERS[strategy]()

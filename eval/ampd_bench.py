@@ -212,7 +212,7 @@ def _engine_factory(config: Any, seed: int,
     """`eval.bench.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``). The
     AMPD queue policy gets the run's TTFT SLO from the cluster (`cluster_config` puts it in
     `router.ttft_slo_s`), as a served replica does."""
-    from eval.bench import make_engine
+    from sim.engines import make_engine
 
     def build(spec: Any) -> Any:
         return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
@@ -234,8 +234,8 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     (`HISTORY`): how a prefill replica gets the part of a program's history it lacks."""
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
-    from eval.cluster_replay import VirtualCluster, replay_cluster
     from server.engine import ContextTooLong
+    from sim.virtual_cluster import VirtualCluster, replay_cluster
 
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
                             num_gpu_blocks=num_gpu_blocks)

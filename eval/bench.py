@@ -31,6 +31,7 @@ from server.perf_model import (
     add_offload_copy_model_argument,
     check_offload_copy_model,
 )
+from sim.engines import base_policy, context_limit, make_engine
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
@@ -180,15 +181,18 @@ def _run(args: argparse.Namespace) -> int:
 
 # -- arguments ---------------------------------------------------------------------------------
 def _policies(text: str) -> list[str]:
-    """Policy names, each optionally ``NAME@HINTS`` (``eval.replay.HINT_MODES``: what the
+    """Policy names, each optionally ``NAME@HINTS`` (``sim.replay.HINT_MODES``: what the
     replayed client predicts about tool calls), e.g. ``continuum,continuum@oracle``."""
-    from eval.replay import HINT_MODES
     from server.policies import POLICIES
+    from sim.records import HINT_MODES
 
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise BenchError("--policies is empty; give e.g. vllm,continuum")
-    unknown = [p for p in names if _base_policy(split_policy(p)[0])[0] not in POLICIES]
+    try:
+        unknown = [p for p in names if base_policy(split_policy(p)[0])[0] not in POLICIES]
+    except ValueError as exc:  # a suffix other than +offload
+        raise BenchError(str(exc)) from None
     if unknown:
         raise BenchError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: "
                          f"{', '.join(sorted(POLICIES))}")
@@ -226,7 +230,7 @@ class ClusterRuns:
         wanted: list[str | None] = [None]
         if policies:
             wanted = list(_policies(policies))
-            if any(split_policy(p)[1] != "none" or _base_policy(p)[1] for p in wanted):
+            if any(split_policy(p)[1] != "none" or base_policy(p)[1] for p in wanted):
                 raise BenchError("--cluster: give plain policy names (set `offload_gib` per "
                                  "replica in the cluster file; client hints are not replayed)")
         runs = tuple((name if p is None else f"{name}:{p}", name, p)
@@ -258,15 +262,6 @@ def split_policy(spec: str) -> tuple[str, str]:
     ``none``. The name keeps ``+offload`` (see `make_engine`)."""
     name, _, hints = spec.partition("@")
     return name, hints or "none"
-
-
-def _base_policy(name: str) -> tuple[str, bool]:
-    """``vllm+offload`` -> (``vllm``, True): a policy with vLLM's CPU KV offloading turned on,
-    so a policy that does not need it can be compared on the same memory as one that does."""
-    base, plus, extra = name.partition("+")
-    if plus and extra != "offload":
-        raise BenchError(f"policy {name!r}: the only suffix is +offload")
-    return base, bool(plus)
 
 
 def _loads(text: str | None, trace: str) -> list[float | None]:
@@ -589,7 +584,7 @@ def _fit_context(traces: dict[Any, Trace], cluster: ClusterRuns | None, profile:
     """Find, before any engine runs, the programs with a turn longer than the engines take
     (on a cluster: the smallest replica's limit, as a program may land anywhere); stop with
     their names (``too_long="error"``) or leave them out (``"skip"``, one line each)."""
-    from eval.replay import too_long_turns
+    from sim.records import too_long_turns
 
     try:
         if cluster is None:
@@ -619,59 +614,6 @@ def _fit_context(traces: dict[Any, Trace], cluster: ClusterRuns | None, profile:
     return kept, lines
 
 
-def context_limit(profile: str, num_gpu_blocks: int | None,
-                  max_model_len: int | None = None) -> int:
-    """The longest conversation a replayed engine takes: ``max_model_len`` (default: the
-    model's context, 131,072 for Llama-3.1, as `vllm serve`), capped by what a small
-    ``num_gpu_blocks`` holds (vLLM refuses a max_model_len that the KV cache cannot hold)."""
-    import json
-
-    from harness.serve import emulated_model_dir
-
-    config = json.loads((emulated_model_dir(profile) / "config.json").read_text())
-    model = int(config.get("max_position_embeddings", 32768))
-    limit = model if max_model_len is None else max_model_len
-    if limit < 1:
-        raise ValueError(f"--max-model-len must be at least 1 token, got {limit}")
-    if max_model_len is not None and max_model_len > model:
-        raise ValueError(f"--max-model-len {max_model_len:,} is longer than the model's "
-                         f"context ({model:,} tokens)")
-    if num_gpu_blocks is not None:
-        limit = min(limit, 16 * (num_gpu_blocks - 1))
-    return limit
-
-
-def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
-                offload_gib: float | None = None, replica: Any = None,
-                cluster: Any = None, max_model_len: int | None = None,
-                max_num_batched_tokens: int | None = None,
-                bidirectional: bool = False,
-                offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> Any:
-    """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
-    as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
-    a prefill or decode replica also gets its KV-transfer connector (`bidirectional`: a
-    prefill replica may read a program's history from its decode replica, `cluster.pd`), and
-    every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`) for its policy."""
-    from harness.serve import DEFAULT_OFFLOAD_GIB
-    from server.engine import VirtualEngine
-
-    max_len = context_limit(profile, num_gpu_blocks, max_model_len)
-    name, offload = _base_policy(policy)
-    if offload and offload_gib is None:
-        offload_gib = DEFAULT_OFFLOAD_GIB
-    options: dict[str, Any] = {}
-    if cluster is not None:  # the cluster's TTFT SLO, as `harness cluster serve` gives it
-        options["ttft_slo_s"] = cluster.router.ttft_slo_s
-    if replica is not None and replica.role != "colocated":
-        from cluster.pd import virtual_engine_options
-
-        options.update(virtual_engine_options(replica, cluster, bidirectional=bidirectional))
-    return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
-                         num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
-                         max_num_batched_tokens=max_num_batched_tokens,
-                         offload_copy_model=offload_copy_model, **options)
-
-
 def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
     """`make_engine` for a single-engine run under the run's `EngineSettings`."""
     return make_engine(policy, profile, seed, settings.num_gpu_blocks, settings.offload_gib,
@@ -686,7 +628,7 @@ def _isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: 
     """Each program's JCT alone on an engine of the run's settings (no offloading: alone,
     nothing is evicted), cached in `out` by the programs' contents and the settings; and what
     measuring them cost, or None when they came from the cache."""
-    from eval.replay import isolated_jcts
+    from sim.replay import isolated_jcts
 
     # no copy to price either: the isolated bound is the same whatever the copy model
     plain = replace(settings, offload_gib=None, offload_copy_model=DEFAULT_OFFLOAD_COPY_MODEL)
@@ -724,12 +666,13 @@ def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: E
                  steady: float) -> tuple[Any, float, float]:
     """The replay alone (what a `--jobs` worker runs): its result, wall seconds and this
     process's CPU seconds (on a shared machine the wall time also counts others' work)."""
-    from eval.replay import replay, steady_programs
+    from sim.records import steady_programs
+    from sim.replay import replay
 
     wall, cpu = time.perf_counter(), time.process_time()
     name, hints = split_policy(policy)
     if cluster is not None:
-        from eval.cluster_replay import VirtualCluster, replay_cluster
+        from sim.virtual_cluster import VirtualCluster, replay_cluster
 
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(

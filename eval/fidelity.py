@@ -149,8 +149,8 @@ def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace
              path: dict[str, float] | None = None) -> Any:
     """The virtual-time replay; `path` (the table's measured `served_path`) adds the HTTP
     and API-server latency per request that the served side has (`--no-served-path`: none)."""
-    from eval.replay import replay
     from server.engine import VirtualEngine
+    from sim.replay import replay
 
     engine = VirtualEngine(policy=policy, profile=str(table_path), seed=args.seed,
                            max_model_len=args.max_model_len,

@@ -9,11 +9,11 @@ Program semantics are those of `eval.replay`: a program arrives at ``arrival_s``
 from the start), sends ``program_start`` and turn 0's request; when a turn finishes it sends
 ``tool_start``, sleeps ``tool_seconds``, sends ``tool_end`` (seconds, return tokens) and the next
 turn's request; after the last turn, ``program_end``. Requests carry ``session_id`` (the program
-id, made unique per replay: ``ID@RUN``) and the same hints (`eval.replay.turn_hints`). Events
+id, made unique per replay: ``ID@RUN``) and the same hints (`sim.replay.turn_hints`). Events
 go through the harness's own non-blocking `EventClient`, as an agent's do: they are never
 waited for, and if the server lags they are dropped and counted (``events_dropped``).
 
-Prompts are token ids (`prompt` as a list of ints), built by `eval.replay.ProgramState`: the
+Prompts are token ids (`prompt` as a list of ints), built by `sim.replay.ProgramState`: the
 previous prompt, the ids the model answered (``return_token_ids``), then seeded stand-in ids.
 So a retained KV cache covers the previous prompt and its answer, and prefix caching and pins
 behave as in the virtual replay. Each turn asks for exactly the trace's output tokens:
@@ -25,7 +25,7 @@ replay salts the prefix cache with its own ``cache_salt`` (``RUN``): a second re
 load, the same trace again) finds nothing the first left, just as a fresh in-process engine
 would not; within a replay, programs sharing a system prompt still share its blocks. Pass
 ``run_id`` to share one salt on purpose (`isolated_jcts_over_http` does, as
-`eval.replay.isolated_jcts` keeps the shared prefix cached from program to program).
+`sim.replay.isolated_jcts` keeps the shared prefix cached from program to program).
 
 What is measured, and where it comes from (all times in seconds from the replay's start):
 
@@ -55,7 +55,7 @@ uses, or they include others' traffic.
 ``time_scale`` multiplies arrival times and tool durations (0.1: ten times shorter tool calls
 and arrival gaps) but not GPU work. It is a different, denser workload, not a faster run of the
 same one: use it for smoke tests and to compare policies on equal terms, not to predict the
-unscaled trace's JCTs. Its in-process counterpart is `eval.replay.replay` of
+unscaled trace's JCTs. Its in-process counterpart is `sim.replay.replay` of
 ``scale_trace(trace, time_scale)``. ``tool_end`` reports the scaled seconds (what was actually
 slept), which is what the server's duration predictor then learns.
 
@@ -78,10 +78,10 @@ from typing import Any
 
 import httpx
 
-from eval.replay import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
 from eval.traces import Trace
 from harness.events_client import EventClient
 from harness.model_client import aiter_sse, api_root, session_headers, usage_counts
+from sim.records import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
 
 #: Counters read from the server's Prometheus ``/metrics`` before and after a replay (summed
 #: over label sets, e.g. engines); the result holds their differences under these names.
@@ -133,7 +133,7 @@ def replay_over_http(trace: Trace, url: str, *, model: str | None = None,
 
 def scale_trace(trace: Trace, time_scale: float) -> Trace:
     """``trace`` with arrival times and tool durations multiplied by ``time_scale``: the
-    workload a ``time_scale`` replay runs, so that an in-process `eval.replay.replay` of it is
+    workload a ``time_scale`` replay runs, so that an in-process `sim.replay.replay` of it is
     the like-for-like emulated counterpart."""
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time_scale must be a positive number, not {time_scale!r}")
@@ -151,7 +151,7 @@ def isolated_jcts_over_http(trace: Trace, url: str, *, model: str | None = None,
                             time_scale: float = 1.0,
                             progress: Callable[[int], None] | None = None) -> dict[str, float]:
     """Each program alone on the server, one after another: its unloaded JCT there (the
-    counterpart of `eval.replay.isolated_jcts`, under whatever policy the server runs). Takes
+    counterpart of `sim.replay.isolated_jcts`, under whatever policy the server runs). Takes
     the sum of those JCTs in wall time."""
     out: dict[str, float] = {}
     run_id = new_run_id()  # one salt: the shared prefix stays cached from program to program

@@ -21,11 +21,11 @@ import argparse
 from typing import Any
 
 from common.atomic import write_json_atomic
-from eval.replay import replay
 from eval.traces import Program, Trace, Turn
-from harness.serve import DEFAULT_OFFLOAD_GIB
 from server.engine import VirtualEngine
 from server.policies import POLICIES
+from server.settings import DEFAULT_OFFLOAD_GIB
+from sim.replay import replay
 
 
 def burst_trace(programs: int, turns: int = 3) -> Trace:

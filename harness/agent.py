@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.actions import FormatError, parse_action
+from common.actions import FormatError, parse_action
+from common.tool_keys import split_key
 from harness.events_client import EventClient, EventSink
 from harness.model_client import ChatClient, ModelError, ModelUnavailable
 from harness.tools.base import Observation, SandboxError, Tool
 from harness.trajectory import Step, Trajectory, record_token_ids, save
-from predictor.durations import Source, ToolDurationModel, split_key
+from predictor.durations import Source, ToolDurationModel
 
 ToolFn = Callable[[str], Awaitable[Observation]]
 

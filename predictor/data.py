@@ -42,7 +42,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from common.actions import FormatError, parse_action
 from common.jsonl import json_lines
+from common.tool_keys import command_class
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_DIR = ROOT / "server" / "tokenizer"
@@ -307,8 +309,6 @@ def reply_tokens(text: str) -> int:
 def _event_tool(benchmark: str, action: str, argument: str) -> str:
     """The tool name the harness sends in events (bash commands become their class)."""
     if action == "bash":
-        from harness.benchmarks.swebench import command_class
-
         return command_class(argument)
     return action
 
@@ -320,8 +320,6 @@ def examples_from_messages(messages: Sequence[dict[str, Any]], *, benchmark: str
     """One example per assistant message: the request before it, the reply's length, the
     call it made. `steps` (harness trajectories) supply exact output tokens and measured tool
     seconds; without them tokens are counted with our tokenizer and seconds are unknown."""
-    from harness.actions import FormatError, parse_action
-
     examples = []
     turn = 0
     for i, message in enumerate(messages):

@@ -13,14 +13,8 @@ in tens of seconds. So the chain here starts one level earlier, at the command c
 This module holds those estimators; the TTL decision itself lives in `server.policies.continuum`.
 
 Keys. A duration key is a plain tool name (`"calculator"`) or `"<tool>:<class>"`
-(`"bash:pytest"`, built by `duration_key`, split by `split_key` at the first `:`). One string
-rather than a (tool, command) pair because the key has to travel: the harness sends it as the
-`tool` of its `tool_start` / `tool_end` events and the server's policy observes and predicts
-under exactly the string it received, so both ends build the same chain with no change to the
-event schema. `:` is a safe separator: OpenAI function-call names (`^[a-zA-Z0-9_-]+$`) cannot
-contain it, nor do the harness's tools (a name that did would only gain a level, its part
-before the first `:`), while a class may (the split is at the first `:`). Callers that pass a
-plain tool name get the old two-level chain unchanged.
+(`"bash:pytest"`); `common.tool_keys` builds and splits them (and says why one string). Callers
+that pass a plain tool name get the old two-level chain unchanged.
 
 Point estimate. `mean` (and `median`, for reports) of the level the chain chose; the harness
 sends the mean as its `predicted_s`. Pin time and a waiting program's delay add up over calls,
@@ -46,6 +40,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Literal
 
+from common.tool_keys import split_key
+
 DEFAULT_WINDOW = 1000
 DEFAULT_MIN_SAMPLES = 10
 DEFAULT_PRIOR_MEAN_S = 1.0
@@ -63,27 +59,6 @@ PREDICTING_SOURCES: frozenset[str] = frozenset({"command", "tool"})
 #: The key under which the all-tools distribution is kept (not a valid tool name to collide
 #: with in practice: tool names come from agents' tool registries).
 GLOBAL_KEY = "__global__"
-
-#: Separates the tool from the command class in a duration key (`bash:pytest`).
-COMMAND_SEP = ":"
-
-
-def duration_key(tool: str, command: str | None = None) -> str:
-    """The key for `tool` running `command` (a command class such as `pytest`): `tool:command`,
-    or just `tool` when there is no class (None or empty)."""
-    return f"{tool}{COMMAND_SEP}{command}" if command else tool
-
-
-def split_key(key: str) -> tuple[str, str | None]:
-    """(tool, command class or None) of a duration key; the inverse of `duration_key`.
-
-    A key whose tool or class part would be empty (`":x"`, `"bash:"`) is a plain tool name, so
-    every string names some level and nothing a client sends is refused here."""
-    tool, sep, command = key.partition(COMMAND_SEP)
-    if not sep or not tool or not command:
-        return key, None
-    return tool, command
-
 
 class EmpiricalDistribution:
     """The empirical distribution of the last `window` samples.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from common.actions import FormatError, parse_action
 from eval.metrics import percentile, summarize
-from eval.scoring import exact_match, f1_score, numeric_match
-from harness.actions import FormatError, parse_action
+from harness.benchmarks.scoring import exact_match, f1_score, numeric_match
 
 
 def test_openai_tool_call_wins():

@@ -166,7 +166,7 @@ def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch):
 
     from cluster.config import load_cluster
     from cluster.launcher import replica_command
-    from eval.bench import make_engine
+    from sim.engines import make_engine
 
     root = Path(__file__).resolve().parent.parent
     config = load_cluster(root / "cluster" / "examples" / "ampd-h20-1p3d.yaml")

@@ -11,7 +11,8 @@ import pytest
 
 from cluster.ampd import ALPHA, BETA, WINDOW_S, AMPDRouter, Costs, WindowedMean
 from cluster.config import ClusterConfigError, parse_cluster
-from cluster.routing import ReplicaLoad, Route, TurnInfo, make_router
+from cluster.routers import make_router
+from cluster.routing import ReplicaLoad, Route, TurnInfo
 
 COSTS = Costs(prefill_s=lambda replica, new, cached: new / 1000,
               transfer_s=lambda src, dst, tokens: tokens / 10_000)

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from eval.bench import BenchError, EngineSettings, bench, make_engine, make_trace, settings_engine
+from eval.bench import BenchError, EngineSettings, bench, make_trace, settings_engine
 from eval.metrics import MACHINE_DEPENDENT, replay_metrics
-from eval.replay import isolated_jcts, replay
-from harness.cli import main
+from harness.cli.main import main
+from sim.engines import make_engine
+from sim.replay import isolated_jcts, replay
 
 PROFILE = "h100-llama-3.1-8b"
 # a small KV cache (~1.1k blocks = 18k tokens) so that six programs contend for memory
@@ -238,7 +239,7 @@ def test_offload_suffix_gives_a_policy_the_cpu_tier(trace, results):
 
 def test_slo_attainment_and_goodput_by_hand():
     from eval.metrics import SLO, slo_metrics
-    from eval.replay import ProgramRecord, TurnRecord
+    from sim.records import ProgramRecord, TurnRecord
 
     def turn(arrival, first, finished, tokens):
         return TurnRecord("p", 0, arrival, first_token=first, finished=finished,
@@ -269,7 +270,7 @@ def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
     """vLLM's offloading connector walks a set of request ids, so a replay's figures depend on
     the string-hash seed: `harness bench` (and plan, cluster) re-exec under PYTHONHASHSEED=0
     unless the user chose a seed; other commands are left alone."""
-    from harness import cli
+    from harness.cli import main as cli
 
     calls = []
     monkeypatch.setattr(cli.os, "execve", lambda exe, cmd, env: calls.append((cmd, env)))
@@ -281,7 +282,7 @@ def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
     assert cmd[1:] == ["/venv/bin/harness", "bench", "--trace", "swe"]
     assert env["PYTHONHASHSEED"] == "0"
     cli._pin_hash_seed(["serve", "--policy", "vllm"])  # not a replay: no re-exec
-    monkeypatch.setattr(cli.sys, "argv", ["/x/harness/cli.py", "plan", "--gpus", "4"])
+    monkeypatch.setattr(cli.sys, "argv", ["/x/harness/cli/__main__.py", "plan", "--gpus", "4"])
     cli._pin_hash_seed(["plan", "--gpus", "4"])
     assert calls[1][0][1:] == ["-m", "harness.cli", "plan", "--gpus", "4"]
     monkeypatch.setenv("PYTHONHASHSEED", "7")  # the user's own seed is kept

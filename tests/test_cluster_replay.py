@@ -6,8 +6,8 @@ import pytest
 
 from cluster.config import parse_cluster
 from eval.bench import make_trace
-from eval.cluster_replay import VirtualCluster, replay_cluster
 from eval.metrics import cluster_metrics, replay_metrics
+from sim.virtual_cluster import VirtualCluster, replay_cluster
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCKS = 1100  # ~18k tokens per replica, so programs contend for memory
@@ -82,7 +82,7 @@ def test_same_seed_same_numbers(trace, two):
     (["--cluster", "missing.yaml"], "no cluster file"),
 ])
 def test_bench_cluster_mistakes_are_clear(tmp_path, capsys, argv, words):
-    from harness.cli import main
+    from harness.cli.main import main
 
     path = tmp_path / "c.yaml"
     path.write_text("replicas: [{name: r, count: 2}]\n")
@@ -96,8 +96,8 @@ def test_no_block_leaks_on_any_replica_after_a_mixed_run():
     """Continuum pins on three replicas, scattered and bound programs mixed, memory tight
     enough for pressure releases: every block comes back. (Seed 1 once hung: one program's
     turn outgrew the 14,384-token context that 900 blocks allow; such programs are now found
-    before the run, `eval.replay.too_long_turns`, and left out here.)"""
-    from eval.replay import too_long_turns
+    before the run, `sim.replay.too_long_turns`, and left out here.)"""
+    from sim.records import too_long_turns
 
     trace = make_trace("swe", 6, 3.0, seed=1)
     config = parse_cluster({"router": {"strategy": "session"}, "replicas": [
@@ -148,9 +148,9 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery():
     """`intake_s` / `delivery_s`: a turn reaches the engine intake later and the client has
     its tokens delivery later, so a lone program's turns start, stream and end later by
     exactly those amounts per turn; the engine's own work is unchanged."""
-    from eval.replay import replay
     from eval.traces import Program, Trace, Turn
     from server.engine import VirtualEngine
+    from sim.replay import replay
 
     trace = Trace(name="lone", programs=[Program(id="p", arrival_s=0.0, turns=[
         Turn(input_tokens=600, output_tokens=20, tool="bash", tool_seconds=0.5,

@@ -21,9 +21,9 @@ import httpx
 import openai
 import pytest
 
-from harness.serve import CPU_VENV, ServeError, build_command
 from harness.server_process import ServerProcess
 from server.cpu_engine import CPU_BLOCK_SIZE, SETUP_COMMAND, model_folder
+from server.launch import CPU_VENV, ServeError, build_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_PYTHON = CPU_VENV / "bin" / "python"

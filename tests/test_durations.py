@@ -7,13 +7,8 @@ import random
 
 import pytest
 
-from predictor.durations import (
-    GLOBAL_KEY,
-    EmpiricalDistribution,
-    ToolDurationModel,
-    duration_key,
-    split_key,
-)
+from common.tool_keys import duration_key, split_key
+from predictor.durations import GLOBAL_KEY, EmpiricalDistribution, ToolDurationModel
 
 
 def test_converges_on_a_known_distribution() -> None:

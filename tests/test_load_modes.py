@@ -7,10 +7,12 @@ import json
 
 import pytest
 
-from eval.bench import make_engine, make_trace
+from eval.bench import make_trace
 from eval.metrics import replay_metrics
-from eval.replay import ProgramRecord, ReplayResult, replay, steady_programs
-from harness.cli import main
+from harness.cli.main import main
+from sim.engines import make_engine
+from sim.records import ProgramRecord, ReplayResult, steady_programs
+from sim.replay import replay
 
 PROFILE = "h100-llama-3.1-8b"
 

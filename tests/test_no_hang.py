@@ -8,12 +8,13 @@ import json
 
 import pytest
 
-from eval.bench import context_limit, make_engine
-from eval.replay import replay, too_long_turns
 from eval.traces import Program, Trace, Turn
-from harness.cli import main
+from harness.cli.main import main
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress
+from sim.engines import context_limit, make_engine
+from sim.records import too_long_turns
+from sim.replay import replay
 
 PROFILE = "h100-llama-3.1-8b"
 

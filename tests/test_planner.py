@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 
-from cluster import plan_bounds, plan_sim
+from cluster import plan_bounds
 from cluster.planner import (
     Curve,
     Objective,
@@ -21,7 +22,9 @@ from cluster.planner import (
     plan,
     solve_ilp,
 )
-from harness.cli import main
+from eval.bench import make_trace
+from harness.cli.main import main
+from sim import planning as plan_sim
 
 SLO = {"prefill": 2.0, "decode": 0.1}
 
@@ -135,7 +138,7 @@ def fake_tau(role: str, degree: int, load: float) -> float:
 def fake(tmp_path=None, **kw) -> FakeSim:
     """A stubbed provider whose replicas never count as overloaded (the fake curve is not the
     workload's)."""
-    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0,
+    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
                   cache_path=None if tmp_path is None else tmp_path / "cache.json", **kw)
     sim.asked = []
     sim.capacity = dict.fromkeys(sim.capacity, math.inf)
@@ -145,7 +148,7 @@ def fake(tmp_path=None, **kw) -> FakeSim:
 def test_replicas_above_capacity_are_infeasible_and_not_simulated():
     from server.perf_model import load_profile
 
-    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0)
+    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"))
     sim.asked = []
     cap = sim.capacity
     # more GPUs, more capacity; DuReader on 70B: a TP8 prefill replica sustains ~2.3
@@ -204,7 +207,9 @@ def test_simulated_provider_grid_flat_floor_and_cache(tmp_path):
         assert again.tau("decode", 2, 4.0 / c) == sim.tau("decode", 2, 4.0 / c)
     assert again.asked == []
     # other inputs: the file is not reused
-    other = FakeSim("h100-llama-3.1-70b", "dureader", 8.0, cache_path=tmp_path / "cache.json")
+    other = FakeSim("h100-llama-3.1-70b", "dureader", 8.0,
+                    workload=partial(make_trace, "dureader"),
+                    cache_path=tmp_path / "cache.json")
     other.asked = []
     other.tau("decode", 8, 8.0)
     assert other.asked
@@ -234,7 +239,8 @@ def test_profile_names_are_checked():
     with pytest.raises(PlanError, match="GPU-MODEL"):
         plan_sim.split_profile("tpu-llama")
     with pytest.raises(PlanError, match="--trace"):
-        plan_sim.SimulatedTau("h100-llama-3.1-8b", "no-such-trace", 1.0)
+        plan_sim.SimulatedTau("h100-llama-3.1-8b", "no-such-trace", 1.0,
+                              workload=partial(make_trace, "no-such-trace"))
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -379,7 +385,7 @@ def test_parallel_chains_simulate_what_the_serial_walk_does(tmp_path):
 def test_chains_that_cannot_beat_the_top_plans_are_not_simulated():
     """A chain whose bound scores worse than the 3rd best plan found is skipped, and the plans
     are those of the walk that simulates everything."""
-    from cluster.plan_sim import SimulatedTau
+    from sim.planning import SimulatedTau
 
     objective = Objective(SLO)
     full = fake()
@@ -414,7 +420,7 @@ def test_a_chain_that_turns_flat_does_not_simulate_below_it():
             self.asked.append(round(load, 6))
             return 0.02
 
-    sim = Flat("h100-llama-3.1-70b", "dureader", 4.0)
+    sim = Flat("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"))
     sim.asked = []
     sim.capacity = dict.fromkeys(sim.capacity, math.inf)
     assert sim.tau("decode", 8, 4.0) == 0.02 and sim.tau("decode", 8, 2.0) == 0.02

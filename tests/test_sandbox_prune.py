@@ -27,7 +27,7 @@ DATA = ROOT / "datasets" / "swebench"
 # A harness process that dies without cleaning up: container + two image versions, SIGKILL.
 CRASHING = """
 import asyncio, io, json, os, signal, sys, tarfile
-from eval import swebench_grading as grading
+from harness.benchmarks import swebench_grading as grading
 from harness.tools.bash import BashTool, shared_client
 instance, run_id, tarball = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 client = shared_client()

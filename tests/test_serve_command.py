@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness.serve import EXECUTOR, SCHEDULER, ServeError, build_command, has_cuda
+from server.launch import EXECUTOR, SCHEDULER, ServeError, build_command, has_cuda
 
 
 def test_emulated_command_uses_our_scheduler_executor_and_events():

@@ -21,13 +21,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # 
 from vllm.v1.kv_offload.base import GPULoadStoreSpec  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 
-from harness.serve import DEFAULT_OFFLOAD_GIB, ServeError, build_command  # noqa: E402
 from server.clock import VirtualClock, use_clock  # noqa: E402
 from server.emulated_offload import EmulatedOffloadWorker  # noqa: E402
 from server.engine import VirtualEngine  # noqa: E402
+from server.launch import ServeError, build_command
 from server.perf_model import load_profile  # noqa: E402
 from server.policies import RequestView, make_policy  # noqa: E402
 from server.policies.swap import SwapPolicy  # noqa: E402
+from server.settings import DEFAULT_OFFLOAD_GIB
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCK = 16

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from eval import swebench_grading as grading
+from common.tool_keys import command_class, event_tool
 from harness.agent import Agent, ToolBox
 from harness.benchmarks import BenchmarkError, get_benchmark
-from harness.benchmarks.swebench import command_class, event_tool
+from harness.benchmarks import swebench_grading as grading
 from harness.server_process import ServerProcess
 from harness.tools.base import Observation
 from harness.trajectory import Step, Trajectory

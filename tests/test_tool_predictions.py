@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
+from common.tool_keys import event_tool
 from harness.agent import Agent, ToolBox, tool_ended, tool_started
-from harness.benchmarks.swebench import event_tool
 from harness.model_client import Completion
 from harness.tools.base import Observation
 from harness.trajectory import Step, Trajectory

@@ -30,9 +30,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from eval import swebench_grading as grading  # noqa: E402
+from harness.benchmarks import swebench_grading as grading
 from harness.benchmarks.base import Task  # noqa: E402
-from harness.benchmarks.swebench import SUBMIT, SweBench  # noqa: E402
+from common.tool_keys import SUBMIT
+from harness.benchmarks.swebench import SweBench
 from harness.tools.bash import BashTool, shared_client  # noqa: E402
 from common.atomic import write_json_atomic  # noqa: E402
 

@@ -1,15 +1,16 @@
 """GSM8K-style math word problems with a calculator (ReAct actions).
 
-Pass = the number in `finish[...]` equals the reference answer (`eval.scoring.numeric_match`).
+Pass = the number in `finish[...]` equals the reference answer
+(`harness.benchmarks.scoring.numeric_match`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from eval.scoring import numeric_match
 from harness.agent import ToolBox
 from harness.benchmarks.base import DATASETS, Benchmark, Task, finish
+from harness.benchmarks.scoring import numeric_match
 from harness.tools.calculator import Calculator
 from harness.trajectory import Trajectory
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from eval.scoring import exact_match, f1_score
 from harness.agent import ToolBox
 from harness.benchmarks.base import DATASETS, Benchmark, Task
+from harness.benchmarks.scoring import exact_match, f1_score
 from harness.tools.wikipedia import WikiBackend, WikipediaTool, make_backend
 from harness.trajectory import Trajectory
 

@@ -4,8 +4,9 @@ Instances come from JSON / JSONL / parquet files or, with the `datasets` library
 from Hugging Face (`princeton-nlp/SWE-bench_Lite`, `princeton-nlp/SWE-bench_Verified`, optionally
 `NAME:SPLIT`). Each program runs in its own container of the task image (the offline sandbox
 image with the repository at `/testbed` at `base_commit`, built from the instance's `repo_src`;
-see `eval/swebench_grading.py`). Every reply is one fenced bash block; the observation is the
-return code and the head and tail of the output. A command whose output starts with
+see `harness/benchmarks/swebench_grading.py`). Every reply is one fenced bash block; the
+observation is the return code and the head and tail of the output. A command whose output
+starts with
 `COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` submits: the patch is the repository's diff against
 `base_commit` (new files included). Scoring grades the patch in a fresh container.
 
@@ -19,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import shlex
 from pathlib import Path
 from typing import Any
 
-from eval import swebench_grading as grading
+from common.tool_keys import SUBMIT, event_tool
 from harness.agent import ToolBox
+from harness.benchmarks import swebench_grading as grading
 from harness.benchmarks.base import (
     DATASETS,
     Benchmark,
@@ -39,9 +39,7 @@ from harness.tools.bash import BashTool, engine_failures, shared_client
 from harness.tools.labels import PROGRAM_LABEL, RUN_LABEL, TASK_LABEL
 from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
-from predictor.durations import duration_key
 
-SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 HF_DATASETS = ("princeton-nlp/SWE-bench", "princeton-nlp/SWE-bench_Lite",
                "princeton-nlp/SWE-bench_Verified", "SWE-bench/SWE-bench",
                "SWE-bench/SWE-bench_Lite", "SWE-bench/SWE-bench_Verified")
@@ -83,42 +81,6 @@ is correct; do not edit the tests. A good way to work:
 a diff in a heredoc);
 4. check the fix and run the tests (`python3 -m pytest -q`);
 5. submit with `echo {submit}`."""
-
-_PREFIX = re.compile(r"^\s*(?:cd\s+\S+\s*(?:&&|;)\s*)+")
-_ENV = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)+")
-
-
-def command_class(command: str) -> str:
-    """The tool class of a bash command: its program's name (`python3 -m pytest` -> pytest)."""
-    text = _PREFIX.sub("", command.strip())
-    text = _ENV.sub("", text)
-    try:
-        words = shlex.split(text.splitlines()[0] if text else "", comments=True)
-    except ValueError:
-        words = text.split()
-    while words and words[0] in ("timeout", "time", "sudo", "env", "nice", "command"):
-        words = words[1:]
-        while words and (words[0].startswith("-") or words[0].replace(".", "").isdigit()
-                         or "=" in words[0]):
-            words = words[1:]
-    if not words:
-        return "bash"
-    program = Path(words[0]).name
-    if re.fullmatch(r"python[0-9.]*", program):
-        if len(words) >= 3 and words[1] == "-m":
-            return "pytest" if words[2] == "pytest" else words[2]
-        return "python"
-    if program in ("py.test",):
-        return "pytest"
-    if program == "echo" and SUBMIT in command:
-        return "submit"
-    return program or "bash"
-
-
-def event_tool(action: str, argument: str) -> str:
-    """The duration key of an action: `bash:<class>` for a bash command (`bash:pytest`), so
-    predictions go per command class and fall back to all of bash; the action otherwise."""
-    return duration_key(action, command_class(argument)) if action == "bash" else action
 
 
 def _read_output(text: str) -> str:

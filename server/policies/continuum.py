@@ -78,7 +78,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from predictor.durations import DEFAULT_WINDOW, ToolDurationModel, split_key
+from common.tool_keys import split_key
+from predictor.durations import DEFAULT_WINDOW, ToolDurationModel
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView, UnpinReason
 
 T_WAIT_WINDOW = 64

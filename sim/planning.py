@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster.config import parse_cluster
 from cluster.plan_bounds import CAPACITY, bound_score, idle_p95
 from cluster.planner import (
     DEGREES,
@@ -57,6 +58,13 @@ from cluster.planner import (
     brute_force,
     counts,
 )
+from common.atomic import write_text_atomic
+from eval.metrics import percentile, tpot_of
+from eval.traces import Trace
+from server.engine import ContextTooLong
+from server.perf_model import GPUS, available_models, load_profile
+from sim.engines import make_engine
+from sim.virtual_cluster import VirtualCluster, replay_cluster
 
 CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5
@@ -73,8 +81,6 @@ class Unfit(Exception):
 
 def split_profile(name: str) -> tuple[str, str]:
     """``GPU-MODEL`` -> (gpu, model); a TP size in the name is refused (the planner picks it)."""
-    from server.perf_model import GPUS, available_models
-
     m = re.match(r"^([a-z][a-z0-9]*?)(x\d+)?-(.+)$", name.lower())
     if not m or m[1] not in GPUS or m[3] not in available_models():
         raise PlanError(f"--profile {name!r}: give GPU-MODEL with GPU in {', '.join(GPUS)} and "
@@ -88,8 +94,6 @@ def split_profile(name: str) -> tuple[str, str]:
 def prefill_view(trace: Any) -> Any:
     """The same conversations with one decoded token per turn; the rest of each turn's output
     becomes input of the next turn, so prompt lengths are unchanged."""
-    from eval.traces import Trace
-
     programs = []
     for p in trace.programs:
         turns = []
@@ -127,16 +131,17 @@ def _walk_chain(sim: SimulatedTau, role: str, degree: int, loads: list[float]) -
 
 
 class SimulatedTau:
-    """tau by simulation (see the module docstring). ``trace``: a trace name or file, as for
-    ``harness bench --trace``; ``rate``: the whole deployment's load (the top of the grid)."""
+    """tau by simulation (see the module docstring). ``trace``: the workload's name (a trace
+    name or file, as for ``harness bench --trace``; it keys the cache); ``workload(n, load,
+    seed)``: its programs (picklable, for ``jobs`` > 1), e.g. `eval.bench.make_trace` bound to
+    the name; ``rate``: the whole deployment's load (the top of the grid)."""
 
-    def __init__(self, profile: str, trace: str, rate: float, *, programs: int = PROGRAMS,
+    def __init__(self, profile: str, trace: str, rate: float, *,
+                 workload: Callable[[int, float, int], Trace], programs: int = PROGRAMS,
                  max_programs: int = MAX_PROGRAMS,
                  seed: int = 0, ratio: float = GRID_RATIO, flat: float = FLAT,
                  partner_prefill: int = PARTNER_PREFILL, cache_path: str | Path | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
-        from server.perf_model import load_profile
-
         if not (rate > 0 and math.isfinite(rate)):
             raise PlanError(f"--rate must be a positive number of programs per second, "
                             f"got {rate!r}")
@@ -145,6 +150,7 @@ class SimulatedTau:
                             "partner_prefill >= 1")
         self.gpu, self.model = split_profile(profile)
         self.trace, self.rate, self.programs, self.seed = trace, rate, programs, seed
+        self.workload = workload
         self.max_programs = max_programs
         self.ratio, self.flat, self.partner_prefill = ratio, flat, partner_prefill
         self.progress = progress
@@ -303,8 +309,6 @@ class SimulatedTau:
         return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
 
     def _idle_p95(self, role: str, degree: int, k: int) -> float:
-        from server.perf_model import load_profile
-
         if k not in self._idle_traces:  # the same trace for every (role, degree) chain
             self._idle_traces[k] = self._workload(self.programs_at(self._grid(k)), self._grid(k))
         return idle_p95(self._idle_traces[k].programs, load_profile(self.profile(degree)), role)
@@ -391,12 +395,6 @@ class SimulatedTau:
         longest conversation (a replica whose KV cache is smaller than the model's context,
         70B on two GPUs, can still serve short programs): (P95 TTFT, P95 ITL), inf for none.
         Raises `Unfit` when an engine cannot hold the workload."""
-        from cluster.config import parse_cluster
-        from eval.bench import make_engine
-        from eval.cluster_replay import VirtualCluster, replay_cluster
-        from eval.metrics import percentile, tpot_of
-        from server.engine import ContextTooLong
-
         seed = self.seed if seed is None else seed
         config = parse_cluster({"name": name, "router": {"strategy": "pd"},
                                 "replicas": replicas})
@@ -437,13 +435,10 @@ class SimulatedTau:
         wanted = math.ceil(STEADY_LIFETIMES * load * self.program_seconds)
         return min(self.max_programs, max(self.programs, wanted))
 
-    def _workload(self, n: int, load: float, seed: int | None = None) -> Any:
-        from eval.bench import BenchError, make_trace
-        from eval.traces import TraceFormatError
-
+    def _workload(self, n: int, load: float, seed: int | None = None) -> Trace:
         try:
-            return make_trace(self.trace, n, load, self.seed if seed is None else seed)
-        except (BenchError, TraceFormatError, ValueError) as exc:
+            return self.workload(n, load, self.seed if seed is None else seed)
+        except ValueError as exc:  # a bad trace name or file
             raise PlanError(f"--trace {self.trace!r}: {exc}") from None
 
     # -- the cache file --------------------------------------------------------------------
@@ -467,8 +462,6 @@ class SimulatedTau:
     def _write_cache(self) -> None:
         if self.cache_path is None:
             return
-        from common.atomic import write_text_atomic
-
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
         body = {"identity": self._identity(), "tau": self._cache}
         write_text_atomic(self.cache_path, json.dumps(body, indent=1, sort_keys=True) + "\n")

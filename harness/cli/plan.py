@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 
 from cluster import plan_verify
 from cluster.planner import (
@@ -29,7 +30,9 @@ from cluster.planner import (
     plan,
     table,
 )
+from eval.bench import make_trace
 from eval.metrics import SLO
+from sim import planning as plan_sim
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -107,14 +110,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.table:
         provider = TableTau.load(args.table)
     else:
-        from cluster import plan_sim
-
         def say(line: str) -> None:
             if not args.quiet:
                 print(line, file=sys.stderr, flush=True)
 
         sim = plan_sim.SimulatedTau(
-            args.profile, args.trace, args.rate, seed=args.seed, cache_path=args.cache,
+            args.profile, args.trace, args.rate, workload=partial(make_trace, args.trace),
+            seed=args.seed, cache_path=args.cache,
             programs=args.sim_programs or plan_sim.PROGRAMS,
             max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say)
         provider = sim

@@ -3,7 +3,7 @@
 `serve` starts one `harness serve` per replica of a cluster file and the router in front of them
 (`cluster.launcher`); `check` validates the file and prints what `serve` would start; `bench`
 compares AMPD with its baselines in virtual time (`eval.ampd_bench`). Also runnable as
-`python -m harness.cluster_cli serve FILE`.
+`python -m harness.cli.cluster serve FILE`.
 """
 
 from __future__ import annotations

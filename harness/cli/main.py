@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     from eval import bench
-    from harness import cluster_cli
+    from harness.cli import cluster as cluster_cli
 
     cluster_cli.add_arguments(sub.add_parser(
         "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=_bench)
 
-    from harness import plan_cli
+    from harness.cli import plan as plan_cli
 
     plan_cli.add_arguments(sub.add_parser(
         "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
@@ -173,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         setattr(args, passthrough, unknown + getattr(args, passthrough))
     from eval.bench import BenchError
     from harness.run import RunError
-    from harness.serve import ServeError
     from harness.server_process import ServerStartError
+    from server.launch import ServeError
 
     try:
         return int(args.func(args) or 0)

@@ -1,7 +1,7 @@
 """Replay a trace on a cluster of in-process engines on virtual clocks (one discrete-event loop).
 
 Why: routing and disaggregation policies are compared on thousands of programs, exactly and
-repeatably, on a laptop, as single-engine policies are (`eval.replay`). Each replica is a
+repeatably, on a laptop, as single-engine policies are (`sim.replay`). Each replica is a
 `server.engine.VirtualEngine` (the real vLLM `EngineCore`, our scheduler, the emulated GPU) with
 its own `VirtualClock`; the router is the same `cluster.routing` object the served cluster uses.
 
@@ -36,10 +36,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.config import ClusterConfig, ReplicaSpec
+from cluster.config import ClusterConfig, ReplicaSpec, parse_cluster
+from cluster.pd import decode_params, prefill_params
 from cluster.placement import Placement
-from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, make_router
-from eval.replay import (
+from cluster.routers import make_router
+from cluster.routing import ReplicaLoad, Route, Router, TurnInfo
+from eval.traces import Trace
+from server.clock import clock, use_clock
+from server.engine import ContextTooLong
+from sim.engines import make_engine as engine_for
+from sim.records import (
     ClientPredictions,
     ProgramRecord,
     ProgramState,
@@ -48,9 +54,6 @@ from eval.replay import (
     too_long_turns,
     turn_hints,
 )
-from eval.traces import Trace
-from server.clock import clock, use_clock
-from server.engine import ContextTooLong
 
 PIN_COUNTERS = ("pinned", "handoff", "expired", "program_end", "pressure", "reset", "replaced",
                 "shutdown", "block_seconds", "prefetched", "prefetch_dropped")
@@ -110,8 +113,8 @@ class Replica:
 class VirtualCluster:
     """The replicas of a cluster file as in-process engines (see the module docstring).
 
-    `make_engine(spec)` builds one replica's `VirtualEngine`; by default the benchmark's
-    `eval.bench.make_engine`, so every engine option stays in one place.
+    `make_engine(spec)` builds one replica's `VirtualEngine`; by default `sim.engines.make_engine`,
+    so every engine option stays in one place.
     """
 
     def __init__(self, config: ClusterConfig, *, seed: int = 0,
@@ -122,10 +125,8 @@ class VirtualCluster:
         self._owns_engines = True
         self._outer_clock = clock()
         if make_engine is None:
-            from eval.bench import make_engine as bench_engine
-
             def make_engine(spec: ReplicaSpec) -> Any:
-                return bench_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
+                return engine_for(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
                                     spec.offload_gib, spec, config)
         build = make_engine
         self.replicas: list[Replica] = []
@@ -141,8 +142,6 @@ class VirtualCluster:
     @classmethod
     def around(cls, engine: Any) -> VirtualCluster:
         """One engine as a cluster of one replica (left open by `close`: the caller owns it)."""
-        from cluster.config import parse_cluster
-
         config = parse_cluster({"replicas": [{"name": "engine", "profile": engine.profile,
                                               "policy": engine.policy}]})
         cluster = cls(config, make_engine=lambda spec: engine)
@@ -174,7 +173,7 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
                    hints: str = "none", concurrency: int | None = None,
                    intake_s: float = 0.0, delivery_s: float = 0.0) -> ReplayResult:
     """Replay every program of `trace` on `cluster` (left open; the caller closes it).
-    `progress(n_done)` is called as programs end; `hints` as in `eval.replay.HINT_MODES`.
+    `progress(n_done)` is called as programs end; `hints` as in `sim.replay.HINT_MODES`.
     `concurrency`: closed loop instead of the trace's arrivals: that many programs start at
     once and, in trace order, a new one starts the moment one ends (as an agent fleet with a
     fixed number of workers, or the Continuum runner's concurrent agents).
@@ -197,7 +196,7 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
         raise ContextTooLong(
             f"{len(long)} program(s) have a turn longer than the engines' max_model_len "
             f"{limit:,}, first {pid} turn {turn} ({tokens:,} tokens): such a turn can never "
-            "run; raise max_model_len or leave those programs out (`eval.replay.too_long_turns`)")
+            "run; raise max_model_len or leave those programs out (`sim.replay.too_long_turns`)")
     router = cluster.router
     start = max(r.now() for r in cluster.replicas)
     states = {p.id: ProgramState(p) for p in trace.programs}
@@ -275,8 +274,6 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
             live[rid] = _Turn(record, route, route.decode)
             send(t, decoder, rid, pid, i, max_one=False, params=None)
             return
-        from cluster.pd import prefill_params
-
         prefiller = cluster.by_name[route.prefill]
         live[rid + "@p"] = _Turn(record, route, route.prefill)
         send(t, prefiller, rid + "@p", pid, i, max_one=True,
@@ -317,8 +314,6 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
                 record.recomputed_tokens = state.recomputed(record.prompt_tokens,
                                                             record.cached_tokens)
         if not local and fin.request_id.endswith("@p"):  # hand over to the decode replica
-            from cluster.pd import decode_params
-
             if observe_ttft is not None:  # the prefill replica's latency, as AMPD watches it
                 observe_ttft(replica.name, fin.finished - record.arrival, fin.finished)
 

@@ -187,33 +187,3 @@ class ClientPredictions:
     def observe(self, tool: str, seconds: float) -> None:
         if self.mode == "online":
             self.durations.observe(tool, seconds)
-
-
-def replay(trace: Trace, engine: Any, *, progress: Any = None,
-           hints: str = "none", concurrency: int | None = None,
-           intake_s: float = 0.0, delivery_s: float = 0.0) -> ReplayResult:
-    """Run every program of ``trace`` through ``engine`` (a fresh ``VirtualEngine``); the
-    engine is left open (the caller closes it). ``progress(n_done)`` is called as programs
-    end; ``hints`` is one of ``HINT_MODES``; ``intake_s`` / ``delivery_s`` add a served path
-    (`eval.cluster_replay.replay_cluster`). One engine is a cluster of one replica: the same
-    discrete-event loop (`eval.cluster_replay`) drives both."""
-    from eval.cluster_replay import VirtualCluster, replay_cluster
-
-    return replay_cluster(trace, VirtualCluster.around(engine), progress=progress, hints=hints,
-                          concurrency=concurrency, intake_s=intake_s, delivery_s=delivery_s)
-
-
-def isolated_jcts(trace: Trace, engine: Any, *, progress: Any = None) -> dict[str, float]:
-    """Each program alone on ``engine`` (one after another, pins released in between): its
-    JCT with no other load, the lower bound of its JCT in any replay. The shared prefix stays
-    in the prefix cache across programs (as it would under load), so this is a true bound."""
-    out: dict[str, float] = {}
-    for n, program in enumerate(trace.programs):
-        alone = Trace(name=f"{trace.name}:{program.id}",
-                      programs=[program.model_copy(update={"arrival_s": 0.0})])
-        result = replay(alone, engine)
-        out[program.id] = result.programs[program.id].jct
-        engine.scheduler.release_all_pins("reset")
-        if progress is not None:
-            progress(n + 1)
-    return out
