@@ -12,7 +12,7 @@ per-replica loads two prefill partners can be, which throttles what the decode r
   KV hand-off).
 * decode at degree ``d``: ``partner_prefill`` prefill replicas at the largest degree hand every
   turn to one decode replica of degree ``d``, which decodes the real outputs. tau = P95
-  inter-token latency (``eval.metrics.tpot_of``).
+  inter-token latency (``common.metrics.tpot_of``).
 
 Cost control (2 cores): a simulation replays ``STEADY_LIFETIMES x load x T`` programs, ``T`` a
 program's duration alone (its tool time plus its decoding at one sequence per step on the
@@ -57,6 +57,7 @@ from cluster.planner import (
     brute_force,
     counts,
 )
+from common.metrics import percentile, tpot_of
 
 CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5
@@ -394,7 +395,6 @@ class SimulatedTau:
         from cluster.config import parse_cluster
         from eval.bench import make_engine
         from eval.cluster_replay import VirtualCluster, replay_cluster
-        from eval.metrics import percentile, tpot_of
         from server.engine import ContextTooLong
 
         seed = self.seed if seed is None else seed

@@ -2,7 +2,7 @@
 
 Why: `eval.replay` runs the engine in-process on a virtual clock, which is exact but only ever
 emulated. To set a real GPU beside the emulation, the same trace must drive a real server the
-way agents would, and come out as the same records, so `eval.metrics.replay_metrics` (and
+way agents would, and come out as the same records, so `common.metrics.replay_metrics` (and
 `harness bench`) report both alike. This driver does that over the OpenAI completions API.
 
 Program semantics are those of `eval.replay`: a program arrives at ``arrival_s`` (wall seconds
@@ -78,6 +78,7 @@ from typing import Any
 
 import httpx
 
+from common.metrics import replay_metrics
 from eval.replay import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
 from eval.traces import Trace
 from harness.events_client import EventClient
@@ -172,8 +173,6 @@ def http_replay_metrics(result: HttpReplayResult, isolated: dict[str, float] | N
     server's counter (None without /metrics), ``pin_memory_share`` and
     ``sched_cpu_ms_per_step`` NaN, ``pins`` None; plus the server counters, event counts, URL,
     model and time scale."""
-    from eval.metrics import replay_metrics
-
     out = replay_metrics(result, isolated, slo)
     server = result.server
     out["preemptions"] = int(server["preemptions"]) if "preemptions" in server else None

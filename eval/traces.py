@@ -67,7 +67,7 @@ from scipy import optimize, stats
 
 from common.atomic import atomic_write
 from common.jsonl import json_lines
-from eval.metrics import percentile
+from common.metrics import percentile
 
 FORMAT_NAME = "harness-trace"
 FORMAT_VERSION = 1

@@ -29,7 +29,7 @@ from cluster.planner import (
     plan,
     table,
 )
-from eval.metrics import SLO
+from common.metrics import SLO
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eval.metrics import percentile, summarize
+from common.metrics import percentile, summarize
 from eval.scoring import exact_match, f1_score, numeric_match
 from harness.actions import FormatError, parse_action
 

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
+from common.metrics import SLO
 from eval import ampd_bench
 from eval.ampd_bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
-from eval.metrics import SLO
 
 PROFILE = "h100-llama-3.1-8b"
 

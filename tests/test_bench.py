@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.metrics import MACHINE_DEPENDENT, SLO, replay_metrics, slo_metrics
 from eval.bench import BenchError, EngineSettings, bench, make_engine, make_trace, settings_engine
-from eval.metrics import MACHINE_DEPENDENT, replay_metrics
 from eval.replay import isolated_jcts, replay
 from harness.cli import main
 
@@ -237,7 +237,6 @@ def test_offload_suffix_gives_a_policy_the_cpu_tier(trace, results):
 
 
 def test_slo_attainment_and_goodput_by_hand():
-    from eval.metrics import SLO, slo_metrics
     from eval.replay import ProgramRecord, TurnRecord
 
     def turn(arrival, first, finished, tokens):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cluster.config import parse_cluster
+from common.metrics import cluster_metrics, replay_metrics
 from eval.bench import make_trace
 from eval.cluster_replay import VirtualCluster, replay_cluster
-from eval.metrics import cluster_metrics, replay_metrics
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCKS = 1100  # ~18k tokens per replica, so programs contend for memory

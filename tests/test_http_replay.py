@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from common.metrics import replay_metrics
 from eval.http_replay import (
     HttpReplayError,
     http_replay_metrics,
@@ -21,7 +22,6 @@ from eval.http_replay import (
     replay_over_http,
     scale_trace,
 )
-from eval.metrics import replay_metrics
 from eval.traces import Program, Trace, Turn
 from harness.server_process import ServerProcess, free_port
 

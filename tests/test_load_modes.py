@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from common.metrics import replay_metrics
 from eval.bench import make_engine, make_trace
-from eval.metrics import replay_metrics
 from eval.replay import ProgramRecord, ReplayResult, replay, steady_programs
 from harness.cli import main
 
