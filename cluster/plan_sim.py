@@ -58,6 +58,7 @@ from cluster.planner import (
     counts,
 )
 from common.metrics import percentile, tpot_of
+from common.trace import Trace, TraceFormatError
 
 CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5
@@ -89,8 +90,6 @@ def split_profile(name: str) -> tuple[str, str]:
 def prefill_view(trace: Any) -> Any:
     """The same conversations with one decoded token per turn; the rest of each turn's output
     becomes input of the next turn, so prompt lengths are unchanged."""
-    from eval.traces import Trace
-
     programs = []
     for p in trace.programs:
         turns = []
@@ -439,7 +438,6 @@ class SimulatedTau:
 
     def _workload(self, n: int, load: float, seed: int | None = None) -> Any:
         from eval.bench import BenchError, make_trace
-        from eval.traces import TraceFormatError
 
         try:
             return make_trace(self.trace, n, load, self.seed if seed is None else seed)

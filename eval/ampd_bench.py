@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
+from common.trace import Trace
 from eval.bench import BenchError
-from eval.traces import TRACES, Trace
+from eval.workloads.registry import TRACES, load_or_generate
 
 DEFAULT_PROFILE = "h20x4-llama-3.1-70b"
 DEFAULT_TRACES = "hotpotqa,toolbench"
@@ -293,8 +294,6 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
         TextColumn,
         TimeElapsedColumn,
     )
-
-    from eval.traces import load_or_generate
 
     if programs < 1:
         raise AmpdBenchError("--programs must be at least 1")

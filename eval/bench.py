@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 from common.atomic import atomic_path, write_text_atomic
 from common.metrics import SLO, cluster_metrics, replay_metrics
-from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
+from common.trace import Trace, TraceFormatError, TraceStats, summarize
+from eval.workloads.registry import TRACES, load_or_generate, merge
 from server.perf_model import (
     DEFAULT_OFFLOAD_COPY_MODEL,
     add_offload_copy_model_argument,
@@ -876,8 +877,6 @@ def _isolated_cost_text(summary: dict[str, Any]) -> str:
 def _replayed_section(summary: dict[str, Any]) -> list[str]:
     """What was replayed (the trace's statistics, so a reader sees which regime the table is
     about) and the engine settings every policy shared."""
-    from eval.traces import TraceStats
-
     settings = [f"{key} {summary[key]:,}" if isinstance(summary.get(key), int)
                 else f"{key} {summary[key]:g}"
                 for key in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens",

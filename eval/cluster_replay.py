@@ -39,6 +39,7 @@ from typing import Any
 from cluster.config import ClusterConfig, ReplicaSpec
 from cluster.placement import Placement
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, make_router
+from common.trace import Trace
 from eval.replay import (
     ClientPredictions,
     ProgramRecord,
@@ -48,7 +49,6 @@ from eval.replay import (
     too_long_turns,
     turn_hints,
 )
-from eval.traces import Trace
 from server.clock import clock, use_clock
 from server.engine import ContextTooLong
 

@@ -79,8 +79,8 @@ from typing import Any
 import httpx
 
 from common.metrics import replay_metrics
+from common.trace import Trace
 from eval.replay import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
-from eval.traces import Trace
 from harness.events_client import EventClient
 from harness.model_client import aiter_sse, api_root, session_headers, usage_counts
 

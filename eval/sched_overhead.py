@@ -21,8 +21,8 @@ import argparse
 from typing import Any
 
 from common.atomic import write_json_atomic
+from common.trace import Program, Trace, Turn
 from eval.replay import replay
-from eval.traces import Program, Trace, Turn
 from harness.serve import DEFAULT_OFFLOAD_GIB
 from server.engine import VirtualEngine
 from server.policies import POLICIES

@@ -6,6 +6,7 @@ import pytest
 
 from cluster.config import parse_cluster
 from common.metrics import cluster_metrics, replay_metrics
+from common.trace import Program, Trace, Turn
 from eval.bench import make_trace
 from eval.cluster_replay import VirtualCluster, replay_cluster
 
@@ -149,7 +150,6 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery():
     its tokens delivery later, so a lone program's turns start, stream and end later by
     exactly those amounts per turn; the engine's own work is unchanged."""
     from eval.replay import replay
-    from eval.traces import Program, Trace, Turn
     from server.engine import VirtualEngine
 
     trace = Trace(name="lone", programs=[Program(id="p", arrival_s=0.0, turns=[

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from common.trace import Program, Trace, Turn
 from eval.bench import context_limit, make_engine
 from eval.replay import replay, too_long_turns
-from eval.traces import Program, Trace, Turn
 from harness.cli import main
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress
