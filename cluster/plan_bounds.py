@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from cluster.planner import ROLES, Candidate, Objective
+from common.metrics import percentile
 
 
 def _uncached_tokens(program: Any, i: int) -> int:
@@ -78,8 +79,6 @@ def idle_p95(programs: Any, profile: Any, role: str) -> float:
     of each turn's new tokens (history and any shared prefix cached) for ``prefill``; one
     decode step at the turn's context for ``decode`` (turns of two tokens or more, those an
     inter-token latency exists for)."""
-    from eval.metrics import percentile
-
     times = []
     for p in programs:
         for i, t in enumerate(p.turns):

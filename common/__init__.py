@@ -1,3 +1,3 @@
-"""Helpers every layer may import (atomic file writes, JSON Lines reading): nothing here
-imports `harness`, `server`, `predictor`, `eval` or `cluster`, so the arrows between those
-keep pointing down."""
+"""Helpers and shared schemas every layer may import (atomic file writes, JSON Lines reading,
+the one metrics module): nothing here imports `harness`, `server`, `predictor`, `eval` or
+`cluster`, so the arrows between those keep pointing down."""

@@ -8,7 +8,7 @@ headline figures are SLO attainment split by TTFT and ITL, the TTFT of initial v
 prefills, and *why* each prefill went where it did (the router's decision counts). This module
 builds each strategy's cluster from one set of knobs (replicas, profile, SLO), replays the same
 trace through each (`eval.cluster_replay`), and reports with the one metrics module
-(`eval.metrics`).
+(`common.metrics`).
 
 Strategies (every one on the same number of replicas of the same profile):
 
@@ -28,7 +28,7 @@ reordering counts tasks against, and what attainment is measured against.
 Defaults are our reading of AMPD's setting (section 7.1): Llama-3.1-70B on H20 GPUs, four
 replicas at tensor-parallel degree 4 (16 GPUs, 8 per node), NVLink inside a node and
 InfiniBand between nodes (the cluster file defaults). The SLO defaults are the project's
-(`eval.metrics.SLO`: TTFT 2 s, TPOT/ITL 0.1 s), not numbers fitted to any result.
+(`common.metrics.SLO`: TTFT 2 s, TPOT/ITL 0.1 s), not numbers fitted to any result.
 
 Outputs in `--out`: ``rows.json`` (the settings and one row per trace, load and config),
 ``report.md`` (the tables) and, unless ``--no-plot``, ``slo_vs_load.png``.
@@ -49,9 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
+from common.trace import Trace
 from eval.bench import BenchError
-from eval.metrics import SLO, cluster_metrics, percentile, replay_metrics
-from eval.traces import TRACES, Trace
+from eval.workloads.registry import TRACES, load_or_generate
 
 DEFAULT_PROFILE = "h20x4-llama-3.1-70b"
 DEFAULT_TRACES = "hotpotqa,toolbench"
@@ -222,7 +223,7 @@ def _engine_factory(config: Any, seed: int,
 
 
 def attainment(programs: Sequence[Any], slo: SLO) -> float:
-    """Share of finished turns meeting `slo` (`eval.metrics.SLO.met`)."""
+    """Share of finished turns meeting `slo` (`common.metrics.SLO.met`)."""
     met = [slo.met(t) for p in programs for t in p.turns]
     return sum(met) / len(met) if met else math.nan
 
@@ -268,7 +269,7 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     return row
 
 
-#: What a row keeps of `eval.metrics.replay_metrics` and `cluster_metrics`.
+#: What a row keeps of `common.metrics.replay_metrics` and `cluster_metrics`.
 ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_mean_s",
             "ttft_p95_s", "ttft_initial_mean_s", "ttft_incremental_mean_s", "itl_mean_s",
             "itl_p95_s", "slo_attainment", "program_slo_attainment", "slo_attainment_initial",
@@ -293,8 +294,6 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
         TextColumn,
         TimeElapsedColumn,
     )
-
-    from eval.traces import load_or_generate
 
     if programs < 1:
         raise AmpdBenchError("--programs must be at least 1")

@@ -1,13 +1,13 @@
 """`harness bench`: compare policies on a trace, in virtual time, over a sweep of loads.
 
 For every policy and load (jobs/s) the trace's programs are replayed through one fresh
-in-process engine (`eval.replay`), and the metrics of `eval.metrics.replay_metrics` are
+in-process engine (`eval.replay`), and the metrics of `common.metrics.replay_metrics` are
 computed against each program's isolated JCT (alone on a `vllm`-policy engine, once per trace
 contents and profile, cached in the output folder). Writes ``summary.json`` (``results``: one
 row per policy and load), ``report.md``, ``jct_vs_load.png`` (mean and P95 JCT against load),
 ``jct_cdf.png`` (JCT CDF per policy at the highest load) and ``runs/<policy>-jps<x>.json``
 (per-program and per-turn records). Same trace, seed and profile: identical results, apart from
-the CPU-time figures (``eval.metrics.MACHINE_DEPENDENT``).
+the CPU-time figures (``common.metrics.MACHINE_DEPENDENT``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from common.atomic import atomic_path, write_text_atomic
-from eval.metrics import SLO, replay_metrics
-from eval.traces import TRACES, Trace, TraceFormatError, load_or_generate, merge, summarize
+from common.metrics import SLO, cluster_metrics, replay_metrics
+from common.trace import Trace, TraceFormatError, TraceStats, summarize
+from eval.workloads.registry import TRACES, load_or_generate, merge
 from server.perf_model import (
     DEFAULT_OFFLOAD_COPY_MODEL,
     add_offload_copy_model_argument,
@@ -716,8 +717,6 @@ def _row(result: Any, wall: float, policy: str, x: float | None, isolated: dict[
     else:
         row.update(replay_metrics(result, isolated, slo))
     if cluster:
-        from eval.metrics import cluster_metrics
-
         row.update(cluster_metrics(result, slo))
     row["wall_s"] = wall
     row["cpu_s"] = cpu
@@ -759,7 +758,7 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("engine_steps_per_s", "replay steps/s", "{:.0f}")]
 
 
-#: What a --cluster run adds (`eval.metrics.cluster_metrics`), as a second table.
+#: What a --cluster run adds (`common.metrics.cluster_metrics`), as a second table.
 _CLUSTER_COLUMNS = [("policy", "strategy", "{}"), ("jps", "jobs/s", "{}"),
                     ("ttft_initial_mean_s", "TTFT initial s", "{:.3f}"),
                     ("ttft_incremental_mean_s", "TTFT incremental s", "{:.3f}"),
@@ -821,8 +820,6 @@ def _isolated_cost_text(summary: dict[str, Any]) -> str:
 def _replayed_section(summary: dict[str, Any]) -> list[str]:
     """What was replayed (the trace's statistics, so a reader sees which regime the table is
     about) and the engine settings every policy shared."""
-    from eval.traces import TraceStats
-
     settings = [f"{key} {summary[key]:,}" if isinstance(summary.get(key), int)
                 else f"{key} {summary[key]:g}"
                 for key in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens",

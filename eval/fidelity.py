@@ -48,6 +48,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from eval.workloads.bfcl import bfcl_like
+
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
 
@@ -90,8 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_trace(args: argparse.Namespace) -> Any:
-    from eval.traces import bfcl_like
-
     trace = bfcl_like(args.programs, args.jps, seed=args.seed, scale=args.scale)
     if args.tool_scale == 1.0:
         return trace

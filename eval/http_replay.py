@@ -1,11 +1,11 @@
 """Replay a trace over HTTP against a running `harness serve`, on the wall clock.
 
-Why: `eval.replay` runs the engine in-process on a virtual clock, which is exact but only ever
+Why: `sim.replay` runs the engine in-process on a virtual clock, which is exact but only ever
 emulated. To set a real GPU beside the emulation, the same trace must drive a real server the
-way agents would, and come out as the same records, so `eval.metrics.replay_metrics` (and
+way agents would, and come out as the same records, so `common.metrics.replay_metrics` (and
 `harness bench`) report both alike. This driver does that over the OpenAI completions API.
 
-Program semantics are those of `eval.replay`: a program arrives at ``arrival_s`` (wall seconds
+Program semantics are those of `sim.replay`: a program arrives at ``arrival_s`` (wall seconds
 from the start), sends ``program_start`` and turn 0's request; when a turn finishes it sends
 ``tool_start``, sleeps ``tool_seconds``, sends ``tool_end`` (seconds, return tokens) and the next
 turn's request; after the last turn, ``program_end``. Requests carry ``session_id`` (the program
@@ -30,7 +30,7 @@ would not; within a replay, programs sharing a system prompt still share its blo
 What is measured, and where it comes from (all times in seconds from the replay's start):
 
 * ``arrival``: when the turn was due (the program's scaled arrival, or the tool's intended
-  end), as in `eval.replay`, so client-side timer jitter counts against the server.
+  end), as in `sim.replay`, so client-side timer jitter counts against the server.
 * ``first_token``: when the first streamed chunk carrying a token id reached this client.
 * ``finished``: when the last chunk (the usage chunk) arrived.
 * ``admitted``: only if the server runs with ``--enable-per-request-metrics`` (pass
@@ -78,7 +78,8 @@ from typing import Any
 
 import httpx
 
-from eval.traces import Trace
+from common.metrics import replay_metrics
+from common.trace import Trace
 from harness.events_client import EventClient
 from harness.model_client import aiter_sse, api_root, session_headers, usage_counts
 from sim.records import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
@@ -172,8 +173,6 @@ def http_replay_metrics(result: HttpReplayResult, isolated: dict[str, float] | N
     server's counter (None without /metrics), ``pin_memory_share`` and
     ``sched_cpu_ms_per_step`` NaN, ``pins`` None; plus the server counters, event counts, URL,
     model and time scale."""
-    from eval.metrics import replay_metrics
-
     out = replay_metrics(result, isolated, slo)
     server = result.server
     out["preemptions"] = int(server["preemptions"]) if "preemptions" in server else None

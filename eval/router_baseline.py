@@ -84,9 +84,9 @@ from typing import Any
 import httpx
 
 from common.atomic import write_json_atomic
+from common.trace import Trace
 from eval import http_replay
 from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
-from eval.traces import Trace
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port
 

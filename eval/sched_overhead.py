@@ -21,7 +21,7 @@ import argparse
 from typing import Any
 
 from common.atomic import write_json_atomic
-from eval.traces import Program, Trace, Turn
+from common.trace import Program, Trace, Turn
 from server.engine import VirtualEngine
 from server.policies import POLICIES
 from server.settings import DEFAULT_OFFLOAD_GIB

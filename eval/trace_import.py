@@ -1,7 +1,7 @@
 """Benchmark traces from recorded agent runs: mini-swe-agent, SWE-agent and our own harness.
 
-Each importer turns one trajectory (already parsed JSON) into one :class:`eval.traces.Program`
-with the accounting of :mod:`eval.traces`: turn ``i`` is the ``i``-th model call; what the model
+Each importer turns one trajectory (already parsed JSON) into one :class:`common.trace.Program`
+with the accounting of :mod:`common.trace`: turn ``i`` is the ``i``-th model call; what the model
 wrote is its ``output_tokens``; what came back before the next call is its
 ``tool_return_tokens``; the last model call ends the program (whatever ran after it, e.g. the
 ``submit`` command, is dropped: no model call follows it).
@@ -32,7 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from eval.traces import Program, Trace, TraceFormatError, Turn, retime
+from common.trace import Program, Trace, TraceFormatError, Turn
+from eval.workloads.arrivals import retime
 
 TokenCounter = Callable[[str], int]
 

@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from common.atomic import write_json_atomic
-from eval.metrics import summarize
+from common.metrics import summarize
 from harness.agent import Agent, Limits, Replay
 from harness.benchmarks import Benchmark, BenchmarkError, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient

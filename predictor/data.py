@@ -378,7 +378,7 @@ def recorded_trajectory_files(root: str | os.PathLike[str] = DATASETS) -> list[P
 
 def examples_from_trace(path: str | os.PathLike[str], limit: int | None = None
                         ) -> list[Example]:
-    """Examples from a benchmark trace (datasets/traces, eval/traces.py format).
+    """Examples from a benchmark trace (datasets/traces, common/trace.py format).
 
     A trace holds no text, only numbers, so the text is what a trace replay knows at request
     time: `benchmark <tag> | turn <i> | prompt <n> tokens | last tool <t>`. Useful to give the

@@ -12,7 +12,7 @@ per-replica loads two prefill partners can be, which throttles what the decode r
   KV hand-off).
 * decode at degree ``d``: ``partner_prefill`` prefill replicas at the largest degree hand every
   turn to one decode replica of degree ``d``, which decodes the real outputs. tau = P95
-  inter-token latency (``eval.metrics.tpot_of``).
+  inter-token latency (``common.metrics.tpot_of``).
 
 Cost control (2 cores): a simulation replays ``STEADY_LIFETIMES x load x T`` programs, ``T`` a
 program's duration alone (its tool time plus its decoding at one sequence per step on the
@@ -59,8 +59,8 @@ from cluster.planner import (
     counts,
 )
 from common.atomic import write_text_atomic
-from eval.metrics import percentile, tpot_of
-from eval.traces import Trace
+from common.metrics import percentile, tpot_of
+from common.trace import Trace
 from server.engine import ContextTooLong
 from server.perf_model import GPUS, available_models, load_profile
 from sim.engines import make_engine

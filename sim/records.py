@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from eval.traces import Program, Trace
+from common.trace import Program, Trace
 from predictor.durations import ToolDurationModel
 
 #: Stand-in ids are drawn from [FIRST_ID, LAST_ID): ordinary tokens of every emulated model.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.traces import Trace
+from common.trace import Trace
 from sim.records import ReplayResult
 from sim.virtual_cluster import VirtualCluster, replay_cluster
 

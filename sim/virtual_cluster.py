@@ -41,7 +41,7 @@ from cluster.pd import decode_params, prefill_params
 from cluster.placement import Placement
 from cluster.routers import make_router
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo
-from eval.traces import Trace
+from common.trace import Trace
 from server.clock import clock, use_clock
 from server.engine import ContextTooLong
 from sim.engines import make_engine as engine_for

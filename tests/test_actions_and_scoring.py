@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.actions import FormatError, parse_action
-from eval.metrics import percentile, summarize
+from common.metrics import percentile, summarize
 from harness.benchmarks.scoring import exact_match, f1_score, numeric_match
 
 

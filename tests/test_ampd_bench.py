@@ -9,9 +9,10 @@ import math
 
 import pytest
 
+from common.metrics import SLO
 from eval import ampd_bench
 from eval.ampd_bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
-from eval.metrics import SLO
+from eval.workloads.registry import load_or_generate
 
 PROFILE = "h100-llama-3.1-8b"
 
@@ -64,8 +65,6 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
 def test_history_recompute_recomputes_what_pull_reads(tmp_path):
     """The same AMPD run with `recompute`: no KV flows decode -> prefill, and the history a
     prefill replica lacks after a local turn is computed again."""
-    from eval.traces import load_or_generate
-
     trace = load_or_generate("hotpotqa", 6, 2.0, 1)
     run = RunConfig(STRATEGIES["ampd"], (1, 1))
     rows = {h: ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE,

@@ -1,4 +1,4 @@
-"""AMPD's Table 1 workloads (eval.traces.ampd_like): the table's means, reproducible seeds,
+"""AMPD's Table 1 workloads (eval.workloads.ampd.ampd_like): the table's means, reproducible seeds,
 registration as trace names."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from eval import bench
-from eval import traces as tr
+from eval.workloads.ampd import AMPD_MAX_CONTEXT, AMPD_TABLE, _ampd_spec, ampd_like
+from eval.workloads.registry import load_or_generate
 
-ROWS = {row.name: row for row in tr.AMPD_TABLE}
+ROWS = {row.name: row for row in AMPD_TABLE}
 
 
 def test_table_1_numbers():
-    got = {r.name: (r.rounds, r.prefill, r.decode) for r in tr.AMPD_TABLE}
+    got = {r.name: (r.rounds, r.prefill, r.decode) for r in AMPD_TABLE}
     assert got == {
         "toolbench": (3.96, 703.79, 50.39),
         "gaia": (11.32, 6161.02, 528.76),
@@ -25,7 +26,7 @@ def test_table_1_numbers():
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_distributions_have_the_table_means_exactly(name):
     row = ROWS[name]
-    spec = tr._ampd_spec(row)
+    spec = _ampd_spec(row)
     assert spec.turns.moment(lambda n: n) == pytest.approx(row.rounds, rel=1e-6)
     assert spec.prompt.mean == spec.tool_return.mean == row.prefill
     assert spec.output.mean == row.decode
@@ -34,7 +35,7 @@ def test_distributions_have_the_table_means_exactly(name):
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_generated_means_match_table_1(name):
     row = ROWS[name]
-    trace = tr.load_or_generate(name, 400, 2.0, seed=3)
+    trace = load_or_generate(name, 400, 2.0, seed=3)
     progs = trace.programs
     rounds = [p.n_turns for p in progs]
     new = [p.new_tokens(i) for p in progs for i in range(p.n_turns)]
@@ -44,25 +45,25 @@ def test_generated_means_match_table_1(name):
     assert np.mean(out) == pytest.approx(row.decode, rel=0.05)
     if not row.rounds_sd:
         assert set(rounds) == {int(row.rounds)}
-    assert max(p.final_context_tokens for p in progs) <= tr.AMPD_MAX_CONTEXT
+    assert max(p.final_context_tokens for p in progs) <= AMPD_MAX_CONTEXT
     assert {p.benchmark for p in progs} == {name}
     assert {t.tool for p in progs for t in p.turns[:-1]} == {row.tool}
     assert trace.stats().arrival_rate_jps == pytest.approx(2.0, rel=0.15)  # Poisson at jps
 
 
 def test_seeds_reproduce_and_differ():
-    a, b, c = (tr.ampd_like(50, 1.0, s, workload="gaia") for s in (5, 5, 6))
+    a, b, c = (ampd_like(50, 1.0, s, workload="gaia") for s in (5, 5, 6))
     assert a.programs == b.programs
     assert [p.turns for p in a.programs] != [p.turns for p in c.programs]
 
 
 def test_long_programs_are_redrawn_and_bad_names_refused():
-    short = tr.ampd_like(100, 1.0, 0, workload="gaia", max_context=40_000)
+    short = ampd_like(100, 1.0, 0, workload="gaia", max_context=40_000)
     assert max(p.final_context_tokens for p in short.programs) <= 40_000
     with pytest.raises(ValueError, match="too small"):
-        tr.ampd_like(2, 1.0, 0, workload="gaia", max_context=100)
+        ampd_like(2, 1.0, 0, workload="gaia", max_context=100)
     with pytest.raises(ValueError, match="unknown AMPD workload"):
-        tr.ampd_like(2, 1.0, 0, workload="webshop")
+        ampd_like(2, 1.0, 0, workload="webshop")
 
 
 def test_bench_knows_the_names():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.metrics import MACHINE_DEPENDENT, replay_metrics
 from eval.bench import BenchError, EngineSettings, bench, make_trace, settings_engine
-from eval.metrics import MACHINE_DEPENDENT, replay_metrics
 from harness.cli.main import main
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
@@ -238,7 +238,7 @@ def test_offload_suffix_gives_a_policy_the_cpu_tier(trace, results):
 
 
 def test_slo_attainment_and_goodput_by_hand():
-    from eval.metrics import SLO, slo_metrics
+    from common.metrics import SLO, slo_metrics
     from sim.records import ProgramRecord, TurnRecord
 
     def turn(arrival, first, finished, tokens):

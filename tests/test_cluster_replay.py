@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cluster.config import parse_cluster
+from common.metrics import cluster_metrics, replay_metrics
+from common.trace import Program, Trace, Turn
 from eval.bench import make_trace
-from eval.metrics import cluster_metrics, replay_metrics
 from sim.virtual_cluster import VirtualCluster, replay_cluster
 
 PROFILE = "h100-llama-3.1-8b"
@@ -148,7 +149,6 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery():
     """`intake_s` / `delivery_s`: a turn reaches the engine intake later and the client has
     its tokens delivery later, so a lone program's turns start, stream and end later by
     exactly those amounts per turn; the engine's own work is unchanged."""
-    from eval.traces import Program, Trace, Turn
     from server.engine import VirtualEngine
     from sim.replay import replay
 

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from common.metrics import replay_metrics
+from common.trace import Program, Trace, Turn
 from eval.http_replay import (
     HttpReplayError,
     http_replay_metrics,
@@ -21,8 +23,6 @@ from eval.http_replay import (
     replay_over_http,
     scale_trace,
 )
-from eval.metrics import replay_metrics
-from eval.traces import Program, Trace, Turn
 from harness.server_process import ServerProcess, free_port
 
 TOOL_S = 0.2

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from common.metrics import replay_metrics
 from eval.bench import make_trace
-from eval.metrics import replay_metrics
 from harness.cli.main import main
 from sim.engines import make_engine
 from sim.records import ProgramRecord, ReplayResult, steady_programs

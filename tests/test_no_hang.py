@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from eval.traces import Program, Trace, Turn
+from common.trace import Program, Trace, Turn
 from harness.cli.main import main
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress

@@ -23,6 +23,7 @@ from cluster.planner import (
     solve_ilp,
 )
 from eval.bench import make_trace
+from eval.workloads.registry import load_or_generate
 from harness.cli.main import main
 from sim import planning as plan_sim
 
@@ -164,8 +165,6 @@ def test_replicas_above_capacity_are_infeasible_and_not_simulated():
     assert sim.tau("decode", 2, 4.0) == math.inf
     assert sim.tau("decode", 8, 4.0) < math.inf
     # the bound: one program's prefill work, by hand, is at least its step-form terms
-    from eval.traces import load_or_generate
-
     one = load_or_generate("dureader", 1, 1.0, 0).programs
     c = load_profile("h100x8-llama-3.1-70b").coefficients()
     n = [one[0].new_tokens(i) for i in range(one[0].n_turns)]
@@ -223,8 +222,6 @@ def test_simulated_provider_sizes_its_runs_by_littles_law():
 
 
 def test_prefill_view_keeps_prompt_lengths():
-    from eval.traces import load_or_generate
-
     trace = load_or_generate("toolbench", 5, 1.0, 0)
     view = plan_sim.prefill_view(trace)
     for p, q in zip(trace.programs, view.programs, strict=True):

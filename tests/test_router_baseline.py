@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.trace import Program, Trace, Turn
 from eval.router_baseline import (
     MODES,
     _TaggingClient,
@@ -22,7 +23,6 @@ from eval.router_baseline import (
     served_turns,
     start_replicas,
 )
-from eval.traces import Program, Trace, Turn
 from harness.model_client import session_headers
 
 

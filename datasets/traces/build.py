@@ -1,7 +1,7 @@
 """Write the committed benchmark traces (format: datasets/traces/README.md).
 
 Run from the repository root: `.venv/bin/python datasets/traces/build.py [--check]`.
-Each file comes from a generator in `eval/traces.py` with a fixed seed, so it is rebuilt byte for
+Each file comes from a generator in `eval/workloads/` with a fixed seed, so it is rebuilt byte for
 byte; `--check` rebuilds in memory and fails if a committed file differs (a generator changed).
 A replay at another load keeps the programs and re-draws the arrivals:
 `load_or_generate("datasets/traces/swe-100.jsonl", jps=4.0, seed=0)`.
@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from eval.traces import TRACES, load_trace, save_trace  # noqa: E402
+from common.trace import load_trace, save_trace  # noqa: E402
+from eval.workloads.registry import TRACES  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

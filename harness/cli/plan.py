@@ -30,8 +30,8 @@ from cluster.planner import (
     plan,
     table,
 )
+from common.metrics import SLO
 from eval.bench import make_trace
-from eval.metrics import SLO
 from sim import planning as plan_sim
 
 

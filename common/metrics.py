@@ -1,5 +1,9 @@
 """The one metrics module: latency summaries every report uses (JCT, TTFT, TPOT, queueing, SLO
-attainment and goodput)."""
+attainment and goodput).
+
+It sits in `common/` because the agent (`harness run`), the simulator, the planner and the
+benchmarks all summarise latencies the same way; it is pure (standard library only) and reads
+its records by attribute, so it needs none of the layers that produce them."""
 
 from __future__ import annotations
 
