@@ -25,7 +25,7 @@ are simulated only on a geometric grid ``rate / ratio^k`` (default ratio 1.5) an
 between (``cluster.planner.Curve``); once tau changes by less than ``flat`` (2 %) between two
 grid points, lower loads reuse it (the replica is unloaded); every simulation is cached per
 (role, degree, grid load), in memory and in ``cache_path``
-(JSON) when given. Degrees the model cannot run at (``server.perf_model.load_profile`` refuses
+(JSON) when given. Degrees the model cannot run at (``server.perf.registry.load_profile`` refuses
 them, e.g. Llama-3.1-70B on one H100) are skipped and listed in ``skipped``; a degree whose KV
 cache cannot hold the workload's longest conversation gets tau = inf.
 
@@ -57,6 +57,9 @@ from cluster.planner import (
     brute_force,
     counts,
 )
+from server.perf.hardware import GPUS
+from server.perf.model_shapes import available_models
+from server.perf.registry import load_profile
 
 CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5
@@ -73,8 +76,6 @@ class Unfit(Exception):
 
 def split_profile(name: str) -> tuple[str, str]:
     """``GPU-MODEL`` -> (gpu, model); a TP size in the name is refused (the planner picks it)."""
-    from server.perf_model import GPUS, available_models
-
     m = re.match(r"^([a-z][a-z0-9]*?)(x\d+)?-(.+)$", name.lower())
     if not m or m[1] not in GPUS or m[3] not in available_models():
         raise PlanError(f"--profile {name!r}: give GPU-MODEL with GPU in {', '.join(GPUS)} and "
@@ -135,8 +136,6 @@ class SimulatedTau:
                  seed: int = 0, ratio: float = GRID_RATIO, flat: float = FLAT,
                  partner_prefill: int = PARTNER_PREFILL, cache_path: str | Path | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
-        from server.perf_model import load_profile
-
         if not (rate > 0 and math.isfinite(rate)):
             raise PlanError(f"--rate must be a positive number of programs per second, "
                             f"got {rate!r}")
@@ -303,8 +302,6 @@ class SimulatedTau:
         return min(self._idle_p95(role, degree, k) for k in range(min(ks), max(ks) + 2))
 
     def _idle_p95(self, role: str, degree: int, k: int) -> float:
-        from server.perf_model import load_profile
-
         if k not in self._idle_traces:  # the same trace for every (role, degree) chain
             self._idle_traces[k] = self._workload(self.programs_at(self._grid(k)), self._grid(k))
         return idle_p95(self._idle_traces[k].programs, load_profile(self.profile(degree)), role)

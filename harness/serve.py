@@ -29,7 +29,13 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, add_offload_copy_model_argument
+from server.perf.copy_model import (
+    DEFAULT_OFFLOAD_COPY_MODEL,
+    OFFLOAD_COPY_MODEL_HELP,
+    OFFLOAD_COPY_MODELS,
+    check_offload_copy_model,
+)
+from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import (
     DEFAULT_OFFLOAD_GIB,
@@ -103,7 +109,6 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
     the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
     deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
-    from server.perf_model import check_offload_copy_model
     from server.policies import policy_class
 
     try:
@@ -142,8 +147,6 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if emulate:
         try:
-            from server.perf_model import load_profile
-
             load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:
             raise ServeError(f"--offload-copy-model {offload_copy_model}: {exc}") from None
@@ -188,8 +191,6 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
                          "a policy that does not swap (e.g. continuum, vllm, preserve)")
     python = cpu_python()
     if profile:
-        from server.perf_model import load_profile
-
         try:
             load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:
@@ -217,6 +218,14 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
     argv += list(extra or [])
     return ServeCommand(argv=argv, env=env, served_model_name=name)
+
+
+def add_offload_copy_model_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """The ``--offload-copy-model`` option, one definition for every command that takes it
+    (`harness serve`, the bench): `what` names the copies it times, for the help."""
+    parser.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
+                        choices=list(OFFLOAD_COPY_MODELS),
+                        help=OFFLOAD_COPY_MODEL_HELP.format(what=what))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ Runs with PyTorch alone (no vLLM): builds the model's decoder layers with random
 faithful Llama layer: RMSNorm, fused QKV projection with grouped-query attention, RoPE,
 attention over a KV cache through ``scaled_dot_product_attention``, SwiGLU MLP), an embedding
 lookup and the LM head on each sequence's last token, then times forward steps over a grid of
-batch shapes of the kinds :meth:`server.perf_model.Profile.step_seconds` takes (prefill chunks
+batch shapes of the kinds :meth:`server.perf.profile.Profile.step_seconds` takes (prefill chunks
 over earlier context, decode batches, mixed batches) with CUDA events after warm-up, each step
 replayed from a CUDA graph where capture works (as vLLM does), eagerly otherwise.
 
@@ -15,7 +15,7 @@ attention call per prefill chunk and one per group of decodes with equal context
 measured attention work is what a variable-length kernel would do. The KV buffers are shared
 by all layers (same bytes read per layer, far less memory).
 
-The table (see server/perf_model.py, ``load_table``) holds GPU forward seconds
+The table (see server/perf/table.py, ``load_table``) holds GPU forward seconds
 (``"measured": "gpu_forward"``); the emulator adds the CPU per-step overheads and, with
 ``--tp N``, the all-reduces from the NVLink spec: a run with tp > 1 measures one shard (heads,
 KV heads, intermediate and vocabulary divided by N) on one GPU. With ``--layers K`` smaller
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.perf_model import GPUS, MODELS_DIR, ModelSpec, available_models
+from server.perf.hardware import GPUS
+from server.perf.model_shapes import MODELS_DIR, ModelSpec, available_models
 
 Shape = tuple[list[tuple[int, int]], list[int]]
 
