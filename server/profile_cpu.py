@@ -43,8 +43,7 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.perf.registry import load_profile
-from server.perf.table import load_table
-from server.profile_gpu import write_table
+from server.perf.table import load_table, write_table
 from server.step_log import StepRecord, relative_errors
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,19 +32,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from server import profile_cpu
 from server.perf.hardware import GPUS
 from server.perf.model_shapes import MODELS_DIR, ModelSpec, available_models
+from server.perf.table import write_table
 
 Shape = tuple[list[tuple[int, int]], list[int]]
 
@@ -405,20 +405,6 @@ def _resolve_model(model: str) -> tuple[str, Path]:
     )
 
 
-def write_table(path: Path, data: dict[str, Any]) -> None:
-    """A step-time table as JSON, atomically (a half-written table never loads)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="harness profile",
@@ -576,8 +562,6 @@ def _device(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if _device(list(sys.argv[1:] if argv is None else argv)) == "cpu":
-        from server import profile_cpu
-
         return profile_cpu.main(argv)
     args = parse_args(argv)
     try:

