@@ -1,1 +1,1 @@
-"""The cluster layer: cluster files, links, routing decisions, the served router and launcher."""
+"""The cluster layer: cluster files, routing decisions, the served router and launcher."""

@@ -25,8 +25,9 @@ locally saves both but stalls the decode batch. AMPD chooses per prefill, from w
 Constants: ALPHA = 0.9, BETA = 0.85 (the paper's values), WINDOW_S = 10 s.
 
 T_pre and T_kv are injected (`Costs`), so tests give exact numbers; `Costs.from_cluster` builds
-them from each replica's profile (`server.perf_model`) and the cluster's links
-(`cluster.links`). A queue of q tokens is priced as one prefill of q tokens from scratch.
+them from each replica's profile (`server.perf`) and the cluster's links
+(`server.perf.hardware.Link`). A queue of q tokens is priced as one prefill of q tokens from
+scratch.
 
 What the caller feeds (no wall clock is read here): `observe_ttft(prefill_replica, seconds,
 now)` when a remote prefill finishes (its arrival to prefill done), `observe_itl(decode_replica,
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.routing import PDRouter, ReplicaLoad, Route, TurnInfo, _alive
+from server.perf.registry import load_profile
 
 ALPHA = 0.9  # a prefill replica has slack when its windowed TTFT <= ALPHA * TTFT_thres
 BETA = 0.85  # a decode replica has slack when its windowed ITL <= BETA * ITL_thres
@@ -95,8 +97,6 @@ class Costs:
     @classmethod
     def from_cluster(cls, config: Any) -> Costs:
         """From a `cluster.config.ClusterConfig`: each replica's profile, the links between."""
-        from server.perf_model import load_profile
-
         by_profile = {name: load_profile(name) for name in {s.profile for s in config.replicas}}
         profiles = {spec.name: by_profile[spec.profile] for spec in config.replicas}
 

@@ -26,7 +26,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cluster.links import INFINIBAND, NVLINK, Link
+from server.perf.hardware import INFINIBAND, NVLINK, Link
+from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -98,8 +99,6 @@ class ReplicaSpec(_Strict):
     @field_validator("profile")
     @classmethod
     def _profile(cls, value: str) -> str:
-        from server.perf_model import load_profile
-
         load_profile(value)  # raises ValueError naming the valid profiles
         return value
 
@@ -167,8 +166,6 @@ class ClusterConfig(_Strict):
         return (self.links.intra_node if same_node else self.links.inter_node).link()
 
     def gpus(self) -> int:
-        from server.perf_model import load_profile
-
         return sum(load_profile(r.profile).model.tp for r in self.replicas)
 
 

@@ -4,7 +4,7 @@ parameters a router passes between the prefill replica P and the decode replica 
 Why here and this small: P/D in vLLM 0.32 is its `NixlConnector` (pull mode). Its scheduler side
 runs unchanged inside each replica's engine; its worker side (which would read blocks over
 RDMA) is played on the emulated GPU by `server.emulated_nixl`, pricing each read with the link
-between the two replicas (`cluster.links.Link`). The served cluster (one `vllm serve` per
+between the two replicas (`server.perf.hardware.Link`). The served cluster (one `vllm serve` per
 replica) and the virtual-time cluster (`eval.cluster_replay`, in-process `VirtualEngine`s)
 build their replicas' connector config here, and their routers turn one replica's returned
 `kv_transfer_params` into the next request's here, so both speak the protocol the same way.
@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.links import Link
+from server.perf.hardware import Link
 
 #: The vLLM connector (pull mode; `NixlConnector` is vLLM's alias of `NixlPullConnector`).
 CONNECTOR = "NixlConnector"

@@ -9,7 +9,7 @@ are spent only where they can change the answer (``cluster.plan_sim``).
   simulation of that trace reports less; ``bound_score`` turns it into the best objective a
   plan holding such a candidate can reach (branch and bound over (role, degree) chains).
 
-Both use only the step-time form (``server.perf_model``) and the trace: no vLLM.
+Both use only the step-time form (``server.perf.step_form``) and the trace: no vLLM.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
 from common.trace import Trace
 from eval.bench import BenchError
 from eval.workloads.registry import TRACES, load_or_generate
+from server.perf.registry import load_profile
 
 DEFAULT_PROFILE = "h20x4-llama-3.1-70b"
 DEFAULT_TRACES = "hotpotqa,toolbench"
@@ -181,7 +182,6 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
     order; P/D replicas are interleaved (p0, d0, p1, d1, ...) so a node holds both roles where
     it can, as `cluster/examples/2p2d.yaml` does."""
     from cluster.config import ClusterConfigError, parse_cluster
-    from server.perf_model import load_profile
 
     tp = load_profile(profile).model.tp
     if run.layout is None:
@@ -465,8 +465,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate, sweep, print the table. A user mistake raises `AmpdBenchError`."""
     from rich.console import Console
-
-    from server.perf_model import load_profile
 
     for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
         if not (value > 0 and math.isfinite(value)):

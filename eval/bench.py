@@ -27,11 +27,9 @@ from common.atomic import atomic_path, write_text_atomic
 from common.metrics import SLO, cluster_metrics, replay_metrics
 from common.trace import Trace, TraceFormatError, TraceStats, summarize
 from eval.workloads.registry import TRACES, load_or_generate, merge
-from server.perf_model import (
-    DEFAULT_OFFLOAD_COPY_MODEL,
-    add_offload_copy_model_argument,
-    check_offload_copy_model,
-)
+from harness.serve import add_offload_copy_model_argument
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.perf.registry import load_profile
 from sim.engines import base_policy, context_limit, make_engine
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
@@ -345,7 +343,7 @@ class EngineSettings:
     #: host memory for vLLM's CPU KV offloading, for every policy; None: only for the
     #: policies that need it or are named NAME+offload
     offload_gib: float | None = None
-    #: how the offloading connector's copies are priced (`server.perf_model`
+    #: how the offloading connector's copies are priced (`server.perf.copy_model`
     #: OFFLOAD_COPY_MODELS), by the emulated worker and the policies' cost model
     offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
 
@@ -404,8 +402,6 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
     every replay is deterministic and alone on its engine, so the figures are the same as with
     one job (only wall and CPU times differ)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from server.perf_model import load_profile
 
     settings = settings or EngineSettings()
     try:

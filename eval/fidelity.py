@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.workloads.bfcl import bfcl_like
+from server.perf.table import load_table
 
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
@@ -223,7 +224,6 @@ def served_steps(profile: Any, records: Sequence[Any], wall_s: float) -> dict[st
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from server.perf_model import load_table
     from server.step_log import read_step_log
 
     if not args.table.is_file():

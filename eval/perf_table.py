@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from server.perf_model import Profile, load_profile
+from server.perf.profile import Profile
+from server.perf.registry import load_profile
 
 DEFAULT_PROFILES = [
     "h100-llama-3.1-8b",

@@ -241,7 +241,7 @@ class CpuEngine:
     # -- step records (for `harness profile --device cpu`) ------------------------------
     def start_recording(self) -> None:
         """From now on time every executed step and note its batch (prefill chunks with
-        their context, decode contexts) in `steps`, as `server.perf_model` features describe
+        their context, decode contexts) in `steps`, as `server.perf.step_form` features describe
         a batch: the scheduler's own step records (`server.step_log`)."""
         if not self._recording:
             self._recording = True

@@ -4,7 +4,7 @@ Loaded with `--distributed-executor-backend server.emulated_executor.EmulatedExe
 the real engine (API server, engine core, scheduler, KV-cache manager, prefix cache, output
 processing) run on a machine without a GPU. For every scheduled batch it
 
-* prices the step with the performance model (`server.perf_model`): a roofline from published
+* prices the step with the performance model (`server.perf`): a roofline from published
   GPU figures, or a fit to a table measured on a real GPU;
 * lets that time pass on the process clock (`server.clock`): real time sleeps, virtual time
   advances without sleeping;
@@ -38,6 +38,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from server.clock import clock
 from server.emulated_nixl import EmulatedNixlWorker, uses_nixl
 from server.emulated_offload import EmulatedOffloadWorker, uses_native_offloading
+from server.perf.registry import load_profile
 from server.settings import ServeSettings
 
 logger = logging.getLogger("harness.emulated_executor")
@@ -93,8 +94,6 @@ class EmulatedExecutor(Executor):
     supports_pp = False
 
     def _init_executor(self) -> None:
-        from server.perf_model import load_profile
-
         settings = ServeSettings.from_env()
         self.profile = load_profile(settings.profile,
                                     offload_copy_model=settings.offload_copy_model)

@@ -75,8 +75,8 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 from vllm.v1.outputs import KVConnectorOutput
 
-from cluster.links import INFINIBAND, Link
 from server.clock import clock
+from server.perf.hardware import INFINIBAND, Link
 
 logger = logging.getLogger("harness.emulated_nixl")
 

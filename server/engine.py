@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import ServeSettings
 
@@ -169,7 +169,7 @@ class VirtualEngine:
     max_num_batched_tokens: int | None = None
     clock: VirtualClock = field(default_factory=VirtualClock)
     kv_transfer: dict[str, Any] | None = None
-    #: how the offloading connector's copies are priced (`server.perf_model`
+    #: how the offloading connector's copies are priced (`server.perf.copy_model`
     #: OFFLOAD_COPY_MODELS): by the emulated worker and by the policies' cost model
     offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
     #: the deployment's TTFT SLO (s), for policies that take it (`ServeSettings.ttft_slo_s`)

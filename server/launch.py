@@ -29,7 +29,7 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import (
     DEFAULT_POLICY,
@@ -101,7 +101,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
     the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
     deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
-    from server.perf_model import check_offload_copy_model
+    from server.perf.copy_model import check_offload_copy_model
     from server.policies import policy_class
 
     try:
@@ -140,7 +140,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if emulate:
         try:
-            from server.perf_model import load_profile
+            from server.perf.registry import load_profile
 
             load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:
@@ -186,7 +186,7 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
                          "a policy that does not swap (e.g. continuum, vllm, preserve)")
     python = cpu_python()
     if profile:
-        from server.perf_model import load_profile
+        from server.perf.registry import load_profile
 
         try:
             load_profile(profile, offload_copy_model=offload_copy_model)

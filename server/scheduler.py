@@ -38,6 +38,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
 from server.events import ENV_EVENTS_IPC, EventReceiver
+from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.prefetch import PrefetchBook
 from server.settings import ServeSettings
@@ -421,8 +422,6 @@ def _cost_model(settings: ServeSettings):
     a policy prices a reload as the emulated offload worker times it); a real GPU run with a
     measured table passes that table as the profile."""
     try:
-        from server.perf_model import load_profile
-
         return load_profile(settings.profile, offload_copy_model=settings.offload_copy_model)
     except Exception as exc:  # noqa: BLE001 - a policy without costs still works
         logger.warning("no cost model for profile %s (offload copy model %s): %s",

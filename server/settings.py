@@ -14,13 +14,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL, MODELS_DIR
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.perf.model_shapes import MODELS_DIR
+from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
 
 ENV_POLICY = "HARNESS_POLICY"
 ENV_PROFILE = "HARNESS_PROFILE"
 ENV_SEED = "HARNESS_SEED"
-#: how the emulated offloading connector's copies are priced (`server.perf_model`
+#: how the emulated offloading connector's copies are priced (`server.perf.copy_model`
 #: OFFLOAD_COPY_MODELS); the emulated worker and the policies' cost model read it alike
 ENV_OFFLOAD_COPY_MODEL = "HARNESS_OFFLOAD_COPY_MODEL"
 ENV_TTFT_SLO = "HARNESS_TTFT_SLO_S"
@@ -44,8 +46,6 @@ class ServeOptionsError(Exception):
 
 def emulated_model_dir(profile: str) -> Path:
     """The config.json folder of the model a profile name (or table) stands for."""
-    from server.perf_model import load_profile
-
     model = load_profile(profile).model.name
     folder = MODELS_DIR / model
     if not (folder / "config.json").is_file():

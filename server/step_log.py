@@ -1,7 +1,7 @@
 """What each engine step ran and how long it took: the measured side of the step-time model.
 
 Why: the emulator prices a step by its batch (prefill chunks with their context, decode
-contexts; `server.perf_model.step_features`). To check that model against a real engine, or
+contexts; `server.perf.step_form.step_features`). To check that model against a real engine, or
 to tell a slow step from time the engine loop spends outside steps (taking requests in,
 sending outputs out, waiting), each executed step is recorded with the same batch description
 the emulated executor prices, timed from the start of `schedule()` to the end of

@@ -14,7 +14,7 @@ from typing import Any
 
 from cluster.pd import virtual_engine_options
 from server.engine import VirtualEngine
-from server.perf_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.settings import DEFAULT_OFFLOAD_GIB, emulated_model_dir
 
 

@@ -25,7 +25,7 @@ are simulated only on a geometric grid ``rate / ratio^k`` (default ratio 1.5) an
 between (``cluster.planner.Curve``); once tau changes by less than ``flat`` (2 %) between two
 grid points, lower loads reuse it (the replica is unloaded); every simulation is cached per
 (role, degree, grid load), in memory and in ``cache_path``
-(JSON) when given. Degrees the model cannot run at (``server.perf_model.load_profile`` refuses
+(JSON) when given. Degrees the model cannot run at (``server.perf.registry.load_profile`` refuses
 them, e.g. Llama-3.1-70B on one H100) are skipped and listed in ``skipped``; a degree whose KV
 cache cannot hold the workload's longest conversation gets tau = inf.
 
@@ -62,7 +62,9 @@ from common.atomic import write_text_atomic
 from common.metrics import percentile, tpot_of
 from common.trace import Trace
 from server.engine import ContextTooLong
-from server.perf_model import GPUS, available_models, load_profile
+from server.perf.hardware import GPUS
+from server.perf.model_shapes import available_models
+from server.perf.registry import load_profile
 from sim.engines import make_engine
 from sim.virtual_cluster import VirtualCluster, replay_cluster
 

@@ -178,7 +178,7 @@ def test_make_router_builds_ampd_from_the_cluster_profiles_and_links():
                      {"name": "d", "role": "decode", "count": 2, "node": 1}]})
     r = make_router(config.router, config)
     assert isinstance(r, AMPDRouter) and (r.ttft_slo_s, r.itl_slo_s) == (2.0, 0.05)
-    from server.perf_model import load_profile
+    from server.perf.registry import load_profile
 
     profile = load_profile("h100-llama-3.1-8b")
     assert r.costs.prefill_s("p", 1000, 0) == pytest.approx(profile.prefill_seconds(1000))

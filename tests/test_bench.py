@@ -155,7 +155,7 @@ def test_engine_settings_reach_every_policys_engine():
 def test_offload_copy_model_reaches_the_worker_and_the_cost_model():
     """--offload-copy-model sourced: the emulated offload worker and the policy's cost model
     both price copies with it; peak80 stays the default; an unknown name is refused."""
-    from server.perf_model import load_profile
+    from server.perf.registry import load_profile
 
     sourced = load_profile(PROFILE, offload_copy_model="sourced")
     settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from cluster.config import ClusterConfigError, load_cluster, parse_cluster
-from cluster.links import Link
 from cluster.routing import (
     LeastLoadedRouter,
     NoReplicaError,
@@ -14,6 +13,7 @@ from cluster.routing import (
     RoundRobinRouter,
     SessionRouter,
 )
+from server.perf.hardware import Link
 
 
 def colocated(*usages: float) -> list[ReplicaLoad]:

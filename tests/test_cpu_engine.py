@@ -201,7 +201,7 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
     import asyncio
 
     from harness.profile_served import drive, served_path
-    from server.perf_model import load_table
+    from server.perf.table import load_table
     from server.profile_cpu import quick_grid, table_from_steps
     from server.step_log import read_step_log
 
@@ -231,7 +231,8 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
 
 # -- `harness profile --device cpu`: its measuring loop, and the table in the emulator -------
 def test_profile_table_loads_in_the_emulator(scenarios):
-    from server.perf_model import TableProfile, load_profile
+    from server.perf.registry import load_profile
+    from server.perf.table import TableProfile
 
     r = scenario(scenarios, "profile")
     table = json.loads(Path(r["table"]).read_text())

@@ -21,9 +21,9 @@ import pytest  # noqa: E402
 pytest.importorskip("vllm")
 
 from cluster import pd  # noqa: E402
-from cluster.links import Link  # noqa: E402
 from server.engine import Finished, VirtualEngine  # noqa: E402
-from server.perf_model import load_profile  # noqa: E402
+from server.perf.hardware import Link  # noqa: E402
+from server.perf.registry import load_profile  # noqa: E402
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCK_BYTES = 16 * 131_072

@@ -1,4 +1,4 @@
-"""The emulated GPU: performance model (`server.perf_model`), profiler (`server.profile_gpu`)."""
+"""The emulated GPU: performance model (`server.perf`), profiler (`server.profile_gpu`)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from server.perf_model import (
-    GPUS,
-    MODELS_DIR,
-    Coefficients,
-    ModelSpec,
-    RooflineProfile,
-    TableProfile,
-    fit_coefficients,
-    load_profile,
-    step_features,
-)
+from server.perf.fit import fit_coefficients
+from server.perf.hardware import GPUS
+from server.perf.model_shapes import MODELS_DIR, ModelSpec
+from server.perf.registry import load_profile
+from server.perf.roofline import RooflineProfile
+from server.perf.step_form import Coefficients, step_features
+from server.perf.table import TableProfile
 
 MiB = 1 << 20
 H100_8B = "h100-llama-3.1-8b"

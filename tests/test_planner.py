@@ -147,7 +147,7 @@ def fake(tmp_path=None, **kw) -> FakeSim:
 
 
 def test_replicas_above_capacity_are_infeasible_and_not_simulated():
-    from server.perf_model import load_profile
+    from server.perf.registry import load_profile
 
     sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"))
     sim.asked = []

@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from server.engine import VirtualEngine  # noqa: E402
-from server.perf_model import load_profile  # noqa: E402
+from server.perf.registry import load_profile  # noqa: E402
 from server.policies import RequestView, make_policy  # noqa: E402
 from server.policies.base import AgentEvent, Hints  # noqa: E402
 from server.policies.continuum_prefetch import ContinuumPrefetchPolicy  # noqa: E402

@@ -25,7 +25,7 @@ from server.clock import VirtualClock, use_clock  # noqa: E402
 from server.emulated_offload import EmulatedOffloadWorker  # noqa: E402
 from server.engine import VirtualEngine  # noqa: E402
 from server.launch import ServeError, build_command
-from server.perf_model import load_profile  # noqa: E402
+from server.perf.registry import load_profile
 from server.policies import RequestView, make_policy  # noqa: E402
 from server.policies.swap import SwapPolicy  # noqa: E402
 from server.settings import DEFAULT_OFFLOAD_GIB

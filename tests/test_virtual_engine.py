@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from server.engine import VirtualEngine
-from server.perf_model import load_profile
+from server.perf.registry import load_profile
 
 PROFILE = "h100-llama-3.1-8b"
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cluster.config import EXAMPLES_DIR, ClusterConfig, ClusterConfigError, load_cluster
+from server.perf.registry import load_profile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +65,6 @@ def resolve(file: str) -> Path:
 def describe(config: ClusterConfig, base_port: int) -> str:
     """What `check` prints: replicas, roles, GPUs, ports, KV sizes, links."""
     from cluster.launcher import LauncherError, replica_ports
-    from server.perf_model import load_profile
 
     try:
         ports: dict[str, int | str] = dict(replica_ports(config, base_port))

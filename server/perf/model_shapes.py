@@ -1,0 +1,176 @@
+"""The model arithmetic: parameters, weight bytes and KV bytes of a Llama-style model.
+
+Why from config.json: the step time and the KV capacity follow from a model's shapes alone
+(layers, widths, heads), so the emulator needs no weights, only the published architecture.
+
+The model configs in ``server/models/<name>/config.json`` are the published Llama-3.1
+architectures, except ``bos_token_id`` = 0 and ``eos_token_id`` = 4: the ids of
+``<|begin_of_text|>`` and ``<|eot_id|>`` in our local tokenizer (datasets/tokenizer), not
+Llama's 128000 / 128009. ``vocab_size`` stays 128256 (it sets the LM-head cost); our tokenizer
+has fewer ids, so the emulated executor must sample ids below the tokenizer's size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from server.perf.copy_model import OFFLOAD_BLOCK_TOKENS
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only Llama-style model (GQA attention, SwiGLU MLP), possibly TP-sharded."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool = False
+    tp: int = 1
+    bytes_per_param: int = 2
+
+    @classmethod
+    def from_config(cls, path: str | Path, tp: int = 1) -> ModelSpec:
+        """Read a Hugging Face config.json (a file, or a folder holding one)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            cfg = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"model config not found: {p}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"model config {p} is not valid JSON: {e}") from None
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            spec = cls(
+                name=p.parent.name,
+                layers=int(cfg["num_hidden_layers"]),
+                hidden=hidden,
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads", heads)),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                intermediate=int(cfg["intermediate_size"]),
+                vocab=int(cfg["vocab_size"]),
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                tp=tp,
+            )
+        except KeyError as e:
+            raise ValueError(f"model config {p} lacks {e.args[0]!r}") from None
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tensor-parallel size must be >= 1, got {self.tp}")
+        if self.heads % self.tp:
+            raise ValueError(
+                f"{self.name}: {self.heads} attention heads do not split over tp={self.tp}; "
+                "use a tp that divides the head count"
+            )
+        if self.kv_heads % self.tp and self.tp % self.kv_heads:
+            raise ValueError(
+                f"{self.name}: {self.kv_heads} KV heads do not split over tp={self.tp}"
+            )
+
+    # parameters ----------------------------------------------------------------------------
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (Q, K, V, O, gate, up, down, two RMSNorms)."""
+        q = self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        o = self.heads * self.head_dim * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        return q + kv + o + mlp + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_embeddings else self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """All parameters (8,030,261,248 for Llama-3.1-8B)."""
+        return (
+            self.layers * self.layer_params
+            + self.embedding_params
+            + self.lm_head_params
+            + self.hidden  # final norm
+        )
+
+    @property
+    def matmul_params_per_token(self) -> int:
+        """Weights every new token multiplies through (the decoder layers; the LM head runs
+        only on each sequence's last token, the embedding is a lookup)."""
+        return self.layers * self.layer_params
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights held on the device group."""
+        return self.params * self.bytes_per_param
+
+    @property
+    def weight_bytes_read_per_step(self) -> int:
+        """Bytes of weights one forward step streams from HBM (all but the embedding table,
+        of which only the looked-up rows are read)."""
+        return (self.params - self.embedding_params) * self.bytes_per_param
+
+    # KV cache ------------------------------------------------------------------------------
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        return max(1, self.kv_heads // self.tp)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers, summed over the TP group:
+        2 * layers * kv_heads * head_dim * 2 bytes (131,072 for 8B; 327,680 for 70B). With
+        tp > kv_heads vLLM replicates KV heads, so the group stores more."""
+        heads = self.kv_heads_per_gpu * self.tp
+        return 2 * self.layers * heads * self.head_dim * self.bytes_per_param
+
+    @property
+    def offload_page_bytes(self) -> int:
+        """One (layer, 16-token block) page on one GPU, K and V together (vLLM 0.32's LBHNC
+        layout under the offloading connector): 65,536 for 8B; 8,192 for 70B at TP 8."""
+        return (OFFLOAD_BLOCK_TOKENS * self.kv_heads_per_gpu * self.head_dim * 2
+                * self.bytes_per_param)
+
+    def attention_flops_per_pair(self) -> float:
+        """FLOPs of one query-key pair over all layers: QK^T and PV, 2 FLOPs per MAC each."""
+        return 4.0 * self.layers * self.heads * self.head_dim
+
+
+def available_models() -> list[str]:
+    if not MODELS_DIR.is_dir():
+        return []
+    return sorted(p.parent.name for p in MODELS_DIR.glob("*/config.json"))
+
+
+# Models too big for one GPU get a default tensor-parallel size (name without "xN").
+DEFAULT_TP: dict[str, int] = {"llama-3.1-70b": 8}
+
+
+def model_spec(model: str, tp: int) -> ModelSpec:
+    """A shipped model's name (a folder of `MODELS_DIR`) or the path to a config.json or to a
+    folder holding one, sharded over `tp` GPUs."""
+    path = Path(model)
+    if path.suffix == ".json" or path.is_dir():
+        return ModelSpec.from_config(path, tp=tp)
+    if model not in available_models():
+        raise ValueError(
+            f"unknown model {model!r}; known: {', '.join(available_models()) or '(none)'} "
+            f"(configs live in {MODELS_DIR})"
+        )
+    return ModelSpec.from_config(MODELS_DIR / model / "config.json", tp=tp)
