@@ -36,15 +36,9 @@ from cluster.launcher import (
     replica_command,
     replica_ports,
 )
-from cluster.router_app import (
-    KV_USAGE_METRIC,
-    ReplicaEndpoint,
-    create_app,
-    parse_metrics,
-    prefill_body,
-    program_of,
-    turn_of,
-)
+from cluster.router_app import create_app
+from cluster.router_state import KV_USAGE_METRIC, ReplicaEndpoint, parse_metrics
+from cluster.router_wire import prefill_body, program_of, turn_of
 from harness.server_process import free_port
 
 MODEL = "llama-3.1-8b"
