@@ -489,7 +489,8 @@ def serve_cluster(config: ClusterConfig, *, host: str = "127.0.0.1",
     replica is gone), then stop everything. Returns the exit code (0 on a requested stop)."""
     import uvicorn
 
-    from cluster.router_app import ReplicaEndpoint, create_app
+    from cluster.router_app import create_app
+    from cluster.router_state import ReplicaEndpoint
 
     say = out or (lambda line: print(line, flush=True))
     logging.basicConfig(format="harness cluster: %(message)s", level=logging.WARNING)

@@ -5,11 +5,13 @@ launcher with fake replica processes. The `server` tests start a real colocated 
 emulated `harness serve` replicas (~60 s on 2 cores) once for the module, drive it with the
 `openai` package through the router, kill a replica, and stop the launcher with SIGTERM; one
 more single-replica cluster is killed with SIGKILL. In both cases no replica process may be
-left behind.
+left behind. `RouterProxy` is also driven directly (no FastAPI), against fake replicas and
+against the real clusters' replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -36,15 +38,10 @@ from cluster.launcher import (
     replica_command,
     replica_ports,
 )
-from cluster.router_app import (
-    KV_USAGE_METRIC,
-    ReplicaEndpoint,
-    create_app,
-    parse_metrics,
-    prefill_body,
-    program_of,
-    turn_of,
-)
+from cluster.router_app import create_app
+from cluster.router_proxy import RouterProxy
+from cluster.router_state import KV_USAGE_METRIC, ReplicaEndpoint, parse_metrics
+from cluster.router_wire import PREFILL_HEADER, REPLICA_HEADER, prefill_body, program_of, turn_of
 from harness.server_process import free_port
 
 MODEL = "llama-3.1-8b"
@@ -302,6 +299,49 @@ def test_pd_turn_prefills_remotely_then_decodes_with_the_returned_params():
         assert counters["pd_prefills"] == 3 and counters["pd_fallbacks"] == 0
 
 
+async def relayed(reply) -> list[str]:
+    """The `data:` lines of a streamed `Reply`, read as a web framework would."""
+    assert reply.stream is not None
+    text = b"".join([chunk async for chunk in reply.stream]).decode()
+    return [line for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_router_proxy_answers_without_a_web_framework():
+    """`RouterProxy` alone (no FastAPI) over fake replicas: a P/D turn's reply and its stream,
+    an event to the program's decode replica, a bad body, the info endpoints."""
+    fake = FakeReplicas({9100: "p", 9101: "d"})
+    endpoints = [ReplicaEndpoint("p", "prefill", "http://127.0.0.1:9100"),
+                 ReplicaEndpoint("d", "decode", "http://127.0.0.1:9101")]
+    proxy = RouterProxy(endpoints, RouterSpec(strategy="pd"), name="fake",
+                        transport=httpx.MockTransport(fake), poll_interval_s=0.05)
+    body = {"model": MODEL, "messages": [], "stream": True, "vllm_xargs": {"turn": 0}}
+
+    async def scenario() -> None:
+        async with proxy:
+            reply = await proxy.complete("/v1/chat/completions", json.dumps(body).encode(),
+                                         httpx.Headers({"X-Session-ID": "prog"}))
+            assert reply.status == 200 and reply.stream is not None
+            assert reply.headers == {REPLICA_HEADER: "d", PREFILL_HEADER: "p"}
+            assert proxy.state.replicas["d"].in_flight == 1  # until the stream is read
+            assert len(await relayed(reply)) == 5
+            assert proxy.state.replicas["d"].in_flight == 0
+            (p_name, _, first), (d_name, _, second) = fake.got
+            assert (p_name, first["stream"], d_name) == ("p", False, "d")
+            assert second["kv_transfer_params"]["remote_engine_id"] == "p"
+            events = await proxy.post_events(b'{"type": "tool_start", "program_id": "prog"}')
+            assert list(events.json()["replicas"]) == ["d"] and fake.got[-1][0] == "d"
+            bad = await proxy.complete("/v1/completions", b"[1]", httpx.Headers())
+            assert bad.status == 400 and "JSON object" in bad.json()["error"]["message"]
+            assert (await proxy.models()).json()["data"][0]["id"] == MODEL
+            assert proxy.health().json()["alive"] == ["p", "d"]
+            counters = proxy.cluster().json()["counters"]
+            assert counters["completed"] == 1 and counters["pd_prefills"] == 1
+        with pytest.raises(RuntimeError, match="not started"):
+            proxy.client()
+
+    asyncio.run(scenario())
+
+
 # -- the launcher, with fake and real replicas -----------------------------------------------
 
 def cluster_file(tmp_path: Path, replicas: list[dict[str, Any]], name: str = "t",
@@ -520,6 +560,77 @@ def test_events_reach_the_serving_replica(cluster):
         n: 2 if n == serving else 0 for n in replicas}
 
 
+def replica_urls(c: Cluster) -> dict[str, str]:
+    return {r["name"]: r["url"] for r in c.state()["replicas"]}
+
+
+@pytest.mark.server
+def test_router_proxy_drives_real_replicas(cluster):
+    """`RouterProxy` driven directly (no FastAPI) in front of the running cluster's replicas:
+    a held `program_start` reaches the replica of the program's first turn before it; the
+    second turn follows it there (session affinity) and hits its prefix cache; a streamed
+    turn is relayed chunk by chunk; tool events reach only that replica, `program_end` ends
+    the binding."""
+    urls = replica_urls(cluster)
+    endpoints = [ReplicaEndpoint(name, "colocated", url) for name, url in urls.items()]
+    messages = [{"role": "user", "content": PARAGRAPH * 12 + " Program proxied."}]
+
+    def request(turn: int, **extra: Any) -> bytes:
+        return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 16,
+                           "session_id": "proxied", "vllm_xargs": {"turn": turn},
+                           **extra}).encode()
+
+    async def scenario() -> None:
+        async with RouterProxy(endpoints, RouterSpec(strategy="session"), name="direct") as proxy:
+            async def received() -> dict[str, int]:
+                return {n: (await proxy.client().get(u + "/v1/agent/events")).json()["received"]
+                        for n, u in urls.items()}
+
+            def gained(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+                return {n: after[n] - before[n] for n in urls}
+
+            before = await received()
+            held = await proxy.post_events(b'{"type": "program_start", "program_id": "proxied"}')
+            assert held.json()["held"] == 1 and held.json()["forwarded"] == 0
+            first = await proxy.complete("/v1/chat/completions", request(0), httpx.Headers())
+            assert first.status == 200, first.content
+            where = first.headers[REPLICA_HEADER]
+            after = await received()
+            assert gained(before, after) == {n: int(n == where) for n in urls}
+            r1 = first.json()
+            messages.extend([{"role": "assistant",
+                              "content": r1["choices"][0]["message"]["content"] or "ok"},
+                             {"role": "user", "content": "Observation: 3 passed, 1 failed."}])
+            second = await proxy.complete("/v1/chat/completions", request(1), httpx.Headers())
+            assert second.headers[REPLICA_HEADER] == where
+            details = second.json()["usage"].get("prompt_tokens_details") or {}
+            assert (details.get("cached_tokens") or 0) >= r1["usage"]["prompt_tokens"] // 16 * 16
+            streamed = await proxy.complete(
+                "/v1/chat/completions",
+                request(2, stream=True, stream_options={"include_usage": True}),
+                httpx.Headers())
+            assert streamed.headers[REPLICA_HEADER] == where
+            assert streamed.media_type.startswith("text/event-stream")
+            lines = await relayed(streamed)
+            assert len(lines) > 3 and lines[-1] == "data: [DONE]"
+            assert proxy.state.book.info("proxied", 10_000, 0.0).history_tokens > 300
+            before = await received()
+            tools = await proxy.post_events(
+                b'{"type": "tool_start", "program_id": "proxied", "tool": "bash"}\n'
+                b'{"type": "tool_end", "program_id": "proxied", "tool": "bash", "seconds": 0.5}')
+            assert tools.json()["forwarded"] == 2 and list(tools.json()["replicas"]) == [where]
+            after = await received()
+            assert gained(before, after) == {n: 2 * (n == where) for n in urls}
+            end = await proxy.post_events(b'{"type": "program_end", "program_id": "proxied"}')
+            assert list(end.json()["replicas"]) == [where]
+            assert proxy.state.router.bound("proxied") is None
+            counters = proxy.cluster().json()["counters"]
+            assert counters["completed"] == 3 and counters["failed"] == 0
+            assert proxy.state.replicas[where].in_flight == 0 and proxy.state.book.queued == {}
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.server
 def test_a_dead_replica_fails_clearly_and_programs_move(cluster):
     victim, _ = ask(cluster, "victim", [{"role": "user", "content": "go"}], 0)
@@ -596,41 +707,81 @@ def nixl_bytes(url: str) -> tuple[float, float]:
     return total, count
 
 
+@pytest.fixture(scope="module")
+def pd_cluster(tmp_path_factory):
+    """A real 1P1D `harness cluster serve` (router strategy `pd`)."""
+    spec = {"profile": "h100-llama-3.1-8b", "policy": "vllm", "num_gpu_blocks": 64}
+    c = Cluster(tmp_path_factory.mktemp("pd"), [{"name": "p", "role": "prefill", **spec},
+                                                {"name": "d", "role": "decode", **spec}],
+                "pd", "pd").wait_ready()
+    yield c
+    c.kill()
+
+
 @pytest.mark.server
-def test_pd_over_http_second_turn_pulls_only_its_new_blocks(tmp_path):
+def test_pd_over_http_second_turn_pulls_only_its_new_blocks(pd_cluster):
     """tests/test_pd_transfer.py's two-turn program, served: a real 1P1D `harness cluster
     serve` (router strategy `pd`), token-id prompts through `/v1/completions`. Turn 1: P
     prefills 64 tokens and D pulls its 4 blocks (4 x 16 tokens x 131,072 bytes = 8,388,608).
     Turn 2 (64 + 80 answered + 48 new = 192 tokens): D holds the history's 8 full blocks and
     pulls only the last 4 of P's 12, another 8,388,608 bytes, as vLLM's NIXL metrics say."""
-    spec = {"profile": "h100-llama-3.1-8b", "policy": "vllm", "num_gpu_blocks": 64}
-    c = Cluster(tmp_path, [{"name": "p", "role": "prefill", **spec},
-                           {"name": "d", "role": "decode", **spec}], "pd", "pd").wait_ready()
-    try:
-        d_url = c.replica("d")["url"]
+    c = pd_cluster
+    d_url = c.replica("d")["url"]
 
-        def turn(prompt: list[int], i: int, answer: int) -> tuple[httpx.Response, list[int]]:
-            reply = httpx.post(c.url + "/v1/completions", timeout=60, json={
-                "model": MODEL, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
-                "return_token_ids": True,
-                "vllm_xargs": {"turn": i, "emulate_output_tokens": answer}})
-            assert reply.status_code == 200, reply.text
-            assert reply.headers["x-harness-prefill"] == "p"
-            assert reply.headers["x-harness-replica"] == "d"
-            return reply, reply.json()["choices"][0]["token_ids"]
+    def turn(prompt: list[int], i: int, answer: int) -> tuple[httpx.Response, list[int]]:
+        reply = httpx.post(c.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
+            "return_token_ids": True,
+            "vllm_xargs": {"turn": i, "emulate_output_tokens": answer}})
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-harness-prefill"] == "p"
+        assert reply.headers["x-harness-replica"] == "d"
+        return reply, reply.json()["choices"][0]["token_ids"]
 
-        prompt1 = list(range(100, 164))
-        _, answer1 = turn(prompt1, 0, 80)
-        assert len(answer1) == 80
-        assert nixl_bytes(d_url) == (4 * 16 * 131_072, 1)
-        prompt2 = prompt1 + answer1 + list(range(300, 348))
-        reply2, _ = turn(prompt2, 1, 5)
-        assert reply2.json()["usage"]["prompt_tokens"] == 192
-        assert nixl_bytes(d_url) == (2 * 4 * 16 * 131_072, 2)
-        assert nixl_bytes(c.replica("p")["url"]) == (0, 0)  # P only serves reads
-        assert c.state()["counters"]["pd_prefills"] == 2
-    finally:
-        c.kill()
+    prompt1 = list(range(100, 164))
+    _, answer1 = turn(prompt1, 0, 80)
+    assert len(answer1) == 80
+    assert nixl_bytes(d_url) == (4 * 16 * 131_072, 1)
+    prompt2 = prompt1 + answer1 + list(range(300, 348))
+    reply2, _ = turn(prompt2, 1, 5)
+    assert reply2.json()["usage"]["prompt_tokens"] == 192
+    assert nixl_bytes(d_url) == (2 * 4 * 16 * 131_072, 2)
+    assert nixl_bytes(c.replica("p")["url"]) == (0, 0)  # P only serves reads
+    assert c.state()["counters"]["pd_prefills"] == 2
+
+
+@pytest.mark.server
+def test_router_proxy_hands_a_pd_turn_from_prefill_to_decode(pd_cluster):
+    """`RouterProxy` driven directly in front of the 1P1D replicas: a streamed turn of a new
+    program is prefilled on P (one token, no stream), D pulls its 4 blocks over NIXL with the
+    returned `kv_transfer_params` and streams the answer, whose usage becomes the program's
+    history."""
+    urls = replica_urls(pd_cluster)
+    endpoints = [ReplicaEndpoint("p", "prefill", urls["p"]),
+                 ReplicaEndpoint("d", "decode", urls["d"])]
+    pulled, reads = nixl_bytes(urls["d"])
+    body = {"model": MODEL, "prompt": list(range(1000, 1064)), "max_tokens": 8, "stream": True,
+            "stream_options": {"include_usage": True}, "session_id": "pd-direct",
+            "vllm_xargs": {"turn": 0, "emulate_output_tokens": 8}}
+
+    async def scenario() -> None:
+        async with RouterProxy(endpoints, RouterSpec(strategy="pd"), name="direct") as proxy:
+            reply = await proxy.complete("/v1/completions", json.dumps(body).encode(),
+                                         httpx.Headers())
+            assert reply.status == 200, reply.content
+            assert reply.headers == {REPLICA_HEADER: "d", PREFILL_HEADER: "p"}
+            lines = await relayed(reply)
+            assert lines[-1] == "data: [DONE]"
+            usage = json.loads(lines[-2][6:])["usage"]
+            assert (usage["prompt_tokens"], usage["completion_tokens"]) == (64, 8)
+            state = proxy.state
+            assert state.counters["pd_prefills"] == 1 and state.counters["pd_fallbacks"] == 0
+            assert (state.replicas["p"].prefills, state.replicas["d"].routed) == (1, 1)
+            assert state.book.info("pd-direct", 100, 0.0).history_tokens == 72
+            assert state.book.queued == {}
+
+    asyncio.run(scenario())
+    assert nixl_bytes(urls["d"]) == (pulled + 4 * 16 * 131_072, reads + 1)
 
 
 # -- served AMPD: the router's own view of turns ------------------------------------------------

@@ -1,0 +1,98 @@
+"""The served router's event fan-out: `POST /v1/agent/events` to the replicas that hold a
+program.
+
+Events are validated as the replicas validate them (`server.events`), then fanned out by
+`cluster.placement`'s rule, the one the virtual-time cluster follows: a program's
+`program_start` is kept and delivered to each replica the first time one of the program's
+turns is routed there (prefill replicas included), before that turn; `tool_start` and
+`tool_end` go to the replica that served the program's latest turn (where its KV cache is);
+`program_end` goes to every replica the program touched and ends the router's binding. A
+program no turn of which was routed yet (events before its first request) falls back to its
+binding (`session`, `pd`: bound now) and, for strategies that do not bind, reaches nobody.
+The targets are `ClusterState.event_targets`; this class moves the lines and keeps count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from cluster.router_state import ClusterState
+from cluster.router_wire import GONE, Reply
+from server.events import EventError, parse_events
+
+
+class EventFanout:
+    """Receives a batch of agent events and sends each to the replicas that must hear it."""
+
+    def __init__(self, state: ClusterState, client: Callable[[], httpx.AsyncClient]) -> None:
+        self.state = state
+        self.client = client  # the router's upstream client, opened when it starts
+
+    async def receive(self, raw: bytes) -> Reply:
+        """`POST /v1/agent/events`: one JSON event, a JSON list or NDJSON lines in; per
+        replica, how many of its events it forwarded to its scheduler."""
+        state = self.state
+        try:
+            events = parse_events(raw)
+        except EventError as exc:
+            return Reply(400, payload={"error": str(exc)})
+        per_target: dict[str, list[int]] = {}
+        kept: set[int] = set()  # program_start events held for the program's first turn
+        for index, event in enumerate(events):
+            for target in state.event_targets(event.program_id, event.type):
+                per_target.setdefault(target, []).append(index)
+        lines = [json.dumps(e.model_dump(exclude_none=True)) for e in events]
+        for event, line in zip(events, lines, strict=True):
+            if event.type == "program_start":
+                state.starts[event.program_id] = line
+                kept.add(id(event))
+
+        async def send(target: str, indices: list[int]) -> tuple[str, int, str | None]:
+            forwarded, problem = await self.send(target, [lines[i] for i in indices])
+            return target, forwarded, problem
+
+        results = await asyncio.gather(*(send(t, ix) for t, ix in per_target.items()))
+        reached: set[int] = set()
+        report: dict[str, Any] = {}
+        for target, forwarded, problem in results:
+            reached.update(per_target[target][:forwarded])
+            report[target] = ({"sent": len(per_target[target]), "forwarded": forwarded}
+                              if problem is None else {"sent": len(per_target[target]),
+                                                       "forwarded": 0, "error": problem})
+        for event in events:
+            if event.type == "program_end":
+                state.router.program_end(event.program_id)
+                state.book.end(event.program_id)
+                state.starts.pop(event.program_id, None)
+                state.counters["programs_ended"] += 1
+        held = sum(1 for i, e in enumerate(events) if id(e) in kept and i not in reached)
+        state.counters["events_received"] += len(events)
+        state.counters["events_forwarded"] += len(reached)
+        state.counters["events_dropped"] += len(events) - len(reached) - held
+        return Reply(payload={"accepted": len(events), "forwarded": len(reached),
+                              "held": held, "replicas": report})
+
+    async def send(self, target: str, lines: list[str]) -> tuple[int, str | None]:
+        """Send event lines to one replica: (how many it forwarded to its scheduler, the
+        problem if none)."""
+        replica = self.state.replicas[target]
+        try:
+            answer = await self.client().post(
+                replica.url + "/v1/agent/events", content="\n".join(lines).encode(),
+                headers={"content-type": "application/x-ndjson"}, timeout=5.0)
+        except GONE as exc:
+            replica.mark_dead(replica.not_answering(exc))
+            return 0, replica.not_answering(exc)
+        except httpx.HTTPError as exc:
+            return 0, f"{type(exc).__name__}: {exc}"
+        if answer.status_code != 200:
+            return 0, f"HTTP {answer.status_code}: {answer.text[:200]}"
+        try:
+            return int(answer.json().get("forwarded", len(lines))), None
+        except (ValueError, AttributeError):
+            return 0, "the replica's answer is not JSON"

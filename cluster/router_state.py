@@ -1,0 +1,265 @@
+"""What the served router knows about its replicas and programs, and how it keeps it fresh.
+
+Why its own module: the router's decisions are `cluster.routing`'s (the same objects the
+virtual-time cluster uses); this state only fills in their `ReplicaLoad` views from what a
+proxy can see (its own count of requests in flight per replica, vLLM's
+`vllm:kv_cache_usage_perc` gauge polled from each replica's Prometheus `/metrics`), holds the
+counters behind `GET /v1/cluster`, and decides which replicas hear a program's events
+(`cluster.placement`'s rule, see `cluster.router_events`).
+
+A replica that stops answering (connection refused or dropped, or three failed metric polls in
+a row) is marked not alive, and new programs, and programs bound to it, go elsewhere. A replica
+whose metrics answer again is alive again, unless its launcher reported the process gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from cluster.placement import Placement
+from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, TurnInfo
+from cluster.served_turns import TurnBook
+
+log = logging.getLogger("harness.cluster.router")
+
+#: vLLM 0.32's KV-cache usage gauge (0..1), `vllm/v1/metrics/loggers.py`.
+KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
+RUNNING_METRIC = "vllm:num_requests_running"
+WAITING_METRIC = "vllm:num_requests_waiting"
+#: Failed metric polls in a row (other than a refused connection) that mark a replica dead.
+POLL_FAILURES_DEAD = 3
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    """A served replica as the router knows it."""
+
+    name: str
+    role: str  # colocated | prefill | decode
+    url: str  # http://host:port
+    pid: int | None = None  # its process (group), when a launcher started it
+
+
+class ReplicaState:
+    """What the router knows about one replica now; `load()` is the view routers see."""
+
+    def __init__(self, endpoint: ReplicaEndpoint) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+        self.role = endpoint.role
+        self.url = endpoint.url.rstrip("/")
+        self.alive = True
+        self.exited: int | None = None  # the process's exit code, once its launcher saw it go
+        self.in_flight = 0
+        self.routed = 0  # turns whose decode (or whole turn) went here
+        self.prefills = 0  # P/D: prefills sent here
+        self.errors = 0
+        self.kv_usage = 0.0
+        self.engine_running = 0
+        self.engine_waiting = 0
+        self.poll_failures = 0
+        self.metrics_at: float | None = None
+        self.last_error: str | None = None
+
+    @property
+    def address(self) -> str:
+        return self.url.split("://", 1)[-1]
+
+    def load(self) -> ReplicaLoad:
+        return ReplicaLoad(name=self.name, role=self.role, kv_usage=self.kv_usage,
+                           running=self.in_flight, waiting=0, alive=self.alive)
+
+    def not_answering(self, exc: BaseException | str) -> str:
+        detail = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
+        return f"replica {self.name} at {self.address} is not answering: {detail.rstrip('.')}"
+
+    def mark_dead(self, reason: str) -> None:
+        if self.alive:
+            log.warning("%s; it takes no new programs", reason)
+        self.alive = False
+        self.last_error = reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "url": self.url,
+                "pid": self.endpoint.pid, "alive": self.alive, "exit_code": self.exited,
+                "in_flight": self.in_flight, "kv_usage": round(self.kv_usage, 4),
+                "engine_running": self.engine_running, "engine_waiting": self.engine_waiting,
+                "routed": self.routed, "prefills": self.prefills, "errors": self.errors,
+                "metrics_age_s": (None if self.metrics_at is None
+                                  else round(time.monotonic() - self.metrics_at, 2)),
+                "last_error": self.last_error}
+
+
+class ClusterState:
+    """The replicas, the routing strategy and the counters behind `GET /v1/cluster`."""
+
+    def __init__(self, replicas: Sequence[ReplicaEndpoint], router: Router,
+                 name: str = "cluster", strategy: str | None = None) -> None:
+        if not replicas:
+            raise ValueError("a router needs at least one replica")
+        self.name = name
+        self.router = router
+        self.strategy = strategy or router.name
+        self.replicas = {r.name: ReplicaState(r) for r in replicas}
+        self.started = time.time()
+        self.counters: dict[str, int] = {
+            "requests": 0, "completed": 0, "failed": 0, "cancelled": 0, "no_replica": 0,
+            "rebinds": 0,
+            "pd_prefills": 0, "pd_fallbacks": 0, "events_received": 0, "events_forwarded": 0,
+            "events_dropped": 0, "programs_ended": 0}
+        self.placement = Placement()  # who has served each program, for the events fan-out
+        self.book = TurnBook()  # prompt / history lengths and prefill queues (AMPD's inputs)
+        self.starts: dict[str, str] = {}  # program -> its program_start line, until it ends
+
+    @property
+    def pd(self) -> bool:
+        return any(r.role in ("prefill", "decode") for r in self.replicas.values())
+
+    def loads(self) -> list[ReplicaLoad]:
+        loads = [r.load() for r in self.replicas.values()]
+        for load in loads:
+            load.queued_prefill_tokens = self.book.queued.get(load.name, 0)
+        return loads
+
+    def live(self) -> list[ReplicaState]:
+        return [r for r in self.replicas.values() if r.alive]
+
+    def route(self, program_id: str, turn: int, info: TurnInfo | None = None) -> Route:
+        """The router's decision (raises `NoReplicaError`), counting rebinds."""
+        before = self.router.bound(program_id)
+        route = self.router.route(program_id, turn, self.loads(), info)
+        if before is not None and before != self.router.bound(program_id):
+            self.counters["rebinds"] += 1
+        return route
+
+    def binds(self) -> bool:
+        """Does the strategy keep a program on one replica (so events have one target)?"""
+        return type(self.router).bound is not Router.bound
+
+    def event_targets(self, program_id: str, kind: str) -> list[str]:
+        """Replicas an event of `program_id` goes to (see `cluster.router_events`)."""
+        alive = {r.name for r in self.live()}
+        if kind == "program_start":  # kept; `placed` delivers it with the first turn there
+            return [n for n in self.placement.touched(program_id) if n in alive]
+        if kind == "program_end" and self.placement.touched(program_id):
+            return [n for n in self.placement.end(program_id) if n in alive]
+        current = self.placement.current(program_id)
+        if current is not None:
+            return [current] if current in alive else []
+        bound = self.router.bound(program_id)
+        if bound is not None and bound in self.replicas and self.replicas[bound].alive:
+            return [bound]
+        if not self.binds():
+            return [r.name for r in self.live()]
+        if kind == "program_end":
+            return []  # never bound, or bound to a replica that is gone: nobody holds it
+        try:
+            return [self.route(program_id, 0).decode]
+        except NoReplicaError:
+            return []
+
+    def placed(self, program_id: str, route: Route) -> list[str]:
+        """Record a turn's route; the replicas that must hear the program's kept
+        `program_start` before the turn reaches them."""
+        new = self.placement.route(program_id, route)
+        return new if program_id in self.starts else []
+
+    def mark_exited(self, name: str, code: int | None) -> None:
+        """The launcher saw the replica's process end (called from its watcher thread)."""
+        replica = self.replicas[name]
+        replica.exited = code if code is not None else -1
+        replica.mark_dead(f"replica {name} at {replica.address} exited with code {code}")
+
+    def observe(self, kind: str, replica: str, seconds: float | None) -> None:
+        """A TTFT (prefill replica) or ITL (decode replica) sample, for strategies that read
+        them (`observe_ttft` / `observe_itl`)."""
+        hook = getattr(self.router, f"observe_{kind}", None)
+        if hook is not None and seconds is not None:
+            hook(replica, seconds, time.monotonic())
+
+    def to_json(self) -> dict[str, Any]:
+        bound = getattr(getattr(self.router, "_binding", None), "of", None)
+        decisions = getattr(self.router, "decisions", None)
+        return {"name": self.name, "strategy": self.strategy,
+                "uptime_s": round(time.time() - self.started, 1),
+                "replicas": [r.to_json() for r in self.replicas.values()],
+                "counters": {**self.counters,
+                             "programs_bound": len(bound) if bound is not None else None},
+                **({"decisions": dict(decisions)} if decisions is not None else {})}
+
+
+# -- the replicas' gauges ----------------------------------------------------------------------
+
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str, names: Sequence[str] = (KV_USAGE_METRIC, RUNNING_METRIC,
+                                                     WAITING_METRIC)) -> dict[str, float]:
+    """Values of `names` in a Prometheus text exposition: the largest over label sets (one
+    per engine) for the KV usage, the sum for the request gauges. Absent names are absent."""
+    wanted = set(names)
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _METRIC_LINE.match(line)
+        if m is None or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        name = m.group(1)
+        if name not in out:
+            out[name] = value
+        elif name == KV_USAGE_METRIC:
+            out[name] = max(out[name], value)
+        else:
+            out[name] += value
+    return out
+
+
+async def poll_replica(client: httpx.AsyncClient, replica: ReplicaState,
+                       timeout_s: float = 2.0) -> None:
+    """Read one replica's gauges; a refused connection or repeated failures mark it dead,
+    an answer (from a replica whose process still runs) marks it alive."""
+    try:
+        answer = await client.get(replica.url + "/metrics", timeout=timeout_s)
+        answer.raise_for_status()
+    except httpx.ConnectError as exc:
+        replica.mark_dead(replica.not_answering(exc))
+        return
+    except httpx.HTTPError as exc:
+        replica.poll_failures += 1
+        if replica.poll_failures >= POLL_FAILURES_DEAD:
+            replica.mark_dead(replica.not_answering(
+                f"{replica.poll_failures} metric polls failed, the last with "
+                f"{str(exc) or type(exc).__name__}"))
+        return
+    values = parse_metrics(answer.text)
+    replica.kv_usage = values.get(KV_USAGE_METRIC, replica.kv_usage)
+    replica.engine_running = int(values.get(RUNNING_METRIC, 0))
+    replica.engine_waiting = int(values.get(WAITING_METRIC, 0))
+    replica.poll_failures = 0
+    replica.metrics_at = time.monotonic()
+    if not replica.alive and replica.exited is None:
+        log.warning("replica %s at %s answers again", replica.name, replica.address)
+        replica.alive = True
+
+
+async def poll_forever(client: httpx.AsyncClient, state: ClusterState,
+                       interval_s: float) -> None:
+    """Poll every replica whose process has not exited, every `interval_s`, until cancelled."""
+    while True:
+        started = time.monotonic()
+        await asyncio.gather(*(poll_replica(client, r) for r in state.replicas.values()
+                               if r.exited is None), return_exceptions=True)
+        await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - started)))
