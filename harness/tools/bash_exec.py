@@ -35,7 +35,12 @@ from harness.tools.bash_output import HeadTailCapture
 
 class _Socket:
     """The exec's socket as ``frames_iter`` reads it: first the bytes that were read along
-    with the HTTP headers, then the socket's; the end of the stream once aborted or broken."""
+    with the HTTP headers, then the socket's; the end of the stream once aborted or broken.
+
+    The SDK waits for the socket to be readable before each read, also while bytes are
+    pending here: those then come with the socket's next bytes or the end of the stream.
+    Nothing is lost or reordered, and the capture is only read once the stream has ended.
+    """
 
     def __init__(self, sock: Any, pending: bytes, abort: threading.Event) -> None:
         self._sock = sock
