@@ -19,7 +19,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from harness.tools.bash import RUNNER, BashTool, remove_leftovers, shared_client
+from harness.tools.bash import BashTool
+from harness.tools.bash_container import RUNNER, remove_leftovers
+from harness.tools.docker_client import shared_client
 from harness.tools.sandbox_image import DEFAULT_IMAGE
 
 WARMUP = 3

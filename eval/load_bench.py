@@ -183,7 +183,7 @@ async def run_load(jobs: list[tuple[Benchmark, Task, Any, Path, str]], base_url:
 
 def containers_left(run_id: str) -> int | None:
     """Containers labelled with this run still on the engine (None: no engine answers)."""
-    from harness.tools.bash import shared_client
+    from harness.tools.docker_client import shared_client
     from harness.tools.sandbox_image import SandboxImageError
 
     try:

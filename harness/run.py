@@ -240,7 +240,7 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
 def sweep_containers(run_id: str, log: Callable[[str], None]) -> None:
     """Remove what programs whose engine failed could not (their containers), saying so."""
     from harness.sandbox_prune import sweep_run
-    from harness.tools.bash import shared_client
+    from harness.tools.docker_client import shared_client
     from harness.tools.sandbox_image import SandboxImageError
 
     try:
@@ -304,7 +304,7 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
 def warn_leftovers(console: Console) -> None:
     """Say so when dead runs left containers or stale task images (never stops the run)."""
     from harness.sandbox_prune import leftover_warning
-    from harness.tools.bash import shared_client
+    from harness.tools.docker_client import shared_client
     from harness.tools.sandbox_image import SandboxImageError
 
     try:

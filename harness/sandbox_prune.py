@@ -178,7 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.tools.bash import shared_client
+    from harness.tools.docker_client import shared_client
     from harness.tools.sandbox_image import SandboxImageError
 
     try:

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from harness.tools import bash as bt
+from harness.tools import bash_container as bc
+from harness.tools import labels as lb
 from harness.tools import sandbox_image as si
 
 pytestmark = pytest.mark.docker
@@ -48,8 +50,8 @@ def image(docker_client: Any) -> Iterator[str]:
             pytest.fail(f"cannot build sandbox image: {exc}", pytrace=False)
         pytest.skip(f"cannot build sandbox image: {exc}")
     yield IMAGE
-    left = docker_client.containers.list(all=True, filters={"label": [f"{bt.OWNER_LABEL}={OWNER}"]})
-    bt.remove_leftovers(docker_client, owner=OWNER)
+    left = docker_client.containers.list(all=True, filters={"label": [f"{lb.OWNER_LABEL}={OWNER}"]})
+    bc.remove_leftovers(docker_client, owner=OWNER)
     assert not left, f"containers left behind: {[c.name for c in left]}"
 
 
@@ -97,10 +99,10 @@ def test_runs_as_agent_with_limits(tool: bt.BashTool, docker_client: Any) -> Non
     host = attrs["HostConfig"]
     assert host["NetworkMode"] == "none" and host["Init"] is True
     assert host["Memory"] == host["MemorySwap"] == 1024**3
-    assert host["PidsLimit"] == bt.DEFAULT_PIDS_LIMIT and host["NanoCpus"] == 10**9
+    assert host["PidsLimit"] == bc.DEFAULT_PIDS_LIMIT and host["NanoCpus"] == 10**9
     assert "no-new-privileges" in host["SecurityOpt"]
     labels = attrs["Config"]["Labels"]
-    assert labels[bt.PROGRAM_LABEL] == "shared" and labels[bt.OWNER_LABEL] == OWNER
+    assert labels[lb.PROGRAM_LABEL] == "shared" and labels[lb.OWNER_LABEL] == OWNER
 
 
 def test_no_network(tool: bt.BashTool) -> None:
@@ -261,10 +263,10 @@ def test_remove_leftovers_after_a_crash(docker_client: Any, image: str) -> None:
     t = bt.BashTool(client=docker_client, image=IMAGE, owner=crashed_owner, program_id="crash")
     run(t.start())  # ... and the harness "dies" without aclose
     name = docker_client.containers.get(t.container_id).name
-    assert bt.remove_leftovers(docker_client, owner=f"{OWNER}-nobody") == []
-    assert bt.remove_leftovers(docker_client, owner=crashed_owner) == [name]
+    assert bc.remove_leftovers(docker_client, owner=f"{OWNER}-nobody") == []
+    assert bc.remove_leftovers(docker_client, owner=crashed_owner) == [name]
     assert not docker_client.containers.list(
-        all=True, filters={"label": [f"{bt.OWNER_LABEL}={crashed_owner}"]}
+        all=True, filters={"label": [f"{lb.OWNER_LABEL}={crashed_owner}"]}
     )
     run(t.aclose())  # the tool copes with its container being gone
 
@@ -277,7 +279,7 @@ def test_unkillable_command_is_abandoned(
 
     async def go() -> tuple[Any, Any, float]:
         async with make_tool(docker_client, program_id="unkillable", host_slack=0.5) as t:
-            t.__dict__["_kill"] = lambda cmd: None  # every kill fails
+            t.sandbox.kill = lambda cmd: None  # type: ignore[method-assign]  # every kill fails
             t0 = time.monotonic()
             obs = await t.run("kill -STOP $(ps -o ppid= -p $PPID); sleep 100", timeout=1)
             took = time.monotonic() - t0

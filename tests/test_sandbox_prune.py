@@ -28,7 +28,8 @@ DATA = ROOT / "datasets" / "swebench"
 CRASHING = """
 import asyncio, io, json, os, signal, sys, tarfile
 from harness.benchmarks import swebench_grading as grading
-from harness.tools.bash import BashTool, shared_client
+from harness.tools.bash import BashTool
+from harness.tools.docker_client import shared_client
 instance, run_id, tarball = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 client = shared_client()
 labels = {"harness.run": run_id}

@@ -32,9 +32,10 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from harness.benchmarks import swebench_grading as grading
 from harness.benchmarks.base import Task  # noqa: E402
-from common.tool_keys import SUBMIT
-from harness.benchmarks.swebench import SweBench
-from harness.tools.bash import BashTool, shared_client  # noqa: E402
+from common.tool_keys import SUBMIT  # noqa: E402
+from harness.benchmarks.swebench import SweBench  # noqa: E402
+from harness.tools.bash import BashTool  # noqa: E402
+from harness.tools.docker_client import shared_client  # noqa: E402
 from common.atomic import write_json_atomic  # noqa: E402
 
 TESTS = "python3 -m pytest -q -p no:cacheprovider"

@@ -35,7 +35,8 @@ from harness.benchmarks.base import (
     load_jsonl,
 )
 from harness.tools.base import Observation
-from harness.tools.bash import BashTool, engine_failures, shared_client
+from harness.tools.bash import BashTool
+from harness.tools.docker_client import engine_failures, shared_client
 from harness.tools.labels import PROGRAM_LABEL, RUN_LABEL, TASK_LABEL
 from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
@@ -173,7 +174,7 @@ class SweBench(Benchmark):
     @staticmethod
     async def collect_patch(tool: BashTool, base_commit: str) -> str:
         def diff() -> str:
-            container = tool._ensure_started()  # noqa: SLF001 - the program's own container
+            container = tool.sandbox.ensure_started()  # the program's own container
             container.exec_run(["git", "-C", "/testbed", "add", "-A"], user="agent")
             rc, out = container.exec_run(["git", "-C", "/testbed", "diff", "--cached",
                                           base_commit], user="agent")
