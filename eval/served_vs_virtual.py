@@ -46,7 +46,7 @@ def _served_file(config: Any, strategy: str, out: Path) -> Path:
 
 def _serve(path: Path, port: int, base_port: int, logs: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "harness.cli.cluster", "serve", str(path), "--port", str(port),
+        [sys.executable, "-m", "cli.cluster", "serve", str(path), "--port", str(port),
          "--base-port", str(base_port), "--log-dir", str(logs)],
         stdout=(logs.parent / f"{logs.name}.out").open("w"), stderr=subprocess.STDOUT,
         start_new_session=True)

@@ -73,7 +73,7 @@ class ServerProcess:
         return f"harness serve (pid {self.process.pid}) {how}; its log: {self.log_path}"
 
     def start(self) -> ServerProcess:
-        argv = [sys.executable, "-m", "harness.cli", "serve", "--policy", self.policy,
+        argv = [sys.executable, "-m", "cli", "serve", "--policy", self.policy,
                 "--port", str(self.port)]
         if self.profile:
             argv += ["--profile", self.profile]

@@ -126,7 +126,7 @@ def test_bad_input_is_a_clear_error(over, message):
 
 
 def test_cli_prints_the_error_without_a_traceback(capsys):
-    from harness.cli.main import main
+    from cli.main import main
 
     assert main(["cluster", "bench", "--layouts", "2p1d"]) == 2
     err = capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 
 from common.metrics import MACHINE_DEPENDENT, replay_metrics
 from eval.bench import BenchError, EngineSettings, bench, make_trace, settings_engine
-from harness.cli.main import main
+from cli.main import main
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
 
@@ -270,7 +270,7 @@ def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
     """vLLM's offloading connector walks a set of request ids, so a replay's figures depend on
     the string-hash seed: `harness bench` (and plan, cluster) re-exec under PYTHONHASHSEED=0
     unless the user chose a seed; other commands are left alone."""
-    from harness.cli import main as cli
+    from cli import main as cli
 
     calls = []
     monkeypatch.setattr(cli.os, "execve", lambda exe, cmd, env: calls.append((cmd, env)))
@@ -282,9 +282,9 @@ def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
     assert cmd[1:] == ["/venv/bin/harness", "bench", "--trace", "swe"]
     assert env["PYTHONHASHSEED"] == "0"
     cli._pin_hash_seed(["serve", "--policy", "vllm"])  # not a replay: no re-exec
-    monkeypatch.setattr(cli.sys, "argv", ["/x/harness/cli/__main__.py", "plan", "--gpus", "4"])
+    monkeypatch.setattr(cli.sys, "argv", ["/x/cli/__main__.py", "plan", "--gpus", "4"])
     cli._pin_hash_seed(["plan", "--gpus", "4"])
-    assert calls[1][0][1:] == ["-m", "harness.cli", "plan", "--gpus", "4"]
+    assert calls[1][0][1:] == ["-m", "cli", "plan", "--gpus", "4"]
     monkeypatch.setenv("PYTHONHASHSEED", "7")  # the user's own seed is kept
     cli._pin_hash_seed(["bench"])
     assert len(calls) == 2

@@ -83,7 +83,7 @@ def test_same_seed_same_numbers(trace, two):
     (["--cluster", "missing.yaml"], "no cluster file"),
 ])
 def test_bench_cluster_mistakes_are_clear(tmp_path, capsys, argv, words):
-    from harness.cli.main import main
+    from cli.main import main
 
     path = tmp_path / "c.yaml"
     path.write_text("replicas: [{name: r, count: 2}]\n")

@@ -51,7 +51,7 @@ def test_offloading_policies_are_refused_on_cpu():
 
 
 def test_cli_reports_a_missing_config_without_a_traceback(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "harness.cli", "serve", "--device", "cpu",
+    result = subprocess.run([sys.executable, "-m", "cli", "serve", "--device", "cpu",
                              "--model", str(tmp_path)], capture_output=True, text=True,
                             cwd=ROOT, timeout=120)
     assert result.returncode == 2

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_run(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "cli", "run", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -216,7 +216,7 @@ def test_an_engine_that_stops_answering_ends_the_program_as_sandbox_error(tmp_pa
 def test_a_server_that_never_answers_is_a_clear_error_before_any_program(tmp_path):
     from harness.server_process import free_port
 
-    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "gsm8k", "--server",
+    run = subprocess.run([sys.executable, "-m", "cli", "run", "gsm8k", "--server",
                           f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "o")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "no server answers there" in run.stderr

@@ -21,7 +21,7 @@ def received(server: ServerProcess) -> int:
 
 
 def harness_run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "run", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "cli", "run", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -110,7 +110,7 @@ def test_unparseable_replies_end_the_program_with_a_clear_status(server, tmp_pat
 
 def test_demo_programs_reuse_their_context(server):
     before = received(server)
-    demo = subprocess.run([sys.executable, "-m", "harness.cli", "demo", "--server",
+    demo = subprocess.run([sys.executable, "-m", "cli", "demo", "--server",
                            server.base_url, "--programs", "2"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert demo.returncode == 0, demo.stderr

@@ -164,7 +164,7 @@ def test_harness_bench_over_http(server, tmp_path, capsys):
     """`harness bench --url`: the same sweep and outputs, replayed against the running server."""
     import json
 
-    from harness.cli.main import main
+    from cli.main import main
 
     out = tmp_path / "bench"
     assert main(["bench", "--trace", "swe", "--programs", "2", "--jps", "2", "--time-scale",

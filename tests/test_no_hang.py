@@ -9,7 +9,7 @@ import json
 import pytest
 
 from common.trace import Program, Trace, Turn
-from harness.cli.main import main
+from cli.main import main
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress
 from sim.engines import context_limit, make_engine

@@ -24,7 +24,7 @@ from cluster.planner import (
 )
 from eval.bench import make_trace
 from eval.workloads.registry import load_or_generate
-from harness.cli.main import main
+from cli.main import main
 from sim import planning as plan_sim
 
 SLO = {"prefill": 2.0, "decode": 0.1}

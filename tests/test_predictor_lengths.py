@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from harness.cli.main import main
+from cli.main import main
 from predictor.buckets import (  # noqa: E402
     BUCKET_EDGES,
     bucket_label,

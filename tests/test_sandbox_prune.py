@@ -47,7 +47,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def prune_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "sandbox", "prune", *args],
+    return subprocess.run([sys.executable, "-m", "cli", "sandbox", "prune", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

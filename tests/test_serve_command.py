@@ -41,7 +41,7 @@ def test_a_real_model_without_a_gpu_is_refused():
 
 
 def test_cli_prints_the_error_without_a_traceback():
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "serve", "--policy", "fifo"],
+    done = subprocess.run([sys.executable, "-m", "cli", "serve", "--policy", "fifo"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unknown policy 'fifo'" in done.stderr and "Traceback" not in done.stderr

@@ -263,7 +263,7 @@ def server(docker_client):
 
 
 def harness_run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "run", "swe-bench", *args],
+    return subprocess.run([sys.executable, "-m", "cli", "run", "swe-bench", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 

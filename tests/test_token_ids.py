@@ -28,7 +28,7 @@ MODEL = "llama-3.1-8b"
 
 def test_run_records_exact_token_ids_and_no_broken_prefix(server, tmp_path):
     out = tmp_path / "gsm8k"
-    run = subprocess.run([sys.executable, "-m", "harness.cli", "run", "gsm8k", "--server",
+    run = subprocess.run([sys.executable, "-m", "cli", "run", "gsm8k", "--server",
                           server.base_url, "--out", str(out), "--limit", "2"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     from eval import bench
-    from harness.cli import cluster as cluster_cli
+    from cli import cluster as cluster_cli
 
     cluster_cli.add_arguments(sub.add_parser(
         "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=_bench)
 
-    from harness.cli import plan as plan_cli
+    from cli import plan as plan_cli
 
     plan_cli.add_arguments(sub.add_parser(
         "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
@@ -149,8 +149,8 @@ def _pin_hash_seed(args: Sequence[str]) -> None:
         return
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     script = sys.argv[0]
-    if script.endswith(".py"):  # `python -m harness.cli`: run the module again, not the file
-        cmd = [sys.executable, "-m", "harness.cli", *args]
+    if script.endswith(".py"):  # `python -m cli`: run the module again, not the file
+        cmd = [sys.executable, "-m", "cli", *args]
     else:  # the `harness` console script
         cmd = [sys.executable, script, *args]
     sys.stdout.flush()

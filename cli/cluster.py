@@ -3,7 +3,7 @@
 `serve` starts one `harness serve` per replica of a cluster file and the router in front of them
 (`cluster.launcher`); `check` validates the file and prints what `serve` would start; `bench`
 compares AMPD with its baselines in virtual time (`eval.ampd_bench`). Also runnable as
-`python -m harness.cli.cluster serve FILE`.
+`python -m cli.cluster serve FILE`.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "bench":
         from eval import ampd_bench
 
-        return ampd_bench.run(args)  # its user mistakes: BenchError, printed by harness.cli
+        return ampd_bench.run(args)  # its user mistakes: BenchError, printed by cli.main
     try:
         config = load_cluster(resolve(args.file))
     except ClusterConfigError as exc:
