@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(p)
     p.set_defaults(func=_demo)
 
-    from eval import bench
     from cli import cluster as cluster_cli
+    from eval import bench
 
     cluster_cli.add_arguments(sub.add_parser(
         "cluster", help="serve a cluster file's replicas behind one router, or check the file"))

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from cli.main import main
 from common.metrics import MACHINE_DEPENDENT, replay_metrics
 from eval.bench import BenchError, EngineSettings, bench, make_trace, settings_engine
-from cli.main import main
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from common.trace import Program, Trace, Turn
 from cli.main import main
+from common.trace import Program, Trace, Turn
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress
 from sim.engines import context_limit, make_engine

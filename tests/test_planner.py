@@ -11,6 +11,7 @@ from functools import partial
 import numpy as np
 import pytest
 
+from cli.main import main
 from cluster import plan_bounds
 from cluster.planner import (
     Curve,
@@ -24,7 +25,6 @@ from cluster.planner import (
 )
 from eval.bench import make_trace
 from eval.workloads.registry import load_or_generate
-from cli.main import main
 from sim import planning as plan_sim
 
 SLO = {"prefill": 2.0, "decode": 0.1}
