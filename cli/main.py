@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          "predictor")
     predictor_cli.add_arguments(p)
     p.set_defaults(func=_predictor)
+
+    from cli import experiments
+
+    experiments.register(sub)
     return parser
 
 
@@ -171,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if passthrough is not None:
         setattr(args, passthrough, unknown + getattr(args, passthrough))
+    from common.errors import UserError
     from eval.bench import BenchError
     from harness.run import RunError
     from harness.server_process import ServerStartError
@@ -178,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except (ServeError, RunError, ServerStartError, BenchError) as exc:
+    except (ServeError, RunError, ServerStartError, BenchError, UserError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

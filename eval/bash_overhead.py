@@ -1,6 +1,6 @@
 """How much one BashTool.run costs compared with a bare `docker exec`.
 
-    .venv/bin/python -m eval.bash_overhead [-n 30]
+    harness eval bash-overhead [-n 30]
 
 Runs `true` N times through BashTool.run (runner script, `timeout`, `bash -lc`,
 output capture, exit-code lookup) and N times as `docker exec CONTAINER true`
@@ -12,12 +12,10 @@ into in-container work and the Python side.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
 
 from harness.tools.bash import BashTool
 from harness.tools.bash_container import RUNNER, remove_leftovers
@@ -74,20 +72,13 @@ async def measure(n: int, image: str) -> tuple[list[float], list[float], list[fl
         remove_leftovers(shared_client(), owner=owner)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.bash_overhead", description=__doc__)
-    parser.add_argument("-n", type=int, default=30, help="measured runs of each (default 30)")
-    parser.add_argument("--image", default=DEFAULT_IMAGE, help="sandbox image")
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    tool_ms, exec_ms, wrapped_ms = asyncio.run(measure(args.n, args.image))
-    print(f"N = {args.n} runs of `true` each (after {WARMUP} warm-up runs)")
+def run_bash_overhead(n: int = 30, image: str = DEFAULT_IMAGE) -> int:
+    """Measure and print the three lines; exit status 0."""
+    tool_ms, exec_ms, wrapped_ms = asyncio.run(measure(n, image))
+    print(f"N = {n} runs of `true` each (after {WARMUP} warm-up runs)")
     print(summary("BashTool.run('true')", tool_ms))
     print(summary("docker exec CONTAINER true (CLI)", exec_ms))
     extra = statistics.fmean(tool_ms) - statistics.fmean(exec_ms)
     print(f"BashTool.run - docker exec: {extra:+.1f} ms (mean)")
     print(summary("docker exec ... sh RUNNER (CLI)", wrapped_ms))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

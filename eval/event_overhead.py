@@ -4,12 +4,11 @@ Prints (1) the time `EventClient.emit` takes on the agent's path (it only queues
 end-to-end time for a tool call's two events (tool_start + tool_end) to be accepted by a real
 `harness serve` (the background sender's cost, off the agent's path).
 
-    .venv/bin/python eval/event_overhead.py [--server URL] [--calls 2000]
+    harness eval event-overhead [--server URL] [--calls 2000]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
@@ -43,17 +42,11 @@ async def measure(base_url: str, calls: int) -> None:
           f"{statistics.median(samples):.2f} ms, p95 {sorted(samples)[189]:.2f} ms")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--server", default=None)
-    parser.add_argument("--calls", type=int, default=2000)
-    args = parser.parse_args()
-    if args.server:
-        asyncio.run(measure(args.server.rstrip("/"), args.calls))
+def run_event_overhead(server: str | None = None, calls: int = 2000) -> None:
+    """Measure against `server` (a base URL), or a `harness serve --policy continuum` started
+    for it when None."""
+    if server:
+        asyncio.run(measure(server.rstrip("/"), calls))
     else:
-        with ServerProcess(policy="continuum") as server:
-            asyncio.run(measure(server.base_url, args.calls))
-
-
-if __name__ == "__main__":
-    main()
+        with ServerProcess(policy="continuum") as process:
+            asyncio.run(measure(process.base_url, calls))

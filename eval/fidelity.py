@@ -1,6 +1,6 @@
 """Fidelity of the emulated GPU: one small trace on the real CPU engine and on the emulator.
 
-``python -m eval.fidelity [--table runs/profiles/cpu-llama-tiny-2l-served.json] [--programs 8]``
+``harness eval fidelity [--table runs/profiles/cpu-llama-tiny-2l-served.json] [--programs 8]``
 
 Why: every figure the project publishes comes from the emulator; this checks it against real
 execution. The same trace (BFCL-like programs, token counts scaled down for a small model) is
@@ -38,87 +38,76 @@ against `harness serve --model DIR` and in virtual time with `--profile TABLE` (
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
 from eval.workloads.bfcl import bfcl_like
 from server.perf.table import load_table
 
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
 
-class FidelityError(Exception):
+class FidelityError(UserError):
     pass
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", type=Path, default=DEFAULT_TABLE,
-                   help=f"CPU step-time table (default {DEFAULT_TABLE}; make it with "
-                   "`harness profile --device cpu`)")
-    p.add_argument("--policies", default="vllm,continuum")
-    p.add_argument("--programs", type=int, default=8)
-    p.add_argument("--jps", type=float, default=1.0, help="program arrivals per second")
-    p.add_argument("--scale", type=float, default=0.1,
-                   help="token counts of the BFCL-like trace times this (default 0.1)")
-    p.add_argument("--tool-scale", type=float, default=1.0,
-                   help="tool-call durations times this (default 1; below 1 the trace is "
-                   "compute-bound, where policies can differ)")
-    p.add_argument("--kv-tokens", type=int, default=8192,
-                   help="KV cache size in tokens on both sides (default 8192)")
-    p.add_argument("--max-model-len", type=int, default=6144)
-    p.add_argument("--tie", type=float, default=0.01,
-                   help="mean JCTs within this fraction are tied when rankings are compared "
-                   "(default 0.01: two policies the emulator shows deciding alike differed by "
-                   "up to 0.75%% on the real engine, quiet machine)")
-    p.add_argument("--real-runs", type=int, default=1, metavar="N",
-                   help="replay each policy N times on the real engine (default 1); with N > "
-                   "1 two policies are ranked on the real side only when every run of one "
-                   "beat every run of the other, so run-to-run noise is not taken for a "
-                   "ranking (per-program errors are those of the first run)")
-    p.add_argument("--no-served-path", action="store_true",
-                   help="replay in virtual time without the per-request HTTP/API-server "
-                   "latency the served profile measured (table key served_path)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--served-emulator", action="store_true",
-                   help="also replay over HTTP on the emulator (`harness serve --profile "
-                   "TABLE`), which tells the step model's error from the HTTP path's")
-    p.add_argument("--out", type=Path, default=Path("runs/fidelity"))
+@dataclass(frozen=True)
+class FidelityOptions:
+    """One fidelity run: the trace, the policies, both sides' KV and context limits, how
+    rankings are compared, and where the report goes (`harness eval fidelity --help` says what
+    each means)."""
+
+    table: Path = DEFAULT_TABLE
+    policies: str = "vllm,continuum"
+    programs: int = 8
+    jps: float = 1.0
+    scale: float = 0.1
+    tool_scale: float = 1.0
+    kv_tokens: int = 8192
+    max_model_len: int = 6144
+    tie: float = 0.01
+    real_runs: int = 1
+    served_path: bool = True  # False: `--no-served-path`
+    seed: int = 0
+    served_emulator: bool = False
+    out: Path = Path("runs/fidelity")
 
 
-def make_trace(args: argparse.Namespace) -> Any:
-    trace = bfcl_like(args.programs, args.jps, seed=args.seed, scale=args.scale)
-    if args.tool_scale == 1.0:
+def make_trace(options: FidelityOptions) -> Any:
+    trace = bfcl_like(options.programs, options.jps, seed=options.seed, scale=options.scale)
+    if options.tool_scale == 1.0:
         return trace
-    if not args.tool_scale > 0:
-        raise FidelityError(f"--tool-scale {args.tool_scale}: give a positive factor")
+    if not options.tool_scale > 0:
+        raise FidelityError(f"--tool-scale {options.tool_scale}: give a positive factor")
     # shorter tool calls make the run compute-bound, where retention and ordering can matter
     return trace.model_copy(update={"programs": [
         p.model_copy(update={"turns": [t.model_copy(update={
-            "tool_seconds": t.tool_seconds * args.tool_scale}) for t in p.turns]})
+            "tool_seconds": t.tool_seconds * options.tool_scale}) for t in p.turns]})
         for p in trace.programs]})
 
 
 def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
-           args: argparse.Namespace, step_log: Path) -> tuple[Any, dict[str, Any]]:
+           options: FidelityOptions, step_log: Path) -> tuple[Any, dict[str, Any]]:
     from eval.http_replay import replay_over_http
     from harness.server_process import ServerProcess
     from server.cpu_engine import CPU_BLOCK_SIZE
 
     step_log.unlink(missing_ok=True)
-    vllm_args = ["--num-gpu-blocks-override", str(args.kv_tokens // CPU_BLOCK_SIZE + 1)]
+    vllm_args = ["--num-gpu-blocks-override", str(options.kv_tokens // CPU_BLOCK_SIZE + 1)]
     if table.get("enforce_eager", True):
         vllm_args.append("--enforce-eager")  # step times as the table measured them
     started = time.time()
     with ServerProcess(policy=policy, serve_args=[
             "--device", "cpu", "--model", str(table["model"]), "--profile", str(table_path),
-            "--max-model-len", str(args.max_model_len), "--step-log", str(step_log)],
+            "--max-model-len", str(options.max_model_len), "--step-log", str(step_log)],
             vllm_args=vllm_args,
             startup_timeout_s=400) as server:
         startup = time.time() - started
@@ -131,7 +120,7 @@ def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
 
 
 def served_emulator(trace: Any, policy: str, table_path: Path,
-                    args: argparse.Namespace) -> Any:
+                    options: FidelityOptions) -> Any:
     """The emulator behind the same HTTP path (`harness serve --profile TABLE`: its steps
     sleep the table's time): what differs from (a) is only the step model, what differs from
     (b) only the HTTP and API-server path."""
@@ -139,23 +128,23 @@ def served_emulator(trace: Any, policy: str, table_path: Path,
     from harness.server_process import ServerProcess
 
     with ServerProcess(policy=policy, profile=str(table_path),
-                       serve_args=["--max-model-len", str(args.max_model_len)],
-                       vllm_args=["--num-gpu-blocks-override", str(args.kv_tokens // 16 + 1)],
+                       serve_args=["--max-model-len", str(options.max_model_len)],
+                       vllm_args=["--num-gpu-blocks-override", str(options.kv_tokens // 16 + 1)],
                        startup_timeout_s=400) as server:
         server.yield_cores_to_engine()
         return replay_over_http(trace, server.base_url)
 
 
-def emulated(trace: Any, policy: str, table_path: Path, args: argparse.Namespace,
+def emulated(trace: Any, policy: str, table_path: Path, options: FidelityOptions,
              path: dict[str, float] | None = None) -> Any:
     """The virtual-time replay; `path` (the table's measured `served_path`) adds the HTTP
     and API-server latency per request that the served side has (`--no-served-path`: none)."""
     from server.engine import VirtualEngine
     from sim.replay import replay
 
-    engine = VirtualEngine(policy=policy, profile=str(table_path), seed=args.seed,
-                           max_model_len=args.max_model_len,
-                           num_gpu_blocks=args.kv_tokens // 16 + 1)
+    engine = VirtualEngine(policy=policy, profile=str(table_path), seed=options.seed,
+                           max_model_len=options.max_model_len,
+                           num_gpu_blocks=options.kv_tokens // 16 + 1)
     try:
         return replay(trace, engine, intake_s=(path or {}).get("intake_s", 0.0),
                       delivery_s=(path or {}).get("delivery_s", 0.0))
@@ -223,33 +212,33 @@ def served_steps(profile: Any, records: Sequence[Any], wall_s: float) -> dict[st
             "wall_s": wall_s}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(options: FidelityOptions) -> dict[str, Any]:
     from server.step_log import read_step_log
 
-    if not args.table.is_file():
-        raise FidelityError(f"no step-time table {args.table}; measure it with `harness profile "
-                            f"--device cpu --served --out {args.table}`")
+    if not options.table.is_file():
+        raise FidelityError(f"no step-time table {options.table}; measure it with `harness "
+                            f"profile --device cpu --served --out {options.table}`")
     try:
-        profile = load_table(args.table)
+        profile = load_table(options.table)
     except ValueError as exc:
         raise FidelityError(str(exc)) from None
     table = profile.meta  # the table's keys but its measurements
     if table.get("gpu") != "cpu":
-        raise FidelityError(f"{args.table} is not a CPU table (gpu={table.get('gpu')!r})")
-    policies = [p for p in args.policies.split(",") if p]
+        raise FidelityError(f"{options.table} is not a CPU table (gpu={table.get('gpu')!r})")
+    policies = [p for p in options.policies.split(",") if p]
     check_policies(policies)
-    trace = make_trace(args)
+    trace = make_trace(options)
     rows: dict[str, Any] = {}
-    path = None if args.no_served_path else table.get("served_path")
+    path = table.get("served_path") if options.served_path else None
     real_runs: dict[str, list[float]] = {}
     for policy in policies:
         runs = []
-        for k in range(args.real_runs):
-            print(f"[{policy}] served on the CPU engine (run {k + 1} of {args.real_runs}) ...",
-                  file=sys.stderr, flush=True)
-            step_log = args.out / (f"steps-{policy}.jsonl" if k == 0
+        for k in range(options.real_runs):
+            print(f"[{policy}] served on the CPU engine (run {k + 1} of "
+                  f"{options.real_runs}) ...", file=sys.stderr, flush=True)
+            step_log = options.out / (f"steps-{policy}.jsonl" if k == 0
                                    else f"steps-{policy}-run{k + 1}.jsonl")
-            result, run_info = served(trace, policy, table, args.table, args, step_log)
+            result, run_info = served(trace, policy, table, options.table, options, step_log)
             run_info["served_steps"] = served_steps(profile, read_step_log(step_log),
                                                     result.wall_s)
             runs.append((result, run_info))
@@ -257,12 +246,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         real_runs[policy] = [statistics.fmean(v["jct"] for v in per_program(r).values())
                              for r, _ in runs]
         print(f"[{policy}] emulated ...", file=sys.stderr, flush=True)
-        emu_result = emulated(trace, policy, args.table, args, path)
+        emu_result = emulated(trace, policy, options.table, options, path)
         real, emu = per_program(real_result), per_program(emu_result)
         over_http: dict[str, Any] = {}
-        if args.served_emulator:
+        if options.served_emulator:
             print(f"[{policy}] emulated over HTTP ...", file=sys.stderr, flush=True)
-            emu_http = per_program(served_emulator(trace, policy, args.table, args))
+            emu_http = per_program(served_emulator(trace, policy, options.table, options))
             over_http = {
                 "mean_jct_emulated_http_s": statistics.fmean(
                     v["jct"] for p, v in emu_http.items() if p in real),
@@ -288,17 +277,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     by_emu = sorted(policies, key=lambda p: rows[p]["mean_jct_emulated_s"])
     agree, disagree, tied = compare_rankings(
         {p: rows[p]["mean_jct_real_s"] for p in policies},
-        {p: rows[p]["mean_jct_emulated_s"] for p in policies}, args.tie, real_runs)
-    return {"table": str(args.table), "trace": {"generator": "bfcl_like",
-                                                "programs": args.programs, "jps": args.jps,
-                                                "scale": args.scale, "seed": args.seed,
-                                                "tool_scale": args.tool_scale},
-            "kv_tokens": args.kv_tokens, "max_model_len": args.max_model_len,
+        {p: rows[p]["mean_jct_emulated_s"] for p in policies}, options.tie, real_runs)
+    return {"table": str(options.table),
+            "trace": {"generator": "bfcl_like", "programs": options.programs,
+                      "jps": options.jps, "scale": options.scale, "seed": options.seed,
+                      "tool_scale": options.tool_scale},
+            "kv_tokens": options.kv_tokens, "max_model_len": options.max_model_len,
             "step_error_fit": table.get("fit_errors"),
             "step_error_roofline": table.get("roofline_errors"),
             "policies": rows, "ranking_real": by_real, "ranking_emulated": by_emu,
             "served_path": path,
-            "tie": args.tie, "real_runs": args.real_runs, "same_ranking": not disagree,
+            "tie": options.tie, "real_runs": options.real_runs, "same_ranking": not disagree,
             "separated_pairs": agree, "contradicted_pairs": disagree, "tied_pairs": tied}
 
 
@@ -402,24 +391,14 @@ def report(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.fidelity", description=__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    if args.real_runs < 1:
-        parser.error("--real-runs: give 1 or more")
-    args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        summary = run(args)
-    except FidelityError as exc:
-        print(f"fidelity: error: {exc}", file=sys.stderr)
-        return 2
-    (args.out / "fidelity.json").write_text(json.dumps(summary, indent=1) + "\n")
+def run_fidelity(options: FidelityOptions) -> dict[str, Any]:
+    """Measure, write `fidelity.json` and `fidelity.md` to `options.out`, print the report;
+    returns the summary. A missing or wrong table or a policy the CPU engine cannot run
+    raises `FidelityError` before any server starts."""
+    options.out.mkdir(parents=True, exist_ok=True)
+    summary = measure(options)
+    (options.out / "fidelity.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = report(summary)
-    (args.out / "fidelity.md").write_text(text + "\n")
+    (options.out / "fidelity.md").write_text(text + "\n")
     print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return summary

@@ -1,8 +1,8 @@
 """A small tool-using agent written with langchain-core alone, against `harness serve`.
 
-    .venv/bin/python eval/langchain_example.py                 # starts an emulated server
-    .venv/bin/python eval/langchain_example.py --server http://127.0.0.1:8000
-    .venv/bin/python eval/langchain_example.py --server URL --model NAME --free   # a real model
+    harness eval langchain-example                 # starts an emulated server
+    harness eval langchain-example --server http://127.0.0.1:8000
+    harness eval langchain-example --server URL --model NAME --free   # a real model
 
 The agent is a plain loop over `bind_tools`: ask the model, run the tool calls it makes, give
 it the results, until it answers without a tool call. The emulated GPU has no model behind it,
@@ -13,8 +13,6 @@ server still schedules, caches and receives the program's events as it would for
 """
 
 from __future__ import annotations
-
-import argparse
 
 import httpx
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
@@ -73,31 +71,24 @@ def run_agent(llm: ChatHarness, replay: list[str] | None, max_turns: int = 8) ->
     return "(no answer)"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", default=None, help="a running server (default: start one)")
-    parser.add_argument("--model", default="llama-3.1-8b")
-    parser.add_argument("--free", action="store_true", help="no recorded replies")
-    args = parser.parse_args()
+def run_example(server: str | None = None, model: str = "llama-3.1-8b",
+                free: bool = False) -> None:
+    """The agent against `server` (a base URL), or a `harness serve --policy continuum` started
+    for it when None; `free`: no recorded replies (a real model answers)."""
 
     def run(base_url: str) -> None:
-        llm = ChatHarness(base_url=base_url, model=args.model, temperature=0, max_tokens=256)
+        llm = ChatHarness(base_url=base_url, model=model, temperature=0, max_tokens=256)
         counter = api_root(base_url) + "/v1/agent/events"
         before = httpx.get(counter, timeout=5).json().get("received")
-        answer = run_agent(llm, None if args.free else RECORDED)
+        answer = run_agent(llm, None if free else RECORDED)
         llm.events.flush()
         after = httpx.get(counter, timeout=5).json().get("received")
         print(f"answer: {answer}")
         print(f"events: {llm.events.sent} sent, {llm.events.dropped} dropped; "
               f"the server received {after - before}")
 
-    if args.server:
-        run(args.server)
+    if server:
+        run(server)
     else:
-        with ServerProcess(policy="continuum") as server:
-            run(server.base_url)
-
-
-if __name__ == "__main__":
-    main()
+        with ServerProcess(policy="continuum") as process:
+            run(process.base_url)

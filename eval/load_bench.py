@@ -1,6 +1,6 @@
 """Load: many agent programs at once against one `harness serve`, with real tools.
 
-    .venv/bin/python eval/load_bench.py --programs 200 --out runs/load
+    harness eval load --programs 200 --out runs/load
 
 runs N programs concurrently (default 200), split over the benchmarks of `--mix` (default all
 four: gsm8k's calculator, hotpotqa's Wikipedia through a local MediaWiki stub server in its
@@ -19,7 +19,6 @@ Exit status: 0 when that target is met, 1 otherwise, 2 for bad options.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -31,33 +30,30 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python eval/load_bench.py` from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from common.atomic import write_json_atomic  # noqa: E402
-from harness.agent import Agent, Limits  # noqa: E402
-from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark  # noqa: E402
-from harness.events_client import EventClient  # noqa: E402
-from harness.model_client import ChatClient, api_root  # noqa: E402
-from harness.run import (  # noqa: E402
+from common.atomic import write_json_atomic
+from common.errors import UserError
+from harness.agent import Agent, Limits
+from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark
+from harness.events_client import EventClient
+from harness.model_client import ChatClient, api_root
+from harness.run import (
     EMULATED_MODEL,
     ModelSpec,
-    RunError,
     load_replays,
     run_task,
     server_events_received,
 )
-from harness.server_process import ServerProcess, ServerStartError, free_port  # noqa: E402
-from harness.tools.labels import RUN_LABEL  # noqa: E402
-from predictor.durations import ToolDurationModel  # noqa: E402
+from harness.server_process import ServerProcess, free_port
+from harness.tools.labels import RUN_LABEL
+from predictor.durations import ToolDurationModel
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MIX = "gsm8k,hotpotqa,alfworld,swe-bench"
 # statuses a replayed program ends with when nothing went wrong
 CLEAN = {"submitted", "step_limit", "replay_exhausted", "format_error"}
 
 
-class LoadError(ValueError):
+class LoadError(UserError):
     """Bad options; printed without a traceback."""
 
 
@@ -197,34 +193,20 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--programs", type=int, default=200, help="programs in all (200)")
-    parser.add_argument("--mix", default=DEFAULT_MIX,
-                        help="benchmarks and weights, e.g. gsm8k,swe-bench=2 (default: "
-                        f"{DEFAULT_MIX}, equal shares)")
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="programs at once (default: all of them)")
-    parser.add_argument("--policy", default="continuum")
-    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
-    parser.add_argument("--server", default=None, help="a running harness serve (emulated)")
-    parser.add_argument("--out", default=None, help="output folder (default runs/load-TIME)")
-    args = parser.parse_args(argv)
-    try:
-        return bench(args)
-    except (LoadError, RunError, ServerStartError) as exc:
-        print(f"load_bench: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def bench(args: argparse.Namespace) -> int:
-    if args.programs < 1:
+def run_load_bench(*, programs: int = 200, mix: str = DEFAULT_MIX, concurrency: int | None = None,
+                   policy: str = "continuum", profile: str | None = None,
+                   server: str | None = None, out: str | Path | None = None) -> int:
+    """The whole benchmark; the exit status (0: target met, 1: not). `concurrency` None: all
+    programs at once; `server` None: start a `harness serve --policy POLICY [--profile ...]`;
+    `out` None: `runs/load-TIME`. Bad options raise `LoadError`; a server that does not start,
+    `ServerStartError`."""
+    if programs < 1:
         raise LoadError("--programs must be at least 1")
-    concurrency = args.concurrency or args.programs
+    concurrency = concurrency or programs
     if concurrency < 1:
         raise LoadError("--concurrency must be at least 1")
-    counts = split(args.programs, parse_mix(args.mix))
-    out = Path(args.out or f"runs/load-{time.strftime('%Y%m%d-%H%M%S')}")
+    counts = split(programs, parse_mix(mix))
+    out = Path(out or f"runs/load-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise LoadError(f"{out} is not empty: choose another --out")
     run_id = f"load{int(time.time())}"
@@ -239,12 +221,12 @@ def bench(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         if counts.get("hotpotqa"):
             wiki = os.environ["HARNESS_WIKI"] = stack.enter_context(WikiStub())
-        if args.server:
-            base_url = api_root(args.server)
+        if server:
+            base_url = api_root(server)
         else:
-            log(f"starting harness serve --policy {args.policy} ...")
-            base_url = stack.enter_context(ServerProcess(policy=args.policy,
-                                                         profile=args.profile)).base_url
+            log(f"starting harness serve --policy {policy} ...")
+            base_url = stack.enter_context(ServerProcess(policy=policy,
+                                                         profile=profile)).base_url
         started = time.monotonic()
         done = asyncio.run(run_load(jobs, base_url, concurrency, log))
         wall_s = time.monotonic() - started
@@ -273,7 +255,3 @@ def bench(args: argparse.Namespace) -> int:
     log(f"figures: {out / 'load.json'}")
     ok = not errors and left == 0 and done["dropped"] == 0 and len(results) == len(jobs)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

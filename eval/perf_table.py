@@ -1,6 +1,6 @@
 """Print the emulated GPU's step times for standard batch shapes as markdown tables.
 
-    .venv/bin/python -m eval.perf_table [PROFILE ...]
+    harness eval perf-table [PROFILE ...]
 
 With no arguments: H100 / H200 / A100 with Llama-3.1-8B and 8 x H100 with Llama-3.1-70B.
 A profile table path (from ``harness profile``) works as an argument too.
@@ -8,18 +8,23 @@ A profile table path (from ``harness profile``) works as an argument too.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
+from common.errors import UserError
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 
-DEFAULT_PROFILES = [
+DEFAULT_PROFILES = (
     "h100-llama-3.1-8b",
     "h200-llama-3.1-8b",
     "a100-llama-3.1-8b",
     "h100x8-llama-3.1-70b",
-]
+)
+
+
+class PerfTableError(UserError):
+    """A profile name or table path that does not load; the message says why."""
+
 
 # (label, prefill chunks as (new tokens, tokens before), decode context lengths)
 SHAPES: list[tuple[str, list[tuple[int, int]], list[int]]] = [
@@ -72,21 +77,16 @@ def coefficient_table(profiles: Sequence[Profile]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    names = list(argv if argv is not None else sys.argv[1:]) or DEFAULT_PROFILES
+def print_perf_tables(names: Sequence[str] = DEFAULT_PROFILES) -> None:
+    """The three tables for the named profiles (or table paths); an unknown name raises
+    `PerfTableError` before anything is printed."""
     try:
         profiles = [load_profile(n) for n in names]
     except ValueError as e:
-        print(f"perf_table: {e}", file=sys.stderr)
-        return 2
+        raise PerfTableError(str(e)) from None
     print("Step time, milliseconds\n")
     print(step_table(profiles))
     print("\nMemory, swap and reload\n")
     print(summary_table(profiles))
     print("\nCoefficients (seconds; t = c0 + c1*max(T, knee) + c2*A + c3*D + c4*S + c5*T)\n")
     print(coefficient_table(profiles))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -58,12 +58,11 @@ What vllm-router 0.1.17 does with our traffic (read in its packaged help, the up
 TODO: add our own router (`cluster.router_app`, strategies ``session`` and ``round_robin``)
 as more rows on the same replicas once that module exists and serves.
 
-    python -m eval.router_baseline --trace swe --programs 6 --jps 1 --seed 3 --time-scale 0.2
+    harness eval router-baseline --trace swe --programs 6 --jps 1 --seed 3 --time-scale 0.2
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import importlib.util
@@ -84,8 +83,10 @@ from typing import Any
 import httpx
 
 from common.atomic import write_json_atomic
+from common.errors import UserError
 from common.trace import Trace
 from eval import http_replay
+from eval.bench import BenchError, make_trace
 from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port
@@ -93,6 +94,11 @@ from harness.server_process import ServerProcess, ServerStartError, free_port
 
 class RouterBaselineError(RuntimeError):
     """Something this benchmark needs is missing or would not start; the message says what."""
+
+
+class RouterBaselineInputError(UserError):
+    """The run cannot start as asked (a trace or time scale that does not load, vllm-router
+    not installed): a user's mistake, reported before any replica starts."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,25 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("vr-rr", "round_robin", True, "vllm-router round_robin"),
 )}
 DEFAULT_MODES = "vr-hash,vr-rr"
+
+
+@dataclass(frozen=True)
+class RouterBaselineOptions:
+    """One run: the trace, the modes and repeats, the replicas, the output folder
+    (`harness eval router-baseline --help` says what each means)."""
+
+    trace: str = "swe"
+    programs: int = 6
+    jps: float = 1.0
+    seed: int = 3
+    time_scale: float = 0.2
+    modes: tuple[str, ...] = tuple(DEFAULT_MODES.split(","))
+    repeats: int = 1
+    replicas: int = 2
+    policy: str = "vllm"
+    profile: str = "h100-llama-3.1-8b"
+    num_gpu_blocks: int = 1024
+    out: str = "runs/router-baseline"
 
 
 # -- vllm-router ---------------------------------------------------------------------------------
@@ -391,68 +416,35 @@ def format_table(results: Sequence[ModeResult]) -> str:
     return "\n".join(rows)
 
 
-# -- command line -----------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", default="swe", help="trace name (swe, bfcl, mix, merge) or file")
-    p.add_argument("--programs", type=int, default=6)
-    p.add_argument("--jps", type=float, default=1.0, help="arrival rate, jobs/s")
-    p.add_argument("--seed", type=int, default=3)
-    p.add_argument("--time-scale", type=float, default=0.2,
-                   help="multiply arrival gaps and tool durations (default 0.2)")
-    p.add_argument("--modes", default=DEFAULT_MODES,
-                   help=f"comma-separated, from {', '.join(MODES)} (default {DEFAULT_MODES})")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run every mode this many times (program ids, hence hash placement, "
-                   "differ per run)")
-    p.add_argument("--replicas", type=int, default=2)
-    p.add_argument("--policy", default="vllm", help="the replicas' policy (default vllm)")
-    p.add_argument("--profile", default="h100-llama-3.1-8b")
-    p.add_argument("--num-gpu-blocks", type=int, default=1024,
-                   help="KV cache per replica in 16-token blocks (default 1024: 16k tokens)")
-    p.add_argument("--out", default="runs/router-baseline",
-                   help="folder for summary.json and the replicas' and routers' logs")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.router_baseline",
-                                     description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        parser.error(f"--modes: unknown {', '.join(unknown) or '(none given)'}; "
-                     f"choose from {', '.join(MODES)}")
-    if args.replicas < 1 or args.repeats < 1 or args.num_gpu_blocks < 16:
-        parser.error("--replicas and --repeats must be >= 1, --num-gpu-blocks >= 16")
+# -- the run ---------------------------------------------------------------------------------
+def run_router_baseline(options: RouterBaselineOptions) -> int:
+    """Every mode `options.repeats` times on the same replicas, the table printed and
+    `summary.json` written; the exit status (0; 1 when the router, a replica or the replay
+    failed; 130 when interrupted). What cannot start as asked raises
+    `RouterBaselineInputError` before any replica starts."""
     if importlib.util.find_spec("vllm_router") is None:
-        print("error: the `vllm-router` package is not installed; run "
-              "`.venv/bin/pip install vllm-router==0.1.17`", file=sys.stderr)
-        return 2
-
-    from eval.bench import BenchError, make_trace
-
+        raise RouterBaselineInputError("the `vllm-router` package is not installed; run "
+                                       "`.venv/bin/pip install vllm-router==0.1.17`")
     try:
-        trace = make_trace(args.trace, args.programs, args.jps, args.seed)
-        http_replay.scale_trace(trace, args.time_scale)  # validates the scale
+        trace = make_trace(options.trace, options.programs, options.jps, options.seed)
+        http_replay.scale_trace(trace, options.time_scale)  # validates the scale
     except (BenchError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        raise RouterBaselineInputError(str(exc)) from None
 
-    out = Path(args.out)
+    out = Path(options.out)
     # SIGTERM must unwind through the `finally` below, or the replicas outlive us
     previous = signal.signal(signal.SIGTERM, _interrupt)
     replicas: list[ServerProcess] = []
     results: list[ModeResult] = []
     try:
-        print(f"starting {args.replicas} replicas ({args.policy}, {args.profile}, "
-              f"{args.num_gpu_blocks} blocks each) ...", flush=True)
-        replicas = start_replicas(args.replicas, args.policy, args.profile,
-                                  args.num_gpu_blocks, out)
-        for repeat in range(args.repeats):
-            for name in modes:
+        print(f"starting {options.replicas} replicas ({options.policy}, {options.profile}, "
+              f"{options.num_gpu_blocks} blocks each) ...", flush=True)
+        replicas = start_replicas(options.replicas, options.policy, options.profile,
+                                  options.num_gpu_blocks, out)
+        for repeat in range(options.repeats):
+            for name in options.modes:
                 print(f"{name}: {MODES[name].about} ...", flush=True)
-                result = run_mode(MODES[name], trace, replicas, out, args.time_scale)
+                result = run_mode(MODES[name], trace, replicas, out, options.time_scale)
                 result.repeat = repeat
                 results.append(result)
     except (RouterBaselineError, HttpReplayError) as exc:
@@ -465,16 +457,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in replicas:
             r.stop()
         signal.signal(signal.SIGTERM, previous)
-    summary = {"trace": trace.name, "programs": len(trace.programs), "jps": args.jps,
-               "seed": args.seed, "time_scale": args.time_scale, "policy": args.policy,
-               "profile": args.profile, "num_gpu_blocks": args.num_gpu_blocks,
-               "replicas": args.replicas,
+    summary = {"trace": trace.name, "programs": len(trace.programs), "jps": options.jps,
+               "seed": options.seed, "time_scale": options.time_scale, "policy": options.policy,
+               "profile": options.profile, "num_gpu_blocks": options.num_gpu_blocks,
+               "replicas": options.replicas,
                "results": [{**r.__dict__, "metrics": _jsonable(r.metrics)} for r in results]}
     write_json_atomic(out / "summary.json", summary)
     print()
-    print(f"{len(trace.programs)} programs of {trace.name} at {args.jps:g} jobs/s, time scale "
-          f"{args.time_scale:g}, {args.replicas} x {args.profile} ({args.policy}, "
-          f"{args.num_gpu_blocks} blocks)")
+    print(f"{len(trace.programs)} programs of {trace.name} at {options.jps:g} jobs/s, time scale "
+          f"{options.time_scale:g}, {options.replicas} x {options.profile} ({options.policy}, "
+          f"{options.num_gpu_blocks} blocks)")
     print(format_table(results))
     print(f"\nsummary and logs in {out}/")
     return 0
@@ -492,7 +484,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ work included), divided by those steps, and its ratio to `vllm`'s and to `vllm+o
 vLLM with KV offloading on: the baseline for the policies that turn offloading on, whose
 connector's scheduler side also runs inside `schedule()`).
 
-    .venv/bin/python eval/sched_overhead.py [--programs 320] [--min-running 128] [--repeat 2]
+    harness eval sched-overhead [--programs 320] [--min-running 128] [--repeat 2]
 
 The policies change which requests run, so their steps are not identical; the ratio compares
 CPU per step at the same batch size (128 running), the scheduler's work per decision.
@@ -17,7 +17,7 @@ CPU per step at the same batch size (128 running), the scheduler's work per deci
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from common.atomic import write_json_atomic
@@ -26,6 +26,9 @@ from server.engine import VirtualEngine
 from server.policies import POLICIES
 from server.settings import DEFAULT_OFFLOAD_GIB
 from sim.replay import replay
+
+#: `vllm` and `vllm+offload` first: the baselines the ratios divide by
+DEFAULT_POLICIES = ("vllm", "vllm+offload", *(p for p in POLICIES if p != "vllm"))
 
 
 def burst_trace(programs: int, turns: int = 3) -> Trace:
@@ -83,31 +86,22 @@ def measure(policy: str, trace: Trace, min_running: int, profile: str) -> dict[s
             "cpu_per_step_ms": per_step * 1e3}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--programs", type=int, default=320)
-    parser.add_argument("--min-running", type=int, default=128)
-    default = ["vllm", "vllm+offload", *(p for p in POLICIES if p != "vllm")]
-    parser.add_argument("--policies", default=",".join(default),
-                        help="policies; vllm+offload is stock vLLM with KV offloading on")
-    parser.add_argument("--profile", default="h100-llama-3.1-8b")
-    parser.add_argument("--repeat", type=int, default=2,
-                        help="rounds over the policies; each policy's least CPU per step is "
-                        "kept (other load on the machine only ever adds time)")
-    parser.add_argument("--out", default=None, help="also write the rows to this JSON file")
-    args = parser.parse_args()
-    trace = burst_trace(args.programs)
-    policies = args.policies.split(",")
+def run_sched_overhead(*, programs: int = 320, min_running: int = 128,
+                       policies: Sequence[str] = DEFAULT_POLICIES,
+                       profile: str = "h100-llama-3.1-8b", repeat: int = 2,
+                       out: str | None = None) -> list[dict[str, Any]]:
+    """Measure every policy `repeat` times, print the table, write it to `out` (JSON) if
+    given; returns the rows."""
+    trace = burst_trace(programs)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
-    for _ in range(args.repeat):  # rounds over all policies, so drift hits every policy alike
+    for _ in range(repeat):  # rounds over all policies, so drift hits every policy alike
         for p in policies:
-            runs[p].append(measure(p, trace, args.min_running, args.profile))
+            runs[p].append(measure(p, trace, min_running, profile))
     rows = [min(runs[p], key=lambda r: r["cpu_per_step_ms"]) for p in policies]
     base = next((r["cpu_per_step_ms"] for r in rows if r["policy"] == "vllm"), None)
     base_offload = next((r["cpu_per_step_ms"] for r in rows if r["policy"] == "vllm+offload"),
                         None)
-    print(f"{'policy':<12} {'steps>=' + str(args.min_running):>10} {'max run':>8} "
+    print(f"{'policy':<12} {'steps>=' + str(min_running):>10} {'max run':>8} "
           f"{'ms/step':>8} {'x vllm':>7} {'x vllm+offload':>15}")
     for r in rows:
         r["ratio_to_vllm"] = r["cpu_per_step_ms"] / base if base else None
@@ -117,9 +111,6 @@ def main() -> None:
         ratio_offload = f"{r['ratio_to_vllm_offload']:.2f}" if base_offload else "-"
         print(f"{r['policy']:<12} {r['steps']:>10} {r['max_running']:>8} "
               f"{r['cpu_per_step_ms']:>8.3f} {ratio:>7} {ratio_offload:>15}")
-    if args.out:
-        write_json_atomic(args.out, rows)
-
-
-if __name__ == "__main__":
-    main()
+    if out:
+        write_json_atomic(out, rows)
+    return rows

@@ -9,13 +9,12 @@ by SLO attainment is the same. The served run shares 2 cores between the harness
 router and every replica, so its absolute figures carry that overhead; the ranking is what is
 compared.
 
-    python -m eval.served_vs_virtual --cluster cluster/examples/1p3d.yaml \
+    harness eval served-vs-virtual --cluster cluster/examples/1p3d.yaml \
         --strategies pd,ampd --trace hotpotqa --programs 24 --jps 4 --out runs/served-vs-virtual
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,25 @@ from common.atomic import write_text_atomic
 from eval.bench import BenchError, ClusterRuns, EngineSettings, HttpTarget, bench
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
+
+
+@dataclass(frozen=True)
+class ServedVsVirtualOptions:
+    """One comparison: the cluster file, the strategies to rank, the trace, how close is a
+    tie, and where the served cluster listens (`harness eval served-vs-virtual --help`)."""
+
+    cluster: str
+    strategies: str = "pd,ampd"
+    trace: str = "hotpotqa"
+    programs: int = 24
+    jps: float = 4.0
+    seed: int = 0
+    time_scale: float = 1.0
+    tie: float = 0.1
+    port: int = 8390
+    base_port: int = 8400
+    startup_timeout: float = 600.0
+    out: str = "runs/served-vs-virtual"
 
 
 def _served_file(config: Any, strategy: str, out: Path) -> Path:
@@ -105,36 +124,38 @@ def _order(groups: list[list[str]]) -> str:
     return " > ".join(" = ".join(g) for g in groups)
 
 
-def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
+    """Both replays per strategy, the report printed and written to `options.out`; exit
+    status 0. A bad cluster file or fewer than two strategies raise `BenchError`."""
+    out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        config = load_cluster(args.cluster)
+        config = load_cluster(options.cluster)
     except ClusterConfigError as exc:
         raise BenchError(str(exc)) from None
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    strategies = [s.strip() for s in options.strategies.split(",") if s.strip()]
     if len(strategies) < 2:
         raise BenchError("--strategies: give at least two to rank")
-    common = dict(programs=args.programs, jps=[args.jps], profile=config.replicas[0].profile,
-                  seed=args.seed, settings=EngineSettings(), time_scale=args.time_scale)
-    runs = ClusterRuns.from_args(args.cluster, ",".join(strategies), None)
-    virtual = bench(args.trace, runs.labels(), out=out / "virtual", cluster=runs, **common)
+    common = dict(programs=options.programs, jps=[options.jps], profile=config.replicas[0].profile,
+                  seed=options.seed, settings=EngineSettings(), time_scale=options.time_scale)
+    runs = ClusterRuns.from_args(options.cluster, ",".join(strategies), None)
+    virtual = bench(options.trace, runs.labels(), out=out / "virtual", cluster=runs, **common)
     rows_virtual = {r["policy"]: r for r in virtual["results"]}
     rows_served: dict[str, dict[str, Any]] = {}
     for strategy in strategies:
         path = _served_file(config, strategy, out)
-        url = f"http://127.0.0.1:{args.port}"
-        process = _serve(path, args.port, args.base_port, out / f"logs-{strategy}")
+        url = f"http://127.0.0.1:{options.port}"
+        process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}")
         try:
-            _wait(url, process, args.startup_timeout)
-            served = bench(args.trace, [strategy], out=out / f"served-{strategy}", **common,
+            _wait(url, process, options.startup_timeout)
+            served = bench(options.trace, [strategy], out=out / f"served-{strategy}", **common,
                            http=HttpTarget(url))
             rows_served[strategy] = served["results"][0]
             rows_served[strategy]["router"] = httpx.get(url + "/v1/cluster", timeout=10).json()
         finally:
             _stop(process)
-    lines = [f"# Served against virtual: {config.name}, {args.trace}, {args.programs} programs "
-             f"at {args.jps:g} jobs/s (time x{args.time_scale:g})", "",
+    lines = [f"# Served against virtual: {config.name}, {options.trace}, {options.programs} "
+             f"programs at {options.jps:g} jobs/s (time x{options.time_scale:g})", "",
              "| strategy | mode | " + " | ".join(KEYS) + " |", "|---|---|" + "---:|" * len(KEYS)]
     for strategy in strategies:
         for mode, rows in (("virtual", rows_virtual), ("served", rows_served)):
@@ -143,10 +164,10 @@ def run(args: argparse.Namespace) -> int:
                          + " | ".join(f"{row.get(k, math.nan):.3f}" for k in KEYS) + " |")
     agree = {}
     for key, higher in (("jct_mean_s", False), ("slo_attainment", True)):
-        v = ranking(rows_virtual, key, higher, args.tie)
-        s = ranking(rows_served, key, higher, args.tie)
+        v = ranking(rows_virtual, key, higher, options.tie)
+        s = ranking(rows_served, key, higher, options.tie)
         agree[key] = [sorted(g) for g in v] == [sorted(g) for g in s]
-        lines.append(f"\nBy {key} (within {args.tie:.0%} is a tie): virtual {_order(v)}; "
+        lines.append(f"\nBy {key} (within {options.tie:.0%} is a tie): virtual {_order(v)}; "
                      f"served {_order(s)}: {'the same' if agree[key] else 'different'}.")
     for strategy in strategies:
         decisions = rows_served[strategy]["router"].get("decisions")
@@ -159,33 +180,3 @@ def run(args: argparse.Namespace) -> int:
         default=str))
     print(text)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.served_vs_virtual",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--cluster", required=True, help="cluster file or shipped example name")
-    p.add_argument("--strategies", default="pd,ampd", help="router strategies to rank")
-    p.add_argument("--trace", default="hotpotqa")
-    p.add_argument("--programs", type=int, default=24)
-    p.add_argument("--jps", type=float, default=4.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply arrival gaps and tool times (both modes alike)")
-    p.add_argument("--tie", type=float, default=0.1,
-                   help="relative difference under which two strategies tie (default 0.1: "
-                   "wall-clock runs on shared cores vary by several percent)")
-    p.add_argument("--port", type=int, default=8390, help="the served router's port")
-    p.add_argument("--base-port", type=int, default=8400, help="the replicas' first port")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
-    p.add_argument("--out", default="runs/served-vs-virtual")
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

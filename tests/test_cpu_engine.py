@@ -251,10 +251,13 @@ def test_profile_table_loads_in_the_emulator(scenarios):
 
 
 def test_fidelity_without_a_table_says_how_to_make_one(tmp_path, capsys):
-    from eval.fidelity import main
+    from cli.main import main
 
-    assert main(["--table", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
-    assert "harness profile --device cpu" in capsys.readouterr().err
+    assert main(["eval", "fidelity", "--table", str(tmp_path / "none.json"),
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("harness: error: no step-time table")
+    assert "harness profile --device cpu" in err
 
 
 def test_fidelity_ranks_only_the_pairs_both_sides_separate():
@@ -284,30 +287,30 @@ def test_fidelity_ranks_only_the_pairs_both_sides_separate():
 
 
 def test_fidelity_refuses_policies_the_cpu_engine_cannot_run(tmp_path, capsys):
-    from eval.fidelity import main
+    from cli.main import main
 
     table = tmp_path / "t.json"
     table.write_text(json.dumps({"gpu": "cpu", "model": MODEL, "measurements": [
         {"prefill": [[c, 0]], "decode": [], "seconds": 0.001 * c} for c in (1, 2, 4, 8, 16)]}))
     for policies, message in (("vllm,swap", "'swap' needs KV offloading"),
                               ("vllm,nope", "unknown policy 'nope'")):
-        assert main(["--table", str(table), "--policies", policies,
+        assert main(["eval", "fidelity", "--table", str(table), "--policies", policies,
                      "--out", str(tmp_path)]) == 2
         assert message in capsys.readouterr().err  # before any server started
 
 
 def test_fidelity_tool_scale_shortens_only_the_tool_calls():
-    import argparse
+    import dataclasses
 
-    from eval.fidelity import FidelityError, make_trace
+    from eval.fidelity import FidelityError, FidelityOptions, make_trace
 
-    base = argparse.Namespace(programs=4, jps=2.0, seed=0, scale=0.1, tool_scale=1.0)
+    base = FidelityOptions(programs=4, jps=2.0, seed=0, scale=0.1, tool_scale=1.0)
     plain = make_trace(base)
-    short = make_trace(argparse.Namespace(**{**vars(base), "tool_scale": 0.05}))
+    short = make_trace(dataclasses.replace(base, tool_scale=0.05))
     for p, q in zip(plain.programs, short.programs, strict=True):
         assert [t.tool_seconds * 0.05 for t in p.turns] == pytest.approx(
             [t.tool_seconds for t in q.turns])
         assert [t.output_tokens for t in p.turns] == [t.output_tokens for t in q.turns]
         assert p.arrival_s == q.arrival_s
     with pytest.raises(FidelityError, match="tool-scale"):
-        make_trace(argparse.Namespace(**{**vars(base), "tool_scale": 0.0}))
+        make_trace(dataclasses.replace(base, tool_scale=0.0))

@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_twelve_programs_no_error_nothing_left(docker_client, tmp_path):
     out = tmp_path / "load"
-    run = subprocess.run([sys.executable, "eval/load_bench.py", "--programs", "12", "--out",
-                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-m", "cli", "eval", "load", "--programs", "12",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     figures = json.loads((out / "load.json").read_text())
     assert figures["programs"] == 12 and figures["by_benchmark"] == {
@@ -37,8 +38,9 @@ def test_twelve_programs_no_error_nothing_left(docker_client, tmp_path):
 
 
 def test_bad_options_are_clear_errors(tmp_path):
-    run = subprocess.run([sys.executable, "eval/load_bench.py", "--mix", "nosuch", "--out",
-                          str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run([sys.executable, "-m", "cli", "eval", "load", "--mix", "nosuch",
+                          "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
     assert run.returncode == 2 and "unknown benchmark 'nosuch'" in run.stderr
+    assert run.stderr.startswith("harness: error: --mix:")
     assert "Traceback" not in run.stderr

@@ -18,7 +18,9 @@ Anything else gets a MediaWiki-style ``{"error": {...}}``. It binds 127.0.0.1 on
 
 ``fail_first=n`` answers the first n requests with HTTP 503 and ``delay`` sleeps before each
 answer, to exercise the client's retries and timeouts. ``python -m harness.tools.mediawiki_stub
---port 8089`` serves until interrupted.
+--port 8089`` serves until interrupted: a server process of its own that `harness eval load`
+starts (so its memory is not the harness's), hence its own small ``__main__`` rather than a
+`harness` subcommand, which would make a tool depend on the command line above it.
 """
 
 from __future__ import annotations

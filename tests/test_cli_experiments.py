@@ -1,0 +1,75 @@
+"""`harness eval NAME`: every experiment is listed, and a user's mistake is one line, exit 2.
+
+Fast: only the parser and the checks that run before any server or engine starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = ("load", "fidelity", "served-vs-virtual", "sched-overhead", "event-overhead",
+               "bash-overhead", "router-baseline", "langchain-example", "perf-table")
+
+
+def test_eval_help_lists_every_experiment(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for name in EXPERIMENTS:
+        assert f"\n    {name}" in out, name
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_each_experiment_has_its_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", name, "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: harness eval {name} ")
+
+
+def test_a_bad_option_value_exits_2_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "load", "--programs", "many"])
+    assert exit_.value.code == 2
+    assert "harness eval load: error: argument --programs: invalid int value: 'many'" in (
+        capsys.readouterr().err)
+
+
+def test_an_unknown_router_mode_exits_2_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "router-baseline", "--modes", "vr-hash,nope"])
+    assert exit_.value.code == 2
+    assert ("error: --modes: unknown nope; choose from vr-hash, vr-hash-body, vr-rr"
+            in capsys.readouterr().err)
+
+
+def test_a_user_error_is_one_line_and_exit_2(capsys):
+    assert main(["eval", "perf-table", "no-such-gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("harness: error: unknown profile 'no-such-gpu'")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_perf_table_prints_the_tables(capsys):
+    assert main(["eval", "perf-table", "h100-llama-3.1-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "| batch shape | h100-llama-3.1-8b |" in out and "Coefficients" in out
+
+
+def test_the_parser_does_not_import_langchain():
+    # the LangChain example's module costs about 1 s to import; every `harness` command
+    # builds this parser, so only the example's own run may import it
+    code = ("import sys; from cli.main import build_parser; build_parser(); "
+            "print('langchain_core' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
