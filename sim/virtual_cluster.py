@@ -44,16 +44,10 @@ from cluster.routing import ReplicaLoad, Route, Router, TurnInfo
 from common.trace import Trace
 from server.clock import clock, use_clock
 from server.engine import ContextTooLong
+from sim.client import ClientPredictions, turn_hints
+from sim.conversation import ProgramState, too_long_turns
 from sim.engines import make_engine as engine_for
-from sim.records import (
-    ClientPredictions,
-    ProgramRecord,
-    ProgramState,
-    ReplayResult,
-    TurnRecord,
-    too_long_turns,
-    turn_hints,
-)
+from sim.records import ProgramRecord, ReplayResult, TurnRecord
 
 PIN_COUNTERS = ("pinned", "handoff", "expired", "program_end", "pressure", "reset", "replaced",
                 "shutdown", "block_seconds", "prefetched", "prefetch_dropped")
@@ -173,7 +167,7 @@ def replay_cluster(trace: Trace, cluster: VirtualCluster, *, progress: Any = Non
                    hints: str = "none", concurrency: int | None = None,
                    intake_s: float = 0.0, delivery_s: float = 0.0) -> ReplayResult:
     """Replay every program of `trace` on `cluster` (left open; the caller closes it).
-    `progress(n_done)` is called as programs end; `hints` as in `sim.replay.HINT_MODES`.
+    `progress(n_done)` is called as programs end; `hints` as in `sim.client.HINT_MODES`.
     `concurrency`: closed loop instead of the trace's arrivals: that many programs start at
     once and, in trace order, a new one starts the moment one ends (as an agent fleet with a
     fixed number of workers, or the Continuum runner's concurrent agents).
