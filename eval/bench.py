@@ -669,7 +669,8 @@ def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: E
     wall, cpu = time.perf_counter(), time.process_time()
     name, hints = split_policy(policy)
     if cluster is not None:
-        from sim.virtual_cluster import VirtualCluster, replay_cluster
+        from sim.loop import replay_cluster
+        from sim.virtual_cluster import VirtualCluster
 
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(

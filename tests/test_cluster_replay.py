@@ -8,7 +8,8 @@ from cluster.config import parse_cluster
 from common.metrics import cluster_metrics, replay_metrics
 from common.trace import Program, Trace, Turn
 from eval.bench import make_trace
-from sim.virtual_cluster import VirtualCluster, replay_cluster
+from sim.loop import replay_cluster
+from sim.virtual_cluster import VirtualCluster
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCKS = 1100  # ~18k tokens per replica, so programs contend for memory
