@@ -5,7 +5,7 @@ Why here and this small: P/D in vLLM 0.32 is its `NixlConnector` (pull mode). It
 runs unchanged inside each replica's engine; its worker side (which would read blocks over
 RDMA) is played on the emulated GPU by `server.emulated_nixl`, pricing each read with the link
 between the two replicas (`server.perf.hardware.Link`). The served cluster (one `vllm serve` per
-replica) and the virtual-time cluster (`eval.cluster_replay`, in-process `VirtualEngine`s)
+replica) and the virtual-time cluster (`sim.loop`, in-process `VirtualEngine`s)
 build their replicas' connector config here, and their routers turn one replica's returned
 `kv_transfer_params` into the next request's here, so both speak the protocol the same way.
 

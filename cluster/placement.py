@@ -3,7 +3,7 @@
 Why: a retention policy acts on interception events (`server/policies`), and in a cluster the
 KV cache a policy would pin sits on the replica that computed the program's last turn, which a
 scattering router (round robin, or a P/D split) may not send the next turn to. So both the
-served router (`cluster.router_app`) and the virtual-time cluster (`eval.cluster_replay`) follow
+served router (`cluster.router_app`) and the virtual-time cluster (`sim.loop`) follow
 this rule:
 
 * `program_start` goes to each replica the first time the program is routed to it (so every

@@ -77,7 +77,7 @@ def slo_metrics(programs: Sequence[Any], makespan: float, slo: SLO) -> dict[str,
 
 def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
                    slo: SLO | None = None) -> dict[str, Any]:
-    """Everything the policy benchmark reports for one replay (an ``sim.replay.ReplayResult``)
+    """Everything the policy benchmark reports for one replay (a ``sim.records.ReplayResult``)
     and, if given, each program's isolated JCT (alone on the engine, the lower bound).
 
     Per program: JCT (finish - arrival), normalised latency (JCT / isolated JCT). Per turn: TTFT

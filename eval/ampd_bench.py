@@ -7,7 +7,7 @@ prefill/decode replicas), router and queue policy at once, on an equal GPU count
 headline figures are SLO attainment split by TTFT and ITL, the TTFT of initial vs incremental
 prefills, and *why* each prefill went where it did (the router's decision counts). This module
 builds each strategy's cluster from one set of knobs (replicas, profile, SLO), replays the same
-trace through each (`eval.cluster_replay`), and reports with the one metrics module
+trace through each (`sim.loop`), and reports with the one metrics module
 (`common.metrics`).
 
 Strategies (every one on the same number of replicas of the same profile):
@@ -236,7 +236,8 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
     from server.engine import ContextTooLong
-    from sim.virtual_cluster import VirtualCluster, replay_cluster
+    from sim.loop import replay_cluster
+    from sim.virtual_cluster import VirtualCluster
 
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
                             num_gpu_blocks=num_gpu_blocks)

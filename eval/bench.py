@@ -183,7 +183,7 @@ def _policies(text: str) -> list[str]:
     """Policy names, each optionally ``NAME@HINTS`` (``sim.replay.HINT_MODES``: what the
     replayed client predicts about tool calls), e.g. ``continuum,continuum@oracle``."""
     from server.policies import POLICIES
-    from sim.records import HINT_MODES
+    from sim.client import HINT_MODES
 
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
@@ -581,7 +581,7 @@ def _fit_context(traces: dict[Any, Trace], cluster: ClusterRuns | None, profile:
     """Find, before any engine runs, the programs with a turn longer than the engines take
     (on a cluster: the smallest replica's limit, as a program may land anywhere); stop with
     their names (``too_long="error"``) or leave them out (``"skip"``, one line each)."""
-    from sim.records import too_long_turns
+    from sim.conversation import too_long_turns
 
     try:
         if cluster is None:
@@ -669,7 +669,8 @@ def _replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: E
     wall, cpu = time.perf_counter(), time.process_time()
     name, hints = split_policy(policy)
     if cluster is not None:
-        from sim.virtual_cluster import VirtualCluster, replay_cluster
+        from sim.loop import replay_cluster
+        from sim.virtual_cluster import VirtualCluster
 
         config = cluster.config_for(policy)
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(

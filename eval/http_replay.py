@@ -5,15 +5,15 @@ emulated. To set a real GPU beside the emulation, the same trace must drive a re
 way agents would, and come out as the same records, so `common.metrics.replay_metrics` (and
 `harness bench`) report both alike. This driver does that over the OpenAI completions API.
 
-Program semantics are those of `sim.replay`: a program arrives at ``arrival_s`` (wall seconds
+Program semantics are those of `sim.loop`: a program arrives at ``arrival_s`` (wall seconds
 from the start), sends ``program_start`` and turn 0's request; when a turn finishes it sends
 ``tool_start``, sleeps ``tool_seconds``, sends ``tool_end`` (seconds, return tokens) and the next
 turn's request; after the last turn, ``program_end``. Requests carry ``session_id`` (the program
-id, made unique per replay: ``ID@RUN``) and the same hints (`sim.replay.turn_hints`). Events
+id, made unique per replay: ``ID@RUN``) and the same hints (`sim.client.turn_hints`). Events
 go through the harness's own non-blocking `EventClient`, as an agent's do: they are never
 waited for, and if the server lags they are dropped and counted (``events_dropped``).
 
-Prompts are token ids (`prompt` as a list of ints), built by `sim.replay.ProgramState`: the
+Prompts are token ids (`prompt` as a list of ints), built by `sim.conversation.ProgramState`: the
 previous prompt, the ids the model answered (``return_token_ids``), then seeded stand-in ids.
 So a retained KV cache covers the previous prompt and its answer, and prefix caching and pins
 behave as in the virtual replay. Each turn asks for exactly the trace's output tokens:
@@ -82,7 +82,9 @@ from common.metrics import replay_metrics
 from common.trace import Trace
 from harness.events_client import EventClient
 from harness.model_client import aiter_sse, api_root, session_headers, usage_counts
-from sim.records import ProgramRecord, ProgramState, ReplayResult, TurnRecord, turn_hints
+from sim.client import turn_hints
+from sim.conversation import ProgramState
+from sim.records import ProgramRecord, ReplayResult, TurnRecord
 
 #: Counters read from the server's Prometheus ``/metrics`` before and after a replay (summed
 #: over label sets, e.g. engines); the result holds their differences under these names.

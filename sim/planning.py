@@ -66,7 +66,8 @@ from server.perf.hardware import GPUS
 from server.perf.model_shapes import available_models
 from server.perf.registry import load_profile
 from sim.engines import make_engine
-from sim.virtual_cluster import VirtualCluster, replay_cluster
+from sim.loop import replay_cluster
+from sim.virtual_cluster import VirtualCluster
 
 CAPACITY_SAMPLE = 256  # programs whose mean work bounds a replica's capacity (`plan_bounds`)
 GRID_RATIO = 1.5

@@ -2,8 +2,8 @@
 each program's isolated JCT (the lower bound of its JCT under any load).
 
 Why these are thin: one engine is a cluster of one replica, so the discrete-event loop is the
-cluster's (`sim.virtual_cluster`); the records and the conversation model are in
-`sim.records`.
+cluster's (`sim.loop`); the records are in `sim.records`, the conversation model in
+`sim.conversation`, what the client sends in `sim.client`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from common.trace import Trace
+from sim.loop import replay_cluster
 from sim.records import ReplayResult
-from sim.virtual_cluster import VirtualCluster, replay_cluster
+from sim.virtual_cluster import VirtualCluster
 
 
 def replay(trace: Trace, engine: Any, *, progress: Any = None,
@@ -20,9 +21,9 @@ def replay(trace: Trace, engine: Any, *, progress: Any = None,
            intake_s: float = 0.0, delivery_s: float = 0.0) -> ReplayResult:
     """Run every program of ``trace`` through ``engine`` (a fresh ``VirtualEngine``); the
     engine is left open (the caller closes it). ``progress(n_done)`` is called as programs
-    end; ``hints`` is one of ``HINT_MODES``; ``intake_s`` / ``delivery_s`` add a served path
-    (`sim.virtual_cluster.replay_cluster`). One engine is a cluster of one replica: the same
-    discrete-event loop (`eval.cluster_replay`) drives both."""
+    end; ``hints`` is one of ``sim.client.HINT_MODES``; ``intake_s`` / ``delivery_s`` add a
+    served path (`sim.loop.replay_cluster`). One engine is a cluster of one replica: the same
+    discrete-event loop (`sim.loop`) drives both."""
     return replay_cluster(trace, VirtualCluster.around(engine), progress=progress, hints=hints,
                           concurrency=concurrency, intake_s=intake_s, delivery_s=delivery_s)
 

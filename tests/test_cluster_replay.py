@@ -8,7 +8,8 @@ from cluster.config import parse_cluster
 from common.metrics import cluster_metrics, replay_metrics
 from common.trace import Program, Trace, Turn
 from eval.bench import make_trace
-from sim.virtual_cluster import VirtualCluster, replay_cluster
+from sim.loop import replay_cluster
+from sim.virtual_cluster import VirtualCluster
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCKS = 1100  # ~18k tokens per replica, so programs contend for memory
@@ -97,8 +98,8 @@ def test_no_block_leaks_on_any_replica_after_a_mixed_run():
     """Continuum pins on three replicas, scattered and bound programs mixed, memory tight
     enough for pressure releases: every block comes back. (Seed 1 once hung: one program's
     turn outgrew the 14,384-token context that 900 blocks allow; such programs are now found
-    before the run, `sim.replay.too_long_turns`, and left out here.)"""
-    from sim.records import too_long_turns
+    before the run, `sim.conversation.too_long_turns`, and left out here.)"""
+    from sim.conversation import too_long_turns
 
     trace = make_trace("swe", 6, 3.0, seed=1)
     config = parse_cluster({"router": {"strategy": "session"}, "replicas": [

@@ -12,8 +12,8 @@ from cli.main import main
 from common.trace import Program, Trace, Turn
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress
+from sim.conversation import too_long_turns
 from sim.engines import context_limit, make_engine
-from sim.records import too_long_turns
 from sim.replay import replay
 
 PROFILE = "h100-llama-3.1-8b"
