@@ -5,136 +5,50 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-
-def _serve(args: argparse.Namespace) -> int:
-    from harness import serve
-
-    return serve.run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from harness import run
-
-    return run.run(args)
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from harness import compare
-
-    return compare.run(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from harness import demo
-
-    return demo.run(args)
-
-
-def _sandbox_build(args: argparse.Namespace) -> int:
-    from harness.tools import sandbox_image
-
-    return sandbox_image.main(args.sandbox_args)
-
-
-def _sandbox_prune(args: argparse.Namespace) -> int:
-    from harness import sandbox_prune
-
-    return sandbox_prune.run(args)
+from cli import cluster as cluster_cli
+from cli import compare, demo, experiments, predictor, profile, sandbox, serve
+from cli import plan as plan_cli
+from cli import run as run_cli
+from cli.errors import exit_status
+from common.errors import UserError
+from eval import bench
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from eval import bench
-
     return bench.run(args)
 
 
-def _profile(args: argparse.Namespace) -> int:
-    if "--served" in args.profile_args:  # over HTTP: needs harness's server process
-        from harness import profile_served
-
-        return profile_served.main(args.profile_args)
-    from server import profile_gpu
-
-    return profile_gpu.main(args.profile_args)
+def _register_cluster(sub: argparse._SubParsersAction) -> None:
+    cluster_cli.add_arguments(sub.add_parser(
+        "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
 
 
-def _predictor(args: argparse.Namespace) -> int:
-    from predictor import cli as predictor_cli
+def _register_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="compare policies on a trace in virtual time (JCT vs load)")
+    bench.add_arguments(p)
+    p.set_defaults(func=_bench)
 
-    return predictor_cli.run(args)
+
+def _register_plan(sub: argparse._SubParsersAction) -> None:
+    plan_cli.add_arguments(sub.add_parser(
+        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
+
+
+#: Every subcommand, in the order `harness --help` lists them: each adds its parser (with
+#: `func`, what runs it) to the subparsers it is given.
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    serve.register, run_cli.register, compare.register, demo.register, _register_cluster,
+    _register_bench, _register_plan, sandbox.register, profile.register, predictor.register,
+    experiments.register)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    from harness import serve
-
-    p = sub.add_parser("serve", help="start the vLLM server with a policy (emulated GPU if none)")
-    serve.add_arguments(p)
-    p.set_defaults(func=_serve)
-
-    from harness import demo, run
-
-    p = sub.add_parser("run", help="run a benchmark's agent programs and score them")
-    run.add_arguments(p)
-    p.set_defaults(func=_run)
-
-    from harness import compare
-
-    p = sub.add_parser("compare", help="run a benchmark under several policies, side by side")
-    compare.add_arguments(p)
-    p.set_defaults(func=_compare)
-
-    p = sub.add_parser("demo", help="run a batch of agent programs through a co-located server")
-    demo.add_arguments(p)
-    p.set_defaults(func=_demo)
-
-    from cli import cluster as cluster_cli
-    from eval import bench
-
-    cluster_cli.add_arguments(sub.add_parser(
-        "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
-    p = sub.add_parser("bench", help="compare policies on a trace in virtual time (JCT vs load)")
-    bench.add_arguments(p)
-    p.set_defaults(func=_bench)
-
-    from cli import plan as plan_cli
-
-    plan_cli.add_arguments(sub.add_parser(
-        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
-
-    p = sub.add_parser("sandbox", help="the Docker sandbox image")
-    sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
-    b = sandbox_sub.add_parser("build", add_help=False,
-                               help="build the sandbox image offline if missing (--help: options)")
-    b.add_argument("sandbox_args", nargs=argparse.REMAINDER)
-    b.set_defaults(func=_sandbox_build)
-    from harness import sandbox_prune
-
-    b = sandbox_sub.add_parser("prune", help="remove containers of dead runs and stale task "
-                                             "images, saying what was removed")
-    sandbox_prune.add_arguments(b)
-    b.set_defaults(func=_sandbox_prune)
-
-    p = sub.add_parser("profile", help="measure step times on a real GPU or the CPU engine "
-                       "(--device cpu) and write a table for the emulator",
-                       add_help=False)
-    p.add_argument("profile_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_profile)
-
-    from predictor import cli as predictor_cli
-
-    p = sub.add_parser("predictor", help="train / evaluate the output-length and tool-duration "
-                                         "predictor")
-    predictor_cli.add_arguments(p)
-    p.set_defaults(func=_predictor)
-
-    from cli import experiments
-
-    experiments.register(sub)
+    for register in COMMANDS:
+        register(sub)
     return parser
 
 
@@ -163,31 +77,29 @@ def _pin_hash_seed(args: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse and run one command. Its user mistakes (`common.errors.UserError`, whatever the
+    layer that found them) are one line on stderr and status 2, Ctrl-C is 130 (`cli.errors`);
+    any other exception keeps its traceback."""
     if argv is None:
         _pin_hash_seed(sys.argv[1:])
     parser = build_parser()
-    # `profile` and `sandbox build` pass their options on unparsed; argparse's REMAINDER does not
-    # take options that come first (`harness profile --device cpu`), so collect those too
+    # a command that passes its options on unparsed (`profile`) names the argument that holds
+    # them (`passthrough`); argparse's REMAINDER does not take options that come first
+    # (`harness profile --device cpu`), so collect those too
     args, unknown = parser.parse_known_args(argv)
-    passthrough = next((name for name in ("profile_args", "sandbox_args") if hasattr(args, name)),
-                       None)
+    passthrough = getattr(args, "passthrough", None)
     if unknown and passthrough is None:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if passthrough is not None:
         setattr(args, passthrough, unknown + getattr(args, passthrough))
-    from common.errors import UserError
-    from eval.bench import BenchError
-    from harness.run import RunError
-    from harness.server_process import ServerStartError
-    from server.launch import ServeError
+    return exit_status(lambda: _run(args))
 
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
-    except (ServeError, RunError, ServerStartError, BenchError, UserError) as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    except bench.BenchError as exc:  # not yet a UserError: `eval.bench` belongs to the bench's
+        raise UserError(str(exc)) from None  # move; drop this once it is one
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cli.options import add_offload_copy_model_argument
 from common.atomic import atomic_path, write_text_atomic
 from common.metrics import SLO, cluster_metrics, replay_metrics
 from common.trace import Trace, TraceFormatError, TraceStats, summarize
 from eval.workloads.registry import TRACES, load_or_generate, merge
-from harness.serve import add_offload_copy_model_argument
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
 from sim.engines import base_policy, context_limit, make_engine

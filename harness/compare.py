@@ -7,10 +7,10 @@ printed side by side and written to `OUT/compare.json`.
 
 from __future__ import annotations
 
-import argparse
-import copy
+import dataclasses
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,38 +18,31 @@ from rich.console import Console
 from rich.table import Table
 
 from common.atomic import write_json_atomic
-from harness import run as run_mod
-from harness.run import RunError
+from harness.run import RunError, RunSpec, run_benchmark
 
 ROWS = ("tasks", "passed", "resolved", "pass_rate", "jct_mean_s", "jct_p95_s", "wall_s",
         "events_sent", "events_dropped")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    run_mod.add_arguments(parser, policy=False)
-    parser.add_argument("--policies", default="vllm,continuum",
-                        help="comma-separated policies (default vllm,continuum)")
-
-
-def run(args: argparse.Namespace) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+def compare_policies(spec: RunSpec, policies: Sequence[str]) -> int:
+    """`harness run` of `spec` once per policy (its `policy` is ignored), then the table; 1
+    when a run left tasks unfinished (a server or Docker failure), else 0."""
     if len(policies) < 1 or len(set(policies)) != len(policies):
         raise RunError("--policies needs distinct policy names, e.g. vllm,continuum")
-    if args.server:
+    if spec.server:
         raise RunError("harness compare starts one co-located server per policy; --server "
                        "would run every policy on the same server")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out or f"runs/compare-{args.benchmark}-{stamp}")
+    out = Path(spec.out or f"runs/compare-{spec.benchmark}-{stamp}")
     console = Console()
     summaries: dict[str, dict[str, Any]] = {}
     status = 0  # 1 when a run left tasks unfinished (a server or Docker failure)
     for policy in policies:
-        console.rule(f"{args.benchmark} --policy {policy}")
-        one = copy.copy(args)
-        one.policy, one.out = policy, str(out / policy)
-        status = max(status, run_mod.run(one))
+        console.rule(f"{spec.benchmark} --policy {policy}")
+        one = dataclasses.replace(spec, policy=policy, out=str(out / policy))
+        status = max(status, run_benchmark(one))
         summaries[policy] = json.loads((out / policy / "summary.json").read_text())
-    table = Table(title=f"harness compare {args.benchmark}")
+    table = Table(title=f"harness compare {spec.benchmark}")
     table.add_column("metric")
     for policy in policies:
         table.add_column(policy, justify="right")
@@ -63,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(key, *cells)
     console.print(table)
     base = summaries[policies[0]].get("jct_mean_s") or 0.0
-    result = {"benchmark": args.benchmark, "policies": policies, "summaries": summaries,
+    result = {"benchmark": spec.benchmark, "policies": list(policies), "summaries": summaries,
               "jct_mean_vs_first": {p: (s["jct_mean_s"] / base if base else None)
                                     for p, s in summaries.items()}}
     write_json_atomic(out / "compare.json", result)

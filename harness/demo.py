@@ -8,7 +8,6 @@ turn's prompt came from the KV cache.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.table import Table
 
+from common.errors import UserError
 from harness.agent import tool_ended, tool_started
 from harness.events_client import EventClient
 from harness.model_client import ChatClient
@@ -100,29 +100,21 @@ def report(console: Console, policy: str, results: list[ProgramResult], events: 
                   f"{wall_s:.1f} s; events sent {events.sent}, dropped {events.dropped}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", default="continuum")
-    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL (see harness serve)")
-    parser.add_argument("--programs", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--server", default=None,
-                        help="use a running server at this URL instead of starting one")
-
-
-def run(args: argparse.Namespace) -> int:
+def run_demo(policy: str = "continuum", profile: str | None = None, programs: int = 12,
+             seed: int = 0, server: str | None = None) -> int:
+    """`programs` synthetic agent programs through a co-located server with `policy` (emulated
+    GPU `profile`), or through the running one at URL `server`; prints the report."""
+    if programs < 1:
+        raise UserError("--programs must be at least 1")
     console = Console()
-    if args.programs < 1:
-        console.print("[red]--programs must be at least 1[/red]")
-        return 2
     started = time.monotonic()
-    if args.server:
-        results, events = asyncio.run(run_all(args.server, "llama-3.1-8b", args.programs,
-                                              args.seed))
+    if server:
+        results, events = asyncio.run(run_all(server, "llama-3.1-8b", programs, seed))
     else:
-        console.print(f"starting harness serve --policy {args.policy} (emulated GPU) ...")
-        with ServerProcess(policy=args.policy, profile=args.profile) as server:
-            console.print(f"server up at {server.base_url} (log {server.log_path})")
-            results, events = asyncio.run(run_all(server.base_url, "llama-3.1-8b",
-                                                  args.programs, args.seed))
-    report(console, args.policy, results, events, time.monotonic() - started)
+        console.print(f"starting harness serve --policy {policy} (emulated GPU) ...")
+        with ServerProcess(policy=policy, profile=profile) as process:
+            console.print(f"server up at {process.base_url} (log {process.log_path})")
+            results, events = asyncio.run(run_all(process.base_url, "llama-3.1-8b",
+                                                  programs, seed))
+    report(console, policy, results, events, time.monotonic() - started)
     return 0

@@ -16,7 +16,6 @@ apart), so the rows are what the engine really ran, not what was asked; the fit 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -31,7 +30,7 @@ from typing import Any
 import httpx
 
 from harness.server_process import ServerProcess
-from server.cpu_engine import model_folder
+from server.cpu_engine import DEFAULT_CPU_MODEL, model_folder
 from server.profile_cpu import Shape, grid, of_shape, quick_grid, table_from_steps
 from server.step_log import StepLogTail, StepRecord
 
@@ -156,16 +155,17 @@ async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], r
     return steps
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    folder = model_folder(args.model)
-    repeats = args.repeats or (2 if args.quick else 6)
-    if repeats < 1:
-        raise ValueError("--repeats must be >= 1")
-    shapes = quick_grid() if args.quick else None
+def measure_served(model: str = DEFAULT_CPU_MODEL, quick: bool = False, repeats: int = 6,
+                   torch_compile: bool = False) -> dict[str, Any]:
+    """The profile table of `harness serve --device cpu --model MODEL` driven over HTTP: every
+    shape of the grid (`quick`: a few small ones) `repeats` times; `torch_compile`: compile
+    the model as `harness serve --device cpu` does (default eager)."""
+    folder = model_folder(model)
+    shapes = quick_grid() if quick else None
     with tempfile.TemporaryDirectory() as tmp:
         step_log = Path(tmp) / "steps.jsonl"
         vllm_args = ["--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)]
-        if not args.compile:
+        if not torch_compile:
             vllm_args.append("--enforce-eager")
         started = time.time()
         with ServerProcess(policy="vllm", serve_args=[
@@ -181,18 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             steps = asyncio.run(drive(server.base_url, folder.name, step_log, shapes, repeats,
                                       lone=lone))
             elapsed = time.time() - started - startup
-    return table_from_steps(folder, steps, enforce_eager=not args.compile, path="served",
+    return table_from_steps(folder, steps, enforce_eager=not torch_compile, path="served",
                             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                             served_path=served_path(lone, steps),
                             startup_s=round(startup, 1), elapsed_s=round(elapsed, 1))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from server.profile_cpu import measure_and_write, parse_args
-
-    args = parse_args(argv)
-    return measure_and_write(lambda: run(args), args.out, suffix="-served")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,6 @@ result is marked `retryable`, is neither scored nor graded, and `--resume` runs 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import inspect
@@ -34,20 +33,45 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from common.atomic import write_json_atomic
+from common.errors import UserError
 from common.metrics import summarize
 from harness.agent import Agent, Limits, Replay
-from harness.benchmarks import Benchmark, BenchmarkError, Task, TaskSetupError, get_benchmark
+from harness.benchmarks import Benchmark, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
 from harness.model_client import ChatClient, api_root
+from harness.sandbox_prune import leftover_warning, sweep_run
 from harness.server_process import ServerProcess
 from harness.tools.base import SandboxError
+from harness.tools.docker_client import shared_client
+from harness.tools.sandbox_image import SandboxImageError
 from predictor.durations import ToolDurationModel
 
 EMULATED_MODEL = "llama-3.1-8b"
 
 
-class RunError(ValueError):
+class RunError(UserError):
     """Bad `harness run` input; printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one `harness run` does: the benchmark and the options of the command line, so the
+    run can be started from Python without argparse (`harness compare` runs one per policy)."""
+
+    benchmark: str
+    policy: str = "continuum"
+    #: replay:DIR, a served model NAME (with `server`) or a model PATH (see `ModelSpec`)
+    model: str | None = None
+    server: str | None = None  # URL of a running server; None: start a co-located one
+    profile: str | None = None  # emulated GPU-MODEL of the co-located server
+    limit: int | None = None  # only the first N tasks
+    concurrency: int = 16
+    tasks: str | None = None  # a task file instead of the shipped one
+    out: str | None = None  # default runs/BENCH-POLICY-TIMESTAMP
+    resume: bool = False
+    max_steps: int = 30
+    predictor: str | None = None  # a `harness predictor train` model directory
+    token_ids: bool = True  # ask the server for token ids (`return_token_ids`)
 
 
 @dataclass
@@ -239,10 +263,6 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
 
 def sweep_containers(run_id: str, log: Callable[[str], None]) -> None:
     """Remove what programs whose engine failed could not (their containers), saying so."""
-    from harness.sandbox_prune import sweep_run
-    from harness.tools.docker_client import shared_client
-    from harness.tools.sandbox_image import SandboxImageError
-
     try:
         client = shared_client()
     except SandboxImageError as exc:
@@ -303,10 +323,6 @@ def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
 
 def warn_leftovers(console: Console) -> None:
     """Say so when dead runs left containers or stale task images (never stops the run)."""
-    from harness.sandbox_prune import leftover_warning
-    from harness.tools.docker_client import shared_client
-    from harness.tools.sandbox_image import SandboxImageError
-
     try:
         client = shared_client()
     except SandboxImageError:
@@ -316,93 +332,67 @@ def warn_leftovers(console: Console) -> None:
         console.print(warning, markup=False, highlight=False, soft_wrap=True)
 
 
-def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
-    parser.add_argument("benchmark", help="gsm8k, hotpotqa, alfworld or swe-bench")
-    if policy:
-        parser.add_argument("--policy", default="continuum")
-    parser.add_argument("--model", default=None,
-                        help="replay:DIR (recorded trajectories; default: the benchmark's own), "
-                        "a served model NAME (with --server) or a model PATH (real GPU)")
-    parser.add_argument("--server", default=None, help="URL of a running server to use")
-    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
-    parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--tasks", default=None, help="a task file instead of the shipped one")
-    parser.add_argument("--out", default=None,
-                        help="output folder (default runs/BENCH-POLICY-TIMESTAMP)")
-    parser.add_argument("--resume", action="store_true",
-                        help="skip tasks already finished in --out")
-    parser.add_argument("--max-steps", type=int, default=30)
-    parser.add_argument("--predictor", default=None, metavar="DIR",
-                        help="a model from `harness predictor train`: each request then "
-                        "carries its predicted output length, and tool calls a prediction "
-                        "before the harness has durations of its own")
-    parser.add_argument("--no-token-ids", action="store_true",
-                        help="do not ask the server for token ids (`return_token_ids`, a vLLM "
-                        "extension): for OpenAI-compatible servers that reject it")
-
-
-def run(args: argparse.Namespace) -> int:
+def run_benchmark(spec: RunSpec) -> int:
+    """Run and score the benchmark's tasks as `spec` says; 0 when every task has a final
+    result, 1 when a model server or Docker failure left some unfinished. Bad input raises a
+    `UserError` (`RunError`, `BenchmarkError`, ...) before any program starts."""
     console = Console()
-    try:
-        bench = get_benchmark(args.benchmark)
-        tasks = bench.load_tasks(Path(args.tasks) if args.tasks else None)
-    except BenchmarkError as exc:
-        raise RunError(str(exc)) from None
-    if args.limit is not None:
-        if args.limit < 1:
+    bench = get_benchmark(spec.benchmark)
+    tasks = bench.load_tasks(Path(spec.tasks) if spec.tasks else None)
+    if spec.limit is not None:
+        if spec.limit < 1:
             raise RunError("--limit must be at least 1")
-        tasks = tasks[: args.limit]
-    if args.concurrency < 1:
+        tasks = tasks[: spec.limit]
+    if spec.concurrency < 1:
         raise RunError("--concurrency must be at least 1")
-    if args.resume and not args.out:
+    if spec.resume and not spec.out:
         raise RunError("--resume needs --out: the folder of the run to continue")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out or f"runs/{bench.name}-{args.policy}-{stamp}")
-    if not args.resume and (out / "results").is_dir() and any((out / "results").iterdir()):
+    out = Path(spec.out or f"runs/{bench.name}-{spec.policy}-{stamp}")
+    if not spec.resume and (out / "results").is_dir() and any((out / "results").iterdir()):
         raise RunError(f"{out} already holds results: pass --resume to continue that run, or "
                        "choose another --out")
-    todo = [t for t in tasks if not (args.resume and is_finished(out, t.id))]
-    if len(todo) < len(tasks) or args.resume:
+    todo = [t for t in tasks if not (spec.resume and is_finished(out, t.id))]
+    if len(todo) < len(tasks) or spec.resume:
         again = sum(result_path(out, t.id).is_file() for t in todo)
         console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done"
                       + (f"; {again} interrupted by a model server or Docker failure run "
                          "again" if again else ""))
-    spec = ModelSpec.parse(args.model)
-    if spec.kind == "name" and not args.server:
-        raise RunError(f"--model {spec.value}: a model name needs --server URL (or give a "
+    model_spec = ModelSpec.parse(spec.model)
+    if model_spec.kind == "name" and not spec.server:
+        raise RunError(f"--model {model_spec.value}: a model name needs --server URL (or give a "
                        "replay:DIR or a model PATH)")
-    model = spec.value if spec.kind == "name" else EMULATED_MODEL
-    replays = load_replays(bench, todo, spec)
-    text_model = load_text_model(args.predictor)
+    model = model_spec.value if model_spec.kind == "name" else EMULATED_MODEL
+    replays = load_replays(bench, todo, model_spec)
+    text_model = load_text_model(spec.predictor)
     if bench.uses_docker:
         warn_leftovers(console)
     started = time.monotonic()
-    limits = Limits(max_steps=args.max_steps)
+    limits = Limits(max_steps=spec.max_steps)
     diagnose: Callable[[], str | None] | None = None
     with contextlib.ExitStack() as stack:
-        if args.server:
-            base_url = api_root(args.server)
+        if spec.server:
+            base_url = api_root(spec.server)
             check_reachable(base_url)
         else:
-            serve_args = ["--model", spec.value] if spec.kind == "path" else []
-            console.print(f"starting harness serve --policy {args.policy} ...")
-            server = stack.enter_context(ServerProcess(policy=args.policy, profile=args.profile,
+            serve_args = ["--model", model_spec.value] if model_spec.kind == "path" else []
+            console.print(f"starting harness serve --policy {spec.policy} ...")
+            server = stack.enter_context(ServerProcess(policy=spec.policy, profile=spec.profile,
                                                        serve_args=serve_args))
             base_url = server.base_url
             diagnose = server.exit_description
-            if spec.kind == "path":
-                model = Path(spec.value).name
+            if model_spec.kind == "path":
+                model = Path(model_spec.value).name
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
-                                     args.concurrency, limits, console, text_model,
-                                     not getattr(args, "no_token_ids", False), diagnose)) \
+                                     spec.concurrency, limits, console, text_model,
+                                     spec.token_ids, diagnose)) \
             if todo else {"sent": 0, "dropped": 0}
         received = server_events_received(base_url)
-    summary = build_summary(bench, args.policy, tasks, out, events, model,
+    summary = build_summary(bench, spec.policy, tasks, out, events, model,
                             time.monotonic() - started, received)
     write_json_atomic(out / "summary.json", summary)
     print_summary(console, summary, out)
-    return report_unfinished(console, summary, args, out)
+    return report_unfinished(console, summary, spec, out)
 
 
 def check_reachable(base_url: str) -> None:
@@ -416,7 +406,7 @@ def check_reachable(base_url: str) -> None:
                        "harness run start it") from None
 
 
-def report_unfinished(console: Console, summary: dict[str, Any], args: argparse.Namespace,
+def report_unfinished(console: Console, summary: dict[str, Any], spec: RunSpec,
                       out: Path) -> int:
     """0 when every task has a final result; else say what is left and how to finish it, 1."""
     if not summary["retryable"] and not summary["not_started"]:
@@ -427,7 +417,7 @@ def report_unfinished(console: Console, summary: dict[str, Any], args: argparse.
                   f"or the Docker engine ({statuses or 'none'}), {summary['not_started']} "
                   f"task(s) not started; finished results are kept in {out / 'results'} "
                   f"(errors in each result's `error`). Finish the run with: harness run "
-                  f"{args.benchmark} --out {out} --resume"
-                  + (" --server URL" if args.server else ""),
+                  f"{spec.benchmark} --out {out} --resume"
+                  + (" --server URL" if spec.server else ""),
                   markup=False, highlight=False, soft_wrap=True)
     return 1

@@ -17,11 +17,8 @@ warns at start when it finds leftovers.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,35 +166,3 @@ def leftover_warning(client: Any) -> str | None:
     return (f"warning: earlier runs that ended without cleaning up left {containers} "
             f"container(s) and {images} stale task image(s) on the Docker engine; "
             "`harness sandbox prune` removes them")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dry-run", action="store_true", help="list, remove nothing")
-    parser.add_argument("--run", default=None, metavar="RUN_ID",
-                        help="only what this run left (its id: the `harness.run` label)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from harness.tools.docker_client import shared_client
-    from harness.tools.sandbox_image import SandboxImageError
-
-    try:
-        client = shared_client()
-    except SandboxImageError as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
-        return 2
-    removed, failed = prune(client, args.run, args.dry_run)
-    containers = sum(i.kind == "container" for i in removed)
-    verb = "would remove" if args.dry_run else "removed"
-    if not removed and not failed:
-        print("nothing to remove: no container of a dead run, no stale task image")
-    else:
-        print(f"{verb} {containers} container(s) and {len(removed) - containers} "
-              f"image(s)" + (f"; {len(failed)} kept (in use or refused)" if failed else ""))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness sandbox prune", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

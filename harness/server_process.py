@@ -14,12 +14,16 @@ from pathlib import Path
 
 import httpx
 
+from common.errors import UserError
+
 #: niceness `ServerProcess.yield_cores_to_engine` gives the API server and the client
 FRONTEND_NICE = 10
 
 
-class ServerStartError(RuntimeError):
-    pass
+class ServerStartError(UserError):
+    """`harness serve` did not come up. A message, not a traceback: it carries the server's
+    log tail, which says why (most often an option the server refused, such as an unknown
+    policy or profile); the client's stack would say nothing about the server."""
 
 
 def free_port() -> int:

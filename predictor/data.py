@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from common.actions import FormatError, parse_action
+from common.errors import UserError
 from common.jsonl import json_lines
 from common.tool_keys import command_class
 
@@ -66,7 +67,7 @@ CALL_CHARS = 160
 FIELDS = ("text", "output_tokens", "tool", "call", "tool_seconds", "group", "source")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Bad example data: the message names the file and line and says what to fix."""
 
 

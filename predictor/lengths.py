@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from common.errors import UserError
 from predictor.baseline import TfidfRidge
 from predictor.buckets import (
     BUCKET_EDGES,
@@ -67,7 +68,7 @@ PREDICTOR_FILE = "predictor.json"
 BASELINE_FILE = "baseline.json"
 
 
-class PredictorError(ValueError):
+class PredictorError(UserError):
     """A model directory that cannot be used; the message says what is wrong."""
 
 

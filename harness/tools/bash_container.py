@@ -220,7 +220,7 @@ class BashContainer:
             except docker.errors.ImageNotFound as exc:
                 raise SandboxImageError(
                     f"sandbox image {self.image} not found: build it with "
-                    "`sudo .venv/bin/python -m harness.tools.sandbox_image`"
+                    "`sudo .venv/bin/harness sandbox build`"
                 ) from exc
             self.container.put_archive(RUNNER.rsplit("/", 2)[0], _scripts_tar())
             return self.container

@@ -19,9 +19,9 @@ The image metadata keeps ``root`` as the default user, so that setup steps
 (copying a repository into ``/testbed``, fixing ownership) can still run as
 root; the bash tool passes ``user="agent"`` for every agent command.
 
-Usage::
+Usage (`cli.sandbox`)::
 
-    python -m harness.tools.sandbox_image [--force] [--name NAME]
+    harness sandbox build [--force] [--name NAME]
 
 Building needs root (debootstrap), ``debootstrap`` itself and a running Docker
 engine; ``scripts/docker_engine.sh`` provides the last two on Debian.
@@ -29,12 +29,10 @@ engine; ``scripts/docker_engine.sh`` provides the last two on Debian.
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -193,7 +191,7 @@ def _check_build_prerequisites() -> None:
     if os.geteuid() != 0:
         raise SandboxImageError(
             "building the sandbox image with debootstrap needs root: run "
-            "`sudo python -m harness.tools.sandbox_image`, or use pull_or_build "
+            "`sudo .venv/bin/harness sandbox build`, or use pull_or_build "
             "on a machine with network access."
         )
 
@@ -440,58 +438,6 @@ def pull_or_build(
     except (docker.errors.BuildError, docker.errors.APIError) as exc:
         raise SandboxImageError(
             f"building {name} from {base} failed: {exc}. Without network access, "
-            "build offline instead: `sudo python -m harness.tools.sandbox_image`."
+            "build offline instead: `sudo .venv/bin/harness sandbox build`."
         ) from exc
     return name
-
-
-# --------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: build the sandbox image offline (default) or via a pulled base (--pull)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m harness.tools.sandbox_image",
-        description="Build the Docker image the bash tool runs agent commands in.",
-    )
-    parser.add_argument(
-        "--name", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})"
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="rebuild even if the image exists"
-    )
-    parser.add_argument(
-        "--suite", default=DEFAULT_SUITE, help="Debian suite for debootstrap"
-    )
-    parser.add_argument(
-        "--pull",
-        action="store_true",
-        help="try pulling --base from a registry first, build offline if that fails",
-    )
-    parser.add_argument(
-        "--base", default="python:3.11-slim", help="base image for --pull"
-    )
-    args = parser.parse_args(list(argv) if argv is not None else None)
-
-    def progress(msg: str) -> None:
-        print(msg, flush=True)
-
-    try:
-        if args.pull:
-            pull_or_build(
-                args.name, base=args.base, force=args.force, progress=progress
-            )
-        else:
-            build_offline_image(
-                args.name, suite=args.suite, force=args.force, progress=progress
-            )
-    except SandboxImageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

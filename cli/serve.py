@@ -11,24 +11,19 @@ import argparse
 import os
 from pathlib import Path
 
+from cli.options import add_offload_copy_model_argument
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.launch import DEVICES, build_command
-from server.perf.copy_model import (
-    DEFAULT_OFFLOAD_COPY_MODEL,
-    OFFLOAD_COPY_MODEL_HELP,
-    OFFLOAD_COPY_MODELS,
-)
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.step_log import ENV_STEP_LOG
 
 
-def add_offload_copy_model_argument(parser: argparse.ArgumentParser, what: str) -> None:
-    """The ``--offload-copy-model`` option, one definition for every command that takes it
-    (`harness serve`, the bench): `what` names the copies it times, for the help."""
-    parser.add_argument("--offload-copy-model", default=DEFAULT_OFFLOAD_COPY_MODEL,
-                        choices=list(OFFLOAD_COPY_MODELS),
-                        help=OFFLOAD_COPY_MODEL_HELP.format(what=what))
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="start the vLLM server with a policy (emulated GPU if none)")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

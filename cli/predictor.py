@@ -8,7 +8,8 @@
 ridge baseline and the BERT model on the training part and prints the held-out figures of the
 model, the baseline and the constant predictor. `eval` recomputes them; when `--data` is the
 file the model was trained on (same sha256) it evaluates the same held-out part, otherwise all
-of the file, and says which. Bad input ends with `harness: error: ...` and exit status 2.
+of the file, and says which. Bad input (`DataError`, `PredictorError`, `CheckpointError`)
+ends with `harness: error: ...` and exit status 2 (`cli.errors`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from common.atomic import write_json_atomic
+from common.errors import UserError
+from predictor import lengths
+from predictor.buckets import bucket_label
 from predictor.data import DEFAULT_DATA, DataError, file_digest, load_examples, split
 
 HELD_OUT = 0.2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "predictor", help="train / evaluate the output-length and tool-duration predictor")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,24 +83,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from predictor.lengths import PredictorError
-
-    try:
-        return int(args.predictor_func(args) or 0)
-    except (DataError, PredictorError, ValueError, OSError) as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
-        return 2
+    return int(args.predictor_func(args) or 0)
 
 
 # -- train ---------------------------------------------------------------------------------
 
 
 def _train(args: argparse.Namespace) -> int:
-    from predictor import lengths
-
     if args.epochs < 1:
-        raise ValueError(f"--epochs must be at least 1, got {args.epochs}")
+        raise UserError(f"--epochs must be at least 1, got {args.epochs}")
     examples = load_examples(args.data)
+    if not 0 < args.held_out < 1:  # `split` checks it too, for callers from Python
+        raise UserError(f"held_out must be in (0, 1), got {args.held_out}")
     train_set, held_out = split(examples, args.seed, args.held_out)
     digest = file_digest(args.data)
     print(f"data: {args.data} ({len(examples)} examples, sha256 {digest[:12]})")
@@ -126,8 +136,6 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled and sys.stdout.isatty():
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
                                 TextColumn("{task.completed}/{task.total} steps"),
                                 TimeElapsedColumn())
@@ -152,8 +160,6 @@ class _Progress:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from predictor import lengths
-
     predictor = lengths.LengthPredictor.load(args.model)
     examples = load_examples(args.data)
     digest = file_digest(args.data)
@@ -176,17 +182,12 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"model: {args.model} ({predictor.backend}); data: {args.data}")
     _print_figures(results, title)
     if args.json is not None:
-        from common.atomic import write_json_atomic
-
         write_json_atomic(args.json, {"split": choice, "examples": len(chosen),
                                       "figures": results})
     return 0
 
 
 def _print_figures(results: dict[str, dict[str, float]], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"predictor figures: {title}")
     table.add_column("model")
     for name in ("accuracy", "within one", "MAE tokens", "MAE s (call)", "MAE s (request)"):
@@ -207,10 +208,7 @@ def _print_figures(results: dict[str, dict[str, float]], title: str) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from predictor.buckets import bucket_label
-    from predictor.lengths import LengthPredictor
-
-    predictor = LengthPredictor.load(args.model)
+    predictor = lengths.LengthPredictor.load(args.model)
     for text, p in zip(args.texts, predictor.predict_many(args.texts), strict=True):
         print(json.dumps({"text": text[:60], "bucket": p.bucket,
                           "range": bucket_label(p.bucket, predictor.edges),

@@ -1,0 +1,29 @@
+"""`harness demo`: a batch of synthetic agent programs through a co-located server
+(`harness.demo`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.demo import run_demo
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="run a batch of agent programs through a co-located server")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", default="continuum")
+    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL (see harness serve)")
+    parser.add_argument("--programs", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server", default=None,
+                        help="use a running server at this URL instead of starting one")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_demo(policy=args.policy, profile=args.profile, programs=args.programs,
+                    seed=args.seed, server=args.server)
