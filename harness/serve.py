@@ -13,6 +13,7 @@ from pathlib import Path
 
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.launch import DEVICES, build_command
+from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.perf.copy_model import (
     DEFAULT_OFFLOAD_COPY_MODEL,
     OFFLOAD_COPY_MODEL_HELP,
@@ -50,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest conversation in tokens (default 32768; with --device cpu "
-                        "the model's own)")
+                        help=f"longest conversation in tokens (default {SERVED_MAX_MODEL_LEN}; "
+                        "with --device cpu the model's own)")
     parser.add_argument("--offload-gib", type=float, default=None,
                         help="host memory for vLLM's native KV offloading, GiB (default: "
                         f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     extra = [a for a in args.vllm_args if a != "--"]
     max_model_len = args.max_model_len
     if max_model_len is None and args.device != "cpu":
-        max_model_len = 32768
+        max_model_len = SERVED_MAX_MODEL_LEN
     command = build_command(policy=args.policy, profile=args.profile, model=args.model,
                             host=args.host, port=args.port, seed=args.seed,
                             max_model_len=max_model_len, extra=extra,
