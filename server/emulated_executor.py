@@ -184,7 +184,7 @@ class EmulatedExecutor(Executor):
         result = [answers.get(name)]
         if name == "get_kv_connector_handshake_metadata":
             # nothing truthy: the engine then starts no NIXL side-channel listener (the
-            # emulated workers find each other through `server.emulated_nixl`'s fabric)
+            # emulated workers find each other through `server.nixl_fabric`)
             result = []
         if non_block:
             future: Future = Future()

@@ -10,7 +10,7 @@ served engine: only the clock differs.
 
 Prefill/decode disaggregation: `VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...,
 fabric="inproc:NAME"))` runs vLLM's `NixlConnector`; engines of one namespace find each other
-in-process (`server.emulated_nixl`) and each call into an engine installs its own clock as the
+in-process (`server.nixl_fabric`) and each call into an engine installs its own clock as the
 process clock, so several engines can live side by side (see `docs/pd.md`).
 """
 
