@@ -316,7 +316,7 @@ class EmulatedExecutor(Executor):
 
     def _get_tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # transformers: start-up cost
 
             path = self.model_config.tokenizer
             self._tokenizer = AutoTokenizer.from_pretrained(path)
