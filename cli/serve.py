@@ -14,6 +14,7 @@ from pathlib import Path
 from cli.options import add_offload_copy_model_argument
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.launch import DEVICES, build_command
+from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.step_log import ENV_STEP_LOG
@@ -45,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest conversation in tokens (default 32768; with --device cpu "
-                        "the model's own)")
+                        help=f"longest conversation in tokens (default {SERVED_MAX_MODEL_LEN}; "
+                        "with --device cpu the model's own)")
     parser.add_argument("--offload-gib", type=float, default=None,
                         help="host memory for vLLM's native KV offloading, GiB (default: "
                         f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     extra = [a for a in args.vllm_args if a != "--"]
     max_model_len = args.max_model_len
     if max_model_len is None and args.device != "cpu":
-        max_model_len = 32768
+        max_model_len = SERVED_MAX_MODEL_LEN
     command = build_command(policy=args.policy, profile=args.profile, model=args.model,
                             host=args.host, port=args.port, seed=args.seed,
                             max_model_len=max_model_len, extra=extra,

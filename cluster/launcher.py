@@ -39,16 +39,14 @@ from typing import Any
 
 import httpx
 
+from cluster import pd
 from cluster.config import ClusterConfig, ReplicaSpec
+from cluster.router_state import ReplicaEndpoint
+from server.max_model_len import served_max_model_len
 
 DEFAULT_BASE_PORT = 8100
 DEFAULT_ROUTER_PORT = 8000
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
-#: `harness serve`'s default `--max-model-len`; a replica with a small `num_gpu_blocks` gets
-#: what its cache can hold instead (vLLM refuses a max length the KV cache cannot hold; it
-#: counts one block fewer than the override).
-DEFAULT_MAX_MODEL_LEN = 32768
-BLOCK_SIZE = 16
 STOP_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1
 
@@ -83,27 +81,14 @@ def replica_ports(config: ClusterConfig, base_port: int = DEFAULT_BASE_PORT) -> 
     return ports
 
 
-def max_model_len(spec: ReplicaSpec) -> int:
-    if spec.num_gpu_blocks is None:
-        return DEFAULT_MAX_MODEL_LEN
-    return min(DEFAULT_MAX_MODEL_LEN, (spec.num_gpu_blocks - 1) * BLOCK_SIZE)
-
-
-def _pd() -> Any:
-    try:
-        from cluster import pd
-    except ImportError as exc:
-        raise LauncherError("this cluster has prefill/decode replicas, but cluster/pd.py (their "
-                            f"KV-transfer configuration) cannot be imported: {exc}") from None
-    return pd
-
-
 def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                     host: str = "127.0.0.1", side_channel_port: int | None = None,
                     events_ipc: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
     builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
-    the virtual-time cluster's engines do (`eval.bench.make_engine`)."""
+    the virtual-time cluster's engines do (`sim.engines.make_engine`)."""
+    # server.launch, server.events (pydantic): start-up cost (~0.5 s), paid only when replicas
+    # are built; the reaper (`python -m cluster.launcher reap`) runs this module too
     from server.events import ENV_EVENTS_IPC, default_ipc_path
     from server.launch import ServeError, build_command
     from server.settings import offload_gib
@@ -124,7 +109,6 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                 f"KV offloading (one connector per engine), but policy {spec.policy!r} or "
                 "`offload_gib` asks for offloading; drop `offload_gib` or pick a policy that "
                 "does not swap (vllm, continuum, preserve, ...)")
-        pd = _pd()
         kv = pd.kv_transfer_config(spec.name, spec.role, pd.links_to(config, spec.name))
         extra += pd.serve_args(kv)
         if side_channel_port is None:
@@ -132,7 +116,8 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
         env.update(pd.side_channel_env(side_channel_port))
     try:
         command = build_command(policy=spec.policy, profile=spec.profile, host=host, port=port,
-                                seed=config.router.seed, max_model_len=max_model_len(spec),
+                                seed=config.router.seed,
+                                max_model_len=served_max_model_len(spec.num_gpu_blocks),
                                 extra=extra, offload=offload,
                                 ttft_slo_s=config.router.ttft_slo_s)
     except ServeError as exc:
@@ -487,10 +472,10 @@ def serve_cluster(config: ClusterConfig, *, host: str = "127.0.0.1",
                   out: Callable[[str], None] | None = None) -> int:
     """Start the replicas, serve the router on `host:port` until SIGINT / SIGTERM (or every
     replica is gone), then stop everything. Returns the exit code (0 on a requested stop)."""
+    # uvicorn, FastAPI (cluster.router_app): start-up cost (~1 s), as above
     import uvicorn
 
     from cluster.router_app import create_app
-    from cluster.router_state import ReplicaEndpoint
 
     say = out or (lambda line: print(line, flush=True))
     logging.basicConfig(format="harness cluster: %(message)s", level=logging.WARNING)

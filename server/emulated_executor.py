@@ -184,7 +184,7 @@ class EmulatedExecutor(Executor):
         result = [answers.get(name)]
         if name == "get_kv_connector_handshake_metadata":
             # nothing truthy: the engine then starts no NIXL side-channel listener (the
-            # emulated workers find each other through `server.emulated_nixl`'s fabric)
+            # emulated workers find each other through `server.nixl_fabric`)
             result = []
         if non_block:
             future: Future = Future()
@@ -316,7 +316,7 @@ class EmulatedExecutor(Executor):
 
     def _get_tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # transformers: start-up cost
 
             path = self.model_config.tokenizer
             self._tokenizer = AutoTokenizer.from_pretrained(path)

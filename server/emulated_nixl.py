@@ -38,44 +38,31 @@ sizes, host-buffer staging (the CPU platform disables it), and transfer failures
 expired export or an unknown peer. All engines are assumed to serve the same model (the real
 handshake refuses a mismatch).
 
-Replicas find each other through a fabric (`harness_fabric`): `inproc:NAMESPACE` for
-`VirtualEngine`s in one process (a registry keyed by engine id; a notification to an idle
-engine wakes it), `zmq` for one `vllm serve` per replica: each engine binds a ZMQ PULL socket on
-the side-channel host and port it advertises as `remote_host` / `remote_port`
-(`VLLM_NIXL_SIDE_CHANNEL_HOST` / `_PORT`, where the real handshake listener would bind) and
-peers PUSH their notifications there.
-
-Time: the connector's scheduler side stamps leases with `time.perf_counter()`. So that leases
-follow the engine's clock (`server.clock`, virtual or real), `follow_process_clock()` points the
-`time` name of exactly two vLLM modules (`nixl/base_scheduler.py`, `nixl/pull_scheduler.py`) at a
-shim whose `perf_counter()` is `clock().now()`; every other `time` use in the process is
-untouched. Lease deadlines and export expiry times are then clock readings, which the engines of
-one virtual cluster share, and which served replicas on one machine share (wall time).
-
 Idle steps: a step that computes nothing lasts until the next read ends, note is due or lease
 ends, at most the profile's per-step CPU cost (an idle engine loop polls). It polls while
 leases are held too: a replica whose waiting request is blocked by its own held blocks must let
 time pass, or in a virtual-time loop its peer would never get the turn in which it reads them.
 
-One vLLM 0.32 bug is worked around (`fix_readback_retry`, the prefill side of bidirectional
-transfer re-offering a read it will never start).
+The notes between engines and how they travel are `server.nixl_fabric`'s; what is changed in
+vLLM's scheduler side (its clock, one bug) is `server.nixl_patches`'s.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm import envs
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 from vllm.v1.outputs import KVConnectorOutput
 
 from server.clock import clock
+from server.nixl_fabric import FABRIC_KEY, LINKS_KEY, Fabric, InprocFabric, Note, make_fabric
+from server.nixl_patches import fix_readback_retry, follow_process_clock
 from server.perf.hardware import INFINIBAND, Link
 
 logger = logging.getLogger("harness.emulated_nixl")
@@ -84,8 +71,6 @@ logger = logging.getLogger("harness.emulated_nixl")
 NIXL_CONNECTORS = ("NixlConnector", "NixlPullConnector")
 #: `nixl/pull_worker.py` `_KV_BLOCKS_EXPIRY_SAFETY_MARGIN`.
 EXPIRY_SAFETY_MARGIN_S = 5.0
-LINKS_KEY = "harness_links"
-FABRIC_KEY = "harness_fabric"
 
 
 def uses_nixl(kv_transfer_config: Any) -> bool:
@@ -97,252 +82,6 @@ def uses_nixl(kv_transfer_config: Any) -> bool:
         raise ValueError("the emulated GPU plays the NIXL connector in pull mode only "
                          "(kv_connector NixlConnector); push mode needs real workers")
     return name in NIXL_CONNECTORS
-
-
-# -- time --------------------------------------------------------------------------------------
-class _ClockTime:
-    """`time` for the NIXL scheduler modules: perf_counter/monotonic read the process clock."""
-
-    @staticmethod
-    def perf_counter() -> float:
-        return clock().now()
-
-    @staticmethod
-    def monotonic() -> float:
-        return clock().now()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
-def follow_process_clock() -> None:
-    """Make the NIXL connector's scheduler side stamp leases with `server.clock` time."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_scheduler, pull_scheduler
-
-    for module in (base_scheduler, pull_scheduler):
-        if not isinstance(module.time, _ClockTime):
-            module.time = _ClockTime()  # type: ignore[attr-defined]
-
-
-def fix_readback_retry() -> None:
-    """Work around a vLLM 0.32 bug on the prefill side of `bidirectional_kv_xfer`.
-
-    `update_state_after_alloc` starts at most one read per request (`_remote_blocks_processed`),
-    but `get_num_new_matched_tokens` offers the decode replica's tokens again whenever the
-    request is scheduled anew: after a failed or declined read-back with
-    `kv_load_failure_policy="recompute"` (or after a preemption) the request goes back to
-    `WAITING_FOR_REMOTE_KVS` with no read to end the wait, and hangs. The decode side clears
-    `do_remote_prefill` for the same purpose; here the prefill side's offer is withdrawn once
-    its one read has been made, so the request recomputes what its prefix cache lacks."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
-        NixlPullConnectorScheduler,
-    )
-
-    original = NixlPullConnectorScheduler.get_num_new_matched_tokens
-    if getattr(original, "_harness_fixed", False):
-        return
-
-    def get_num_new_matched_tokens(self: Any, request: Any,
-                                   num_computed_tokens: int) -> tuple[int, bool]:
-        params = request.kv_transfer_params
-        if params and params.get("do_remote_decode") and params.get("_remote_blocks_processed"):
-            return 0, False
-        return original(self, request, num_computed_tokens)
-
-    get_num_new_matched_tokens._harness_fixed = True  # type: ignore[attr-defined]
-    NixlPullConnectorScheduler.get_num_new_matched_tokens = (  # type: ignore[method-assign]
-        get_num_new_matched_tokens)
-
-
-# -- notifications and the fabric --------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Note:
-    """A worker-to-worker message: `read` (a reader is done with `req_ids`: NIXL's
-    "req:consumers" notification), `hb` (heartbeat: extend those leases) or `release` (a
-    router says nobody will read them). `at`: the sender's clock when it takes effect."""
-
-    kind: str
-    req_ids: tuple[str, ...]
-    sender: str
-    at: float
-    consumers: int = 1
-
-    def encode(self) -> bytes:
-        return json.dumps({"kind": self.kind, "req_ids": list(self.req_ids),
-                           "sender": self.sender, "at": self.at,
-                           "consumers": self.consumers}).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> Note:
-        raw = json.loads(data)
-        return cls(str(raw["kind"]), tuple(str(r) for r in raw["req_ids"]), str(raw["sender"]),
-                   float(raw["at"]), int(raw.get("consumers", 1)))
-
-
-class Fabric:
-    """How an engine's worker reaches its peers' workers."""
-
-    def send(self, engine_id: str, host: str | None, port: int | None, note: Note,
-             not_before: float) -> bool:
-        raise NotImplementedError
-
-    def receive(self) -> list[Note]:
-        raise NotImplementedError
-
-    def pending(self) -> bool:
-        """Whether notes are waiting to be received (in-process: exact; ZMQ: unknown, False)."""
-        return False
-
-    def close(self) -> None:
-        return None
-
-
-class _Mailbox:
-    def __init__(self) -> None:
-        self.notes: list[Note] = []
-        self.wake: Callable[[float], None] | None = None
-
-
-_INPROC: dict[tuple[str, str], _Mailbox] = {}
-
-
-class InprocFabric(Fabric):
-    """Engines of one process, keyed by (namespace, engine id)."""
-
-    def __init__(self, namespace: str, engine_id: str) -> None:
-        key = (namespace, engine_id)
-        if key in _INPROC:
-            raise ValueError(f"engine id {engine_id!r} is already registered in fabric "
-                             f"namespace {namespace!r}; give each replica its own name, or "
-                             "close the previous engine first")
-        self.namespace = namespace
-        self.engine_id = engine_id
-        self.mailbox = _Mailbox()
-        _INPROC[key] = self.mailbox
-
-    def send(self, engine_id: str, host: str | None, port: int | None, note: Note,
-             not_before: float) -> bool:
-        box = _INPROC.get((self.namespace, engine_id))
-        if box is None:
-            return False
-        if box.wake is not None:
-            # The target may be idle with a stale clock: bring it up to when the sender's step
-            # began (every arrival before that has already been delivered to it), no further.
-            box.wake(min(not_before, note.at))
-        box.notes.append(note)
-        return True
-
-    def receive(self) -> list[Note]:
-        notes, self.mailbox.notes = self.mailbox.notes, []
-        return notes
-
-    def pending(self) -> bool:
-        return bool(self.mailbox.notes)
-
-    def close(self) -> None:
-        if _INPROC.get((self.namespace, self.engine_id)) is self.mailbox:
-            del _INPROC[(self.namespace, self.engine_id)]
-
-
-def _zmq_path(host: str, port: int) -> str:
-    from vllm.utils.network_utils import make_zmq_path
-
-    return make_zmq_path("tcp", host, port)
-
-
-class ZmqFabric(Fabric):
-    """One process per engine: a PULL socket on this engine's side-channel address, PUSH
-    sockets to the peers' (`remote_host` / `remote_port` of their `kv_transfer_params`)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        import zmq
-
-        self._zmq = zmq
-        self._ctx = zmq.Context()
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        try:
-            self._pull.bind(_zmq_path(host, port))
-        except zmq.ZMQError as exc:
-            self._ctx.destroy(linger=0)
-            raise RuntimeError(
-                f"cannot listen for P/D notifications on {host}:{port} ({exc}); give each "
-                "replica its own VLLM_NIXL_SIDE_CHANNEL_PORT (cluster.pd.side_channel_env)"
-            ) from None
-        self._push: dict[tuple[str, int], Any] = {}
-
-    def send(self, engine_id: str, host: str | None, port: int | None, note: Note,
-             not_before: float) -> bool:
-        if host is None or port is None:
-            return False
-        zmq = self._zmq
-        sock = self._push.get((host, int(port)))
-        if sock is None:
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(_zmq_path(host, int(port)))
-            self._push[(host, int(port))] = sock
-        try:
-            sock.send(note.encode(), zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            logger.warning("P/D notification to %s (%s:%s) failed: %s", engine_id, host, port,
-                           exc)
-            return False
-        return True
-
-    def receive(self) -> list[Note]:
-        zmq = self._zmq
-        notes: list[Note] = []
-        while True:
-            try:
-                data = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return notes
-            try:
-                notes.append(Note.decode(data))
-            except (ValueError, KeyError, TypeError) as exc:
-                logger.warning("ignoring a malformed P/D notification: %s", exc)
-
-    def close(self) -> None:
-        for sock in self._push.values():
-            sock.close()
-        self._push.clear()
-        self._pull.close()
-        self._ctx.term()
-
-
-def make_fabric(spec: str, engine_id: str, host: str, port: int) -> Fabric:
-    kind, _, namespace = spec.partition(":")
-    if kind == "inproc":
-        return InprocFabric(namespace or "default", engine_id)
-    if kind == "zmq":
-        return ZmqFabric(host, port)
-    raise ValueError(f"unknown {FABRIC_KEY} {spec!r}; use 'zmq' or 'inproc[:NAMESPACE]'")
-
-
-def send_release(exported: Mapping[str, Any]) -> bool:
-    """Served replicas: tell the engine that exported `exported` to free those blocks now
-    (see `cluster.pd.release_export`)."""
-    import zmq
-
-    req = exported.get("remote_request_id")
-    host, port = exported.get("remote_host"), exported.get("remote_port")
-    if req is None or host is None or port is None:
-        return False
-    note = Note("release", (str(req),), "router", clock().now())
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.connect(_zmq_path(str(host), int(port)))
-        sock.send(note.encode(), zmq.NOBLOCK)
-        sock.close()
-        return True
-    except zmq.ZMQError as exc:
-        logger.warning("release of %s on %s:%s failed: %s", req, host, port, exc)
-        return False
-    finally:
-        ctx.term()
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -413,8 +152,6 @@ class EmulatedNixlWorker:
     @classmethod
     def from_config(cls, vllm_config: Any, block_size: int, kv_bytes_per_token: int,
                     idle_poll_s: float) -> EmulatedNixlWorker:
-        from vllm import envs
-
         follow_process_clock()
         fix_readback_retry()
         kv = vllm_config.kv_transfer_config
@@ -566,8 +303,7 @@ class EmulatedNixlWorker:
             self.declined_reads += 1
             self._fail(req_id, local, report)
             return
-        if isinstance(self.fabric, InprocFabric) and \
-                (self.fabric.namespace, remote.engine_id) not in _INPROC:
+        if isinstance(self.fabric, InprocFabric) and not self.fabric.knows(remote.engine_id):
             logger.warning("remote engine %s is unknown; %s recomputes", remote.engine_id,
                            req_id)
             self._fail(req_id, local, report)

@@ -10,7 +10,7 @@ served engine: only the clock differs.
 
 Prefill/decode disaggregation: `VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...,
 fabric="inproc:NAME"))` runs vLLM's `NixlConnector`; engines of one namespace find each other
-in-process (`server.emulated_nixl`) and each call into an engine installs its own clock as the
+in-process (`server.nixl_fabric`) and each call into an engine installs its own clock as the
 process clock, so several engines can live side by side (see `docs/pd.md`).
 """
 
@@ -24,8 +24,14 @@ from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.policies import AgentEvent
 from server.policies.ampd import TTFT_SLO_S
-from server.settings import ServeSettings
+from server.settings import (
+    OFFLOAD_CONNECTOR_OPTIONS,
+    ServeSettings,
+    emulated_model_dir,
+)
+from server.settings import offload_gib as offload_gib_for
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -125,7 +131,7 @@ def submit(core: Any, pending: dict[str, Pending], request_id: str,
            prompt_token_ids: list[int], params: Any, program_id: str | None, now: float) -> None:
     """Hand a request to `core` (vLLM's `EngineCore`) as its API server would, arriving
     `now`, and start its `Pending` record (both in-process engines)."""
-    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.engine import EngineCoreRequest  # vLLM: start-up cost
 
     request = EngineCoreRequest(
         request_id=request_id, prompt_token_ids=list(prompt_token_ids), mm_features=None,
@@ -185,14 +191,14 @@ class VirtualEngine:
         os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
         self._previous_clock = use_clock(self.clock)
 
+        # vLLM (and torch, through the emulated executor): start-up cost
         from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
 
         from server.emulated_executor import EmulatedExecutor
-        from server.settings import OFFLOAD_CONNECTOR_OPTIONS, emulated_model_dir, offload_gib
 
-        self.offload_gib = offload_gib(self.policy, self.offload_gib)
+        self.offload_gib = offload_gib_for(self.policy, self.offload_gib)
         connector = None  # our connector options; vLLM names the connector itself
         if self.kv_transfer is not None:
             if self.offload_gib is not None:
@@ -230,7 +236,7 @@ class VirtualEngine:
         """Queue a turn now. `output_tokens` makes the emulated model answer exactly that many
         tokens (ending in EOS); hints are the `vllm_xargs` a client would send;
         `kv_transfer_params` go to the P/D connector (copied: the connector edits them)."""
-        from vllm.sampling_params import SamplingParams
+        from vllm.sampling_params import SamplingParams  # vLLM: start-up cost
 
         extra = {k: v for k, v in hints.items() if v is not None}
         needed = len(prompt_token_ids) + int(output_tokens if output_tokens is not None else 1)
@@ -255,8 +261,6 @@ class VirtualEngine:
     @_on_own_clock
     def event(self, kind: str, program_id: str, **fields: Any) -> None:
         """An interception event, delivered as the server's side channel would."""
-        from server.policies import AgentEvent
-
         event = AgentEvent(kind=kind, program_id=program_id, **fields)  # type: ignore[arg-type]
         self.scheduler.handle_event(event, self.clock.now())
 

@@ -29,7 +29,10 @@ from server.cpu_engine import (
     model_folder,
 )
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.max_model_len import SERVED_MAX_MODEL_LEN
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.perf.registry import load_profile
+from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import (
     DEFAULT_POLICY,
@@ -62,7 +65,7 @@ class ServeCommand:
 
 def has_cuda() -> bool:
     try:
-        import torch
+        import torch  # torch: start-up cost, paid only when a GPU is asked about
 
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001 - any failure means: no usable GPU
@@ -92,7 +95,7 @@ def offload_args(gib: float | None) -> list[str]:
 
 def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-                  seed: int = 0, max_model_len: int = 32768,
+                  seed: int = 0, max_model_len: int = SERVED_MAX_MODEL_LEN,
                   extra: list[str] | None = None,
                   offload: float | None = None, device: str = "auto",
                   offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
@@ -101,9 +104,6 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
     the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
     deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
-    from server.perf.copy_model import check_offload_copy_model
-    from server.policies import policy_class
-
     try:
         policy_class(policy)
         check_offload_copy_model(offload_copy_model)
@@ -140,8 +140,6 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if emulate:
         try:
-            from server.perf.registry import load_profile
-
             load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:
             raise ServeError(f"--offload-copy-model {offload_copy_model}: {exc}") from None
@@ -186,8 +184,6 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
                          "a policy that does not swap (e.g. continuum, vllm, preserve)")
     python = cpu_python()
     if profile:
-        from server.perf.registry import load_profile
-
         try:
             load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:

@@ -38,10 +38,11 @@ from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
 from server.events import ENV_EVENTS_IPC, EventReceiver
+from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.prefetch import PrefetchBook
-from server.settings import ServeSettings
+from server.settings import ServeOptionsError, ServeSettings
 from server.step_log import StepRecord, StepTimer, sink_from_env
 
 logger = logging.getLogger("harness.scheduler")
@@ -105,7 +106,7 @@ class PolicyScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings = ServeSettings.from_env()
-        self.agent_policy = make_policy(settings.policy, cost_model=_cost_model(settings),
+        self.agent_policy = make_policy(settings.policy, cost_model=policy_cost_model(settings),
                                         **settings.policy_options())
         self.pins: dict[str, Pin] = {}
         self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
@@ -417,13 +418,18 @@ class PolicyScheduler(Scheduler):
         super().shutdown()
 
 
-def _cost_model(settings: ServeSettings):
+def policy_cost_model(settings: ServeSettings) -> Profile:
     """The emulator's performance model stands in as the cost model (its copy model too, so
     a policy prices a reload as the emulated offload worker times it); a real GPU run with a
-    measured table passes that table as the profile."""
+    measured table passes that table as the profile.
+
+    A profile that does not load stops the engine at start-up, naming it: every served or
+    in-process engine names one (`ServeSettings.profile`, `harness serve`'s default when none
+    is given), so a failure here is a mistyped name or a broken table, and going on without
+    costs would silently weaken the policies that price swaps, reloads and prefills."""
     try:
         return load_profile(settings.profile, offload_copy_model=settings.offload_copy_model)
-    except Exception as exc:  # noqa: BLE001 - a policy without costs still works
-        logger.warning("no cost model for profile %s (offload copy model %s): %s",
-                       settings.profile, settings.offload_copy_model, exc)
-        return None
+    except ValueError as exc:
+        raise ServeOptionsError(
+            f"profile {settings.profile!r} (the policies' cost model, offload copy model "
+            f"{settings.offload_copy_model!r}) cannot be loaded: {exc}") from None

@@ -4,18 +4,19 @@ the planner's simulations, the isolated bound).
 Why one factory: a comparison is only fair when every engine of it is built the same way, and
 the rules for that (a policy name's `+offload` suffix, the longest conversation an engine
 takes, a P/D replica's KV-transfer connector, the cluster's TTFT SLO) were written in several
-places before and had begun to disagree.
+places before and had begun to disagree. The longest conversation is `server.max_model_len`'s
+rule, beside the served replicas' own.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from cluster.pd import virtual_engine_options
 from server.engine import VirtualEngine
+from server.max_model_len import context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
-from server.settings import DEFAULT_OFFLOAD_GIB, emulated_model_dir
+from server.settings import DEFAULT_OFFLOAD_GIB
 
 
 def base_policy(name: str) -> tuple[str, bool]:
@@ -27,24 +28,6 @@ def base_policy(name: str) -> tuple[str, bool]:
     return base, bool(plus)
 
 
-def context_limit(profile: str, num_gpu_blocks: int | None,
-                  max_model_len: int | None = None) -> int:
-    """The longest conversation a replayed engine takes: ``max_model_len`` (default: the
-    model's context, 131,072 for Llama-3.1, as `vllm serve`), capped by what a small
-    ``num_gpu_blocks`` holds (vLLM refuses a max_model_len that the KV cache cannot hold)."""
-    config = json.loads((emulated_model_dir(profile) / "config.json").read_text())
-    model = int(config.get("max_position_embeddings", 32768))
-    limit = model if max_model_len is None else max_model_len
-    if limit < 1:
-        raise ValueError(f"--max-model-len must be at least 1 token, got {limit}")
-    if max_model_len is not None and max_model_len > model:
-        raise ValueError(f"--max-model-len {max_model_len:,} is longer than the model's "
-                         f"context ({model:,} tokens)")
-    if num_gpu_blocks is not None:
-        limit = min(limit, 16 * (num_gpu_blocks - 1))
-    return limit
-
-
 def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
                 offload_gib: float | None = None, replica: Any = None,
                 cluster: Any = None, max_model_len: int | None = None,
@@ -52,10 +35,11 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                 bidirectional: bool = False,
                 offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
-    as `context_limit` says. `replica` and `cluster` (a cluster file's replica and the file):
-    a prefill or decode replica also gets its KV-transfer connector (`bidirectional`: a
-    prefill replica may read a program's history from its decode replica, `cluster.pd`), and
-    every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`) for its policy."""
+    as `server.max_model_len.context_limit` says. `replica` and `cluster` (a cluster file's
+    replica and the file): a prefill or decode replica also gets its KV-transfer connector
+    (`bidirectional`: a prefill replica may read a program's history from its decode replica,
+    `cluster.pd`), and every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`)
+    for its policy."""
     max_len = context_limit(profile, num_gpu_blocks, max_model_len)
     name, offload = base_policy(policy)
     if offload and offload_gib is None:

@@ -395,4 +395,5 @@ def refuse_too_long_turns(trace: Trace, cluster: VirtualCluster) -> None:
         raise ContextTooLong(
             f"{len(long)} program(s) have a turn longer than the engines' max_model_len "
             f"{limit:,}, first {pid} turn {turn} ({tokens:,} tokens): such a turn can never "
-            "run; raise max_model_len or leave those programs out (`sim.conversation.too_long_turns`)")
+            "run; raise max_model_len or leave those programs out "
+            "(`sim.conversation.too_long_turns`)")

@@ -28,13 +28,14 @@ import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
+from cluster import served_turns
 from cluster.config import RouterSpec, load_cluster, parse_cluster
 from cluster.launcher import (
     Launcher,
     LauncherError,
     group_members,
-    max_model_len,
     replica_command,
     replica_ports,
 )
@@ -42,6 +43,8 @@ from cluster.router_app import create_app
 from cluster.router_proxy import RouterProxy
 from cluster.router_state import KV_USAGE_METRIC, ReplicaEndpoint, parse_metrics
 from cluster.router_wire import PREFILL_HEADER, REPLICA_HEADER, prefill_body, program_of, turn_of
+from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
+from eval.served_vs_virtual import ranking
 from harness.server_process import free_port
 
 MODEL = "llama-3.1-8b"
@@ -360,7 +363,8 @@ def test_replica_commands_are_separate(tmp_path):
                                     for s in config.replicas)
     assert argv0[argv0.index("--port") + 1] == "8200"
     assert argv0[argv0.index("--num-gpu-blocks-override") + 1] == "512"
-    assert argv0[argv0.index("--max-model-len") + 1] == str(max_model_len(config.replicas[0]))
+    # what 511 blocks of 16 tokens hold (vLLM's null block is the 512th), below 32768
+    assert argv0[argv0.index("--max-model-len") + 1] == "8176"
     assert env0["HARNESS_EVENTS_IPC"] != env1["HARNESS_EVENTS_IPC"]
     clash = parse_cluster({"replicas": [{"name": "a", "port": 8301}, {"name": "b"}]})
     with pytest.raises(LauncherError, match="both use port 8301"):
@@ -695,8 +699,6 @@ def test_sigkill_of_the_launcher_leaves_no_replica(tmp_path):
 
 def nixl_bytes(url: str) -> tuple[float, float]:
     """(bytes, reads) vLLM's NIXL connector metrics report on a replica (`/metrics`)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     total = count = 0.0
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for sample in family.samples:
@@ -787,8 +789,6 @@ def test_router_proxy_hands_a_pd_turn_from_prefill_to_decode(pd_cluster):
 # -- served AMPD: the router's own view of turns ------------------------------------------------
 
 def test_served_turns_read_prompts_answers_and_queues():
-    from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
-
     assert prompt_tokens_of({"prompt": list(range(70))}) == 70  # token ids: exact
     assert prompt_tokens_of({"prompt": "x" * 400}) == 100  # text: 4 characters a token
     assert prompt_tokens_of({"messages": [{"role": "user", "content": "y" * 80},
@@ -809,8 +809,6 @@ def test_served_turns_read_prompts_answers_and_queues():
     assert book.queued == {"d0": 10}
     book.prefill_done("d0", 10)
     assert book.queued == {}
-    import cluster.served_turns as served_turns
-
     small = TurnBook()
     memory, served_turns.HISTORY_MEMORY = served_turns.HISTORY_MEMORY, 2
     try:
@@ -869,8 +867,6 @@ def test_served_ampd_routes_by_what_the_router_observes():
 
 
 def test_served_vs_virtual_ranks_with_ties():
-    from eval.served_vs_virtual import ranking
-
     rows = {"pd": {"jct_mean_s": 4.0}, "ampd": {"jct_mean_s": 4.3},
             "session": {"jct_mean_s": 6.0}, "rr": {"jct_mean_s": math.nan}}
     assert ranking(rows, "jct_mean_s", False, 0.1) == [["pd", "ampd"], ["session"], ["rr"]]

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from common.tool_keys import duration_key, split_key
+from common.tool_keys import duration_key, event_tool, split_key, text_model_tool
 from predictor.durations import GLOBAL_KEY, EmpiricalDistribution, ToolDurationModel
 
 
@@ -200,6 +200,10 @@ def test_duration_keys() -> None:
     assert split_key("bash:a:b") == ("bash", "a:b")  # split at the first colon only
     assert split_key("bash:") == ("bash:", None)  # an empty part: a plain name
     assert split_key(":x") == (":x", None)
+    # the text model's tool: a bash command's class, another tool as it is
+    assert text_model_tool(event_tool("bash", "python3 -m pytest -q")) == "pytest"
+    assert text_model_tool(event_tool("bash", "")) == "bash"
+    assert text_model_tool(event_tool("calculator", "1+1")) == "calculator"
     model = ToolDurationModel()
     assert model.chain("bash:pytest") == [("command", "bash:pytest"), ("tool", "bash"),
                                           ("global", GLOBAL_KEY)]

@@ -12,8 +12,9 @@ from cli.main import main
 from common.trace import Program, Trace, Turn
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress
+from server.max_model_len import context_limit, served_max_model_len
 from sim.conversation import too_long_turns
-from sim.engines import context_limit, make_engine
+from sim.engines import make_engine
 from sim.replay import replay
 
 PROFILE = "h100-llama-3.1-8b"
@@ -34,6 +35,12 @@ def test_context_limit_defaults_to_the_models_and_small_caches_lower_it() -> Non
     assert context_limit(PROFILE, None, 4096) == 4096
     with pytest.raises(ValueError, match="longer than the model's context"):
         context_limit(PROFILE, None, 200_000)
+
+
+def test_a_served_replica_defaults_to_harness_serves_limit_and_caches_lower_it_alike() -> None:
+    assert served_max_model_len(None) == 32768  # `harness serve --max-model-len`'s default
+    assert served_max_model_len(101) == context_limit(PROFILE, 101) == 1600  # one cap for both
+    assert served_max_model_len(10_000) == 32768
 
 
 def test_too_long_turns_names_the_first_turn_that_cannot_fit() -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
+import time
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is imported (no GPU here)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,8 +22,18 @@ import pytest  # noqa: E402
 
 pytest.importorskip("vllm")
 
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
+    HeartbeatInfo,
+    NixlConnectorMetadata,
+    RemoteMeta,
+    ReqMeta,
+)
+
 from cluster import pd  # noqa: E402
+from server.clock import RealClock, VirtualClock, use_clock  # noqa: E402
+from server.emulated_nixl import EmulatedNixlWorker  # noqa: E402
 from server.engine import Finished, VirtualEngine  # noqa: E402
+from server.nixl_fabric import InprocFabric, ZmqFabric  # noqa: E402
 from server.perf.hardware import Link  # noqa: E402
 from server.perf.registry import load_profile  # noqa: E402
 
@@ -256,8 +268,6 @@ def test_params_helpers() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -266,17 +276,6 @@ def _free_port() -> int:
 def test_zmq_fabric_notifies_across_processes_way() -> None:
     """Served replicas: D's worker tells P's over ZMQ (P's advertised side-channel address)
     that its read is done, and P reports the request in `finished_sending` (real clock)."""
-    import time
-
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
-        NixlConnectorMetadata,
-        RemoteMeta,
-        ReqMeta,
-    )
-
-    from server.clock import RealClock, use_clock
-    from server.emulated_nixl import EmulatedNixlWorker, ZmqFabric
-
     previous = use_clock(RealClock())
     p_port, d_port = _free_port(), _free_port()
     workers = []
@@ -337,14 +336,6 @@ def test_zmq_fabric_notifies_across_processes_way() -> None:
 def test_heartbeat_extends_the_lease_in_virtual_time() -> None:
     """D's heartbeat for a request it still queues ("HB:" in NIXL) extends P's lease to
     now + 2/3 of kv_lease_duration."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
-        HeartbeatInfo,
-        NixlConnectorMetadata,
-    )
-
-    from server.clock import VirtualClock, use_clock
-    from server.emulated_nixl import EmulatedNixlWorker, InprocFabric
-
     namespace = f"hb-{next(_namespaces)}"
     the_clock = VirtualClock()
     previous = use_clock(the_clock)

@@ -14,6 +14,7 @@ from vllm_driver import Driver, make_scheduler
 
 from server.events import EventSender
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
+from server.settings import ServeOptionsError
 
 BLOCK = 16
 
@@ -243,3 +244,13 @@ def test_continuum_code_preempts_the_latest_program_and_keeps_the_pin(monkeypatc
     preempted = [rid for rid, r in requests.items() if r.num_preemptions]
     assert preempted == ["C-0"]  # the latest-arrived program's running request
     assert d.scheduler.pin_stats.pressure == 0  # no pin was given up while others ran
+
+
+def test_a_profile_that_does_not_load_stops_the_scheduler_naming_it(monkeypatch, tmp_path):
+    """Not a scheduler whose policy quietly runs without its cost model."""
+    with pytest.raises(ServeOptionsError, match=r"profile 'h100-llama-3\.1-8x' .*unknown"):
+        make_scheduler("continuum", profile="h100-llama-3.1-8x", monkeypatch=monkeypatch)
+    table = tmp_path / "measured.json"
+    table.write_text("{")
+    with pytest.raises(ServeOptionsError, match=r"measured\.json.*not valid JSON"):
+        make_scheduler("augserve", profile=str(table), monkeypatch=monkeypatch)

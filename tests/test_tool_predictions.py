@@ -14,9 +14,12 @@ import pytest
 from common.tool_keys import event_tool
 from harness.agent import Agent, ToolBox, tool_ended, tool_started
 from harness.model_client import Completion
+from harness.run import RunError, load_text_model
 from harness.tools.base import Observation
-from harness.trajectory import Step, Trajectory
+from harness.trajectory import Step, Trajectory, trajectory_path
+from predictor.data import Example, call_text, examples_from_trajectory
 from predictor.durations import ToolDurationModel
+from predictor.lengths import train
 from server.events import EventIn
 
 
@@ -103,9 +106,6 @@ def test_a_long_class_is_cut_to_the_schema_limit(tmp_path) -> None:
 def _text_model():
     """A baseline-only predictor (no torch) learnt from requests whose wording decides the
     reply length and whose tool decides the call's duration."""
-    from predictor.data import Example
-    from predictor.lengths import train
-
     examples = []
     for i in range(60):
         long = i % 2 == 0
@@ -128,6 +128,64 @@ def test_text_model_predicts_what_the_chain_cannot_yet(tmp_path) -> None:
     durations.observe("slow", 2.0)
     assert tool_started(sink, durations, "p", "slow", "slow job", model) == "tool"
     assert sink.events[1]["predicted_s"] == 2.0  # the harness's own samples win
+
+
+class ScriptedClient:
+    """Says the given replies in order."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies = list(replies)
+
+    async def complete(self, messages, program_id, max_tokens, hints):  # noqa: ANN001
+        text = self.replies.pop(0)
+        return Completion(text=text, finish_reason="stop", prompt_tokens=1,
+                          completion_tokens=1, cached_tokens=0, seconds=0.0,
+                          raw={"choices": [{"message": {"content": text}}]}, ttft_s=0.0)
+
+
+def test_the_text_model_is_asked_what_it_was_trained_on(tmp_path) -> None:
+    """At `tool_start` the agent asks the text model about the very call text that the
+    training example built from the same trajectory step holds (`predictor.data`): the same
+    tool name (a bash command's class), the whole argument (a step keeps 500 characters) and
+    the same request lines, so the served predictions are the trained ones."""
+    async def run(argument: str) -> Observation:
+        return Observation("ok")
+
+    async def finish(argument: str) -> Observation:
+        return Observation("done", done=True, answer=argument)
+
+    patch = "git apply <<'EOF'\n" + "+ a line of the patch\n" * 60 + "EOF"  # > 500 chars
+    replies = ["THOUGHT: run the tests\n\n```bash\ncd /testbed && python3 -m pytest -q\n```",
+               "THOUGHT: fix it\n\n```bash\n" + patch + "\n```",
+               "Thought: how many?\nAction: calculator[12 * 7]",
+               "Action: finish[84]"]
+    model = _text_model()
+    asked: list[tuple] = []
+    predict_calls = model.predict_calls
+
+    def spy(calls, which=None):  # noqa: ANN001, ANN202
+        asked.extend(calls)
+        return predict_calls(calls, which)
+
+    model.predict_calls = spy  # type: ignore[method-assign]
+    sink = Sink()
+    client = ScriptedClient(replies)
+    agent = Agent(client, sink, ToolDurationModel(), tmp_path,  # type: ignore[arg-type]
+                  text_model=model)
+    toolbox = ToolBox({"bash": run, "calculator": run, "finish": finish}, event_tool=event_tool)
+    messages = [{"role": "system", "content": "You are a careful software engineer."},
+                {"role": "user", "content": "Fix the failing test in the repository."}]
+    traj = asyncio.run(agent.run("task-1", "p1", "swe-bench", messages, toolbox))
+    assert traj.status == "submitted" and len(asked) == 4
+
+    trained = [e for e in examples_from_trajectory(trajectory_path(tmp_path, "task-1"))
+               if e.tool is not None]
+    assert [e.tool for e in trained] == ["pytest", "git", "calculator", "finish"]
+    assert [call_text(*call) for call in asked] == [e.duration_text for e in trained]
+    assert "system: You are a careful" in trained[0].duration_text
+    assert "turn 2" in trained[2].duration_text
+    sent = [e["predicted_s"] for e in sink.events if e["type"] == "tool_start"]
+    assert sent == [model.predict_call(e.tool, e.call, e.text, model="baseline") for e in trained]
 
 
 def test_agent_sends_the_predicted_output_length_with_each_request(tmp_path) -> None:
@@ -155,8 +213,6 @@ def test_agent_sends_the_predicted_output_length_with_each_request(tmp_path) -> 
 
 
 def test_a_bad_predictor_path_fails_before_any_server_starts(tmp_path) -> None:
-    from harness.run import RunError, load_text_model
-
     with pytest.raises(RunError, match="--predictor .*not a predictor directory"):
         load_text_model(str(tmp_path))
     assert load_text_model(None) is None
