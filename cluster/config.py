@@ -24,10 +24,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
+from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
 
 Role = Literal["colocated", "prefill", "decode"]
@@ -105,8 +107,6 @@ class ReplicaSpec(_Strict):
     @field_validator("policy")
     @classmethod
     def _policy(cls, value: str) -> str:
-        from server.policies import policy_class
-
         policy_class(value)  # raises ValueError naming the policies
         return value
 
@@ -193,8 +193,6 @@ def parse_cluster(data: object, source: str = "cluster") -> ClusterConfig:
 
 def load_cluster(path: str | Path) -> ClusterConfig:
     """Read and validate a cluster file (YAML or JSON)."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         shipped = ", ".join(sorted(p.name for p in EXAMPLES_DIR.glob("*.yaml")))

@@ -11,6 +11,7 @@ from common.atomic import atomic_path
 
 
 def plot_slo(summary: dict[str, Any], path: Path) -> None:
+    # matplotlib: start-up cost (~1 s); only writing a plot needs it
     import matplotlib
 
     matplotlib.use("Agg")

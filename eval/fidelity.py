@@ -49,8 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from eval.http_replay import replay_over_http
 from eval.workloads.bfcl import bfcl_like
+from harness.server_process import ServerProcess
+from server.cpu_engine import CPU_BLOCK_SIZE
+from server.engine import VirtualEngine
 from server.perf.table import load_table
+from server.settings import offload_gib
+from server.step_log import read_step_log, relative_errors
+from sim.replay import replay
 
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
@@ -96,10 +103,6 @@ def make_trace(options: FidelityOptions) -> Any:
 
 def served(trace: Any, policy: str, table: dict[str, Any], table_path: Path,
            options: FidelityOptions, step_log: Path) -> tuple[Any, dict[str, Any]]:
-    from eval.http_replay import replay_over_http
-    from harness.server_process import ServerProcess
-    from server.cpu_engine import CPU_BLOCK_SIZE
-
     step_log.unlink(missing_ok=True)
     vllm_args = ["--num-gpu-blocks-override", str(options.kv_tokens // CPU_BLOCK_SIZE + 1)]
     if table.get("enforce_eager", True):
@@ -124,8 +127,6 @@ def served_emulator(trace: Any, policy: str, table_path: Path,
     """The emulator behind the same HTTP path (`harness serve --profile TABLE`: its steps
     sleep the table's time): what differs from (a) is only the step model, what differs from
     (b) only the HTTP and API-server path."""
-    from eval.http_replay import replay_over_http
-    from harness.server_process import ServerProcess
 
     with ServerProcess(policy=policy, profile=str(table_path),
                        serve_args=["--max-model-len", str(options.max_model_len)],
@@ -139,8 +140,6 @@ def emulated(trace: Any, policy: str, table_path: Path, options: FidelityOptions
              path: dict[str, float] | None = None) -> Any:
     """The virtual-time replay; `path` (the table's measured `served_path`) adds the HTTP
     and API-server latency per request that the served side has (`--no-served-path`: none)."""
-    from server.engine import VirtualEngine
-    from sim.replay import replay
 
     engine = VirtualEngine(policy=policy, profile=str(table_path), seed=options.seed,
                            max_model_len=options.max_model_len,
@@ -180,8 +179,6 @@ def check_policies(policies: Sequence[str]) -> None:
     """Before any server starts: every policy exists and runs on the CPU engine (vLLM's CPU
     platform has no KV offloading, so the policies that swap cannot: the rule `harness serve
     --device cpu` applies, `server.settings.offload_gib`)."""
-    from server.settings import offload_gib
-
     if not policies:
         raise FidelityError("--policies: name at least one policy")
     for policy in policies:
@@ -199,8 +196,6 @@ def served_steps(profile: Any, records: Sequence[Any], wall_s: float) -> dict[st
     the batches the engine really ran, and where the wall clock went (steps, the engine
     loop's time between busy steps, idling). Tells a step model that misses from time the
     model does not price at all."""
-    from server.step_log import relative_errors
-
     predicted = sum(profile.step_seconds(r.prefill, r.decode) for r in records)
     measured = sum(r.seconds for r in records)
     busy_gaps = [r.gap for r in records if r.busy]
@@ -213,8 +208,6 @@ def served_steps(profile: Any, records: Sequence[Any], wall_s: float) -> dict[st
 
 
 def measure(options: FidelityOptions) -> dict[str, Any]:
-    from server.step_log import read_step_log
-
     if not options.table.is_file():
         raise FidelityError(f"no step-time table {options.table}; measure it with `harness "
                             f"profile --device cpu --served --out {options.table}`")

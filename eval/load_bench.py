@@ -179,6 +179,7 @@ async def run_load(jobs: list[tuple[Benchmark, Task, Any, Path, str]], base_url:
 
 def containers_left(run_id: str) -> int | None:
     """Containers labelled with this run still on the engine (None: no engine answers)."""
+    # the docker SDK: start-up cost; only a mix with swe-bench programs needs it
     from harness.tools.docker_client import shared_client
     from harness.tools.sandbox_image import SandboxImageError
 

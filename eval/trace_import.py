@@ -61,7 +61,7 @@ __all__ = [
 @lru_cache(maxsize=1)
 def local_token_counter() -> TokenCounter:
     """``count_tokens`` with the project's tokenizer (``server/tokenizer``), loaded once."""
-    try:
+    try:  # transformers: start-up cost; only counting tokens of imported text needs it
         from transformers import AutoTokenizer
     except ImportError as exc:  # pragma: no cover - transformers is a dependency
         raise RuntimeError(

@@ -199,6 +199,7 @@ def load_text_model(directory: str | None) -> Any:
     """The `--predictor` model, loaded before any server starts so a bad path fails fast."""
     if directory is None:
         return None
+    # the predictor pulls numpy models (and torch for BERT): only runs with --predictor load it
     from predictor.lengths import LengthPredictor, PredictorError
 
     try:

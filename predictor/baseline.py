@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from common.atomic import write_text_atomic
+
 FORMAT = "harness-predictor-baseline"
 VERSION = 1
 MAX_FEATURES = 4000
@@ -121,8 +123,6 @@ class TfidfRidge:
                           for k, h in self.heads.items()}}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        from common.atomic import write_text_atomic
-
         return write_text_atomic(path, json.dumps(self.to_json(), separators=(",", ":")))
 
     @classmethod

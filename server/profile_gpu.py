@@ -136,7 +136,7 @@ class Llama:
     """Random-weight Llama decoder stack with an explicit per-sequence KV cache."""
 
     def __init__(self, shard: Shard, device: Any, dtype: Any, rope_theta: float = 500000.0):
-        import torch
+        import torch  # torch: start-up cost; only a profile on a real GPU needs it
 
         self.torch = torch
         self.s = shard
@@ -205,6 +205,7 @@ class Llama:
             j = torch.arange(lk, device=q.device)[None, :]
             mask = j <= i + (lk - lq)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        # torch: start-up cost
         from torch.nn.attention.bias import causal_lower_right
 
         bias = causal_lower_right(lq, lk)
@@ -320,7 +321,7 @@ class Llama:
 
 class Timer:
     def __init__(self, device: Any, warmup: int, iters: int, graphs: bool):
-        import torch
+        import torch  # torch: start-up cost; only a profile on a real GPU needs it
 
         self.torch = torch
         self.cuda = device.type == "cuda"

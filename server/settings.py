@@ -18,6 +18,7 @@ from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.model_shapes import MODELS_DIR
 from server.perf.registry import load_profile
+from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
 
 ENV_POLICY = "HARNESS_POLICY"
@@ -58,8 +59,6 @@ def emulated_model_dir(profile: str) -> Path:
 def offload_gib(policy: str, requested: float | None = None) -> float | None:
     """GiB of host memory for KV offloading, or None to leave it off: on when asked for
     (any policy may run on top of vLLM's offloading) or when the policy needs it."""
-    from server.policies import policy_class
-
     if requested is not None:
         if not requested > 0:
             raise ServeOptionsError(f"--offload-gib {requested}: give a positive size in GiB")

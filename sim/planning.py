@@ -40,8 +40,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import multiprocessing
 import re
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,8 +260,6 @@ class SimulatedTau:
         same values. With ``jobs`` > 1 the pruning can see fewer finished chains when it
         decides (they run at the same time), so it may simulate a chain the serial walk prunes;
         the plans are the same either way."""
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
         todo = {(role, d): [self.rate / c for c in cs]
                 for (role, d), cs in counts(self, gpus, self.rate).items() if cs}
         bound = {key: bound_score(objective, key[0], self.chain_bound(*key, loads))
@@ -267,8 +268,6 @@ class SimulatedTau:
         finished: list[tuple[str, int]] = []
         pool = None
         if jobs > 1:
-            import multiprocessing
-
             # fork: the workers start with this process's imports (no vLLM yet) and classes
             pool = ProcessPoolExecutor(max_workers=jobs,
                                        mp_context=multiprocessing.get_context("fork"))
@@ -351,8 +350,6 @@ class SimulatedTau:
     # -- one simulation --------------------------------------------------------------------
     def simulate(self, role: str, degree: int, load: float) -> float:
         """P95 of the role's latency on one replica of ``degree`` at ``load`` programs/s."""
-        import time
-
         started = time.perf_counter()
         trace = self._workload(self.programs_at(load), load)
         if role == "prefill":

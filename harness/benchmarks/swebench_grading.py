@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common.atomic import write_json_atomic
 from harness.tools import labels as lb
 from harness.tools.sandbox_image import AGENT_UID, AGENT_USER, DEFAULT_IMAGE, TESTBED
 
@@ -516,8 +517,6 @@ def append_prediction(path: Path, instance_id: str, model_patch: str | None,
 
 
 def write_report(out: Path, report: dict[str, Any]) -> Path:
-    from common.atomic import write_json_atomic
-
     path = out / "reports" / f"{report['instance_id']}.json"
     write_json_atomic(path, report)
     return path

@@ -74,6 +74,7 @@ def game_path(game: str | Path) -> Path:
 
 def _engine() -> tuple[Any, Any]:
     try:
+        # TextWorld and ALFWorld: start-up cost (~2 s), only a game needs them
         import textworld
         from alfworld.agents.environment import alfred_tw_env
     except ImportError as exc:
@@ -341,6 +342,7 @@ def _handcoded_expert_wrapper() -> Any:
     still holds the object, so it wanders on pick-two tasks (most runs fail in 150 steps).
     This wrapper tells the expert the last command in the old spelling; nothing else changes.
     """
+    # TextWorld and ALFWorld: start-up cost (~2 s), only a game needs them
     import textworld
     from alfworld.agents.environment import alfred_tw_env
 

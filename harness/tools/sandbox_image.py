@@ -394,6 +394,7 @@ def pull_or_build(
     repo, _, tag = (
         base.rpartition(":") if ":" in base.split("/")[-1] else (base, "", "latest")
     )
+    # the docker SDK (and requests, its transport): start-up cost, only an engine call needs it
     import docker.errors  # type: ignore[import-untyped]
     import requests
 
