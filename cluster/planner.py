@@ -7,7 +7,7 @@ the parallel configuration only, not on the replica count, so adding replicas ne
 optimum never uses more than two GPU groups. What we solve instead:
 
 * Candidates: one binary ``b[r, d, c]`` per role ``r`` in {prefill, decode}, TP degree ``d`` in
-  {1, 2, 4, 8} (those the model can run at, see ``cluster.plan_sim``) and replica count ``c >= 1``.
+  {1, 2, 4, 8} (those the model can run at, see ``sim.planning``) and replica count ``c >= 1``.
 * Exactly one candidate per role (so at least one replica of each role):
   ``sum_{d,c} b[r, d, c] = 1`` for each ``r``.
 * GPUs: ``sum_{r,d,c} d * c * b[r, d, c] <= N``.
@@ -43,13 +43,15 @@ from typing import Protocol
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from common.errors import UserError
+
 ROLES = ("prefill", "decode")
 DEGREES = (1, 2, 4, 8)
 OBJECTIVES = ("max", "sum")
 TIE_BREAK = 1e-3  # weight of the sum under the `max` objective
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """No deployment fits, or the input is wrong: the message says what to change."""
 
 
