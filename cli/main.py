@@ -44,12 +44,6 @@ def _sandbox_prune(args: argparse.Namespace) -> int:
     return sandbox_prune.run(args)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from eval import bench
-
-    return bench.run(args)
-
-
 def _profile(args: argparse.Namespace) -> int:
     if "--served" in args.profile_args:  # over HTTP: needs harness's server process
         from harness import profile_served
@@ -92,19 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(p)
     p.set_defaults(func=_demo)
 
+    from cli import bench as bench_cli
     from cli import cluster as cluster_cli
-    from eval import bench
-
-    cluster_cli.add_arguments(sub.add_parser(
-        "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
-    p = sub.add_parser("bench", help="compare policies on a trace in virtual time (JCT vs load)")
-    bench.add_arguments(p)
-    p.set_defaults(func=_bench)
-
     from cli import plan as plan_cli
 
-    plan_cli.add_arguments(sub.add_parser(
-        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
+    cluster_cli.register(sub)
+    bench_cli.register(sub)
+    plan_cli.register(sub)
 
     p = sub.add_parser("sandbox", help="the Docker sandbox image")
     sandbox_sub = p.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
@@ -171,14 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if passthrough is not None:
         setattr(args, passthrough, unknown + getattr(args, passthrough))
-    from eval.bench import BenchError
+    from common.errors import UserError
     from harness.run import RunError
     from harness.server_process import ServerStartError
     from server.launch import ServeError
 
     try:
         return int(args.func(args) or 0)
-    except (ServeError, RunError, ServerStartError, BenchError) as exc:
+    except (ServeError, RunError, ServerStartError, UserError) as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -430,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "`.venv/bin/pip install vllm-router==0.1.17`", file=sys.stderr)
         return 2
 
-    from eval.bench import BenchError, make_trace
+    from eval.bench.specs import BenchError
+    from eval.bench.traces import make_trace
 
     try:
         trace = make_trace(args.trace, args.programs, args.jps, args.seed)

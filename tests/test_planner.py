@@ -23,7 +23,7 @@ from cluster.planner import (
     plan,
     solve_ilp,
 )
-from eval.bench import make_trace
+from eval.bench.traces import make_trace
 from eval.workloads.registry import load_or_generate
 from sim import planning as plan_sim
 
