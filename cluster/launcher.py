@@ -103,7 +103,7 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                     events_ipc: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
     builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
-    the virtual-time cluster's engines do (`eval.bench.make_engine`)."""
+    the virtual-time cluster's engines do (`sim.engines.make_engine`)."""
     from server.events import ENV_EVENTS_IPC, default_ipc_path
     from server.launch import ServeError, build_command
     from server.settings import offload_gib

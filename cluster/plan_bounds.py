@@ -1,5 +1,5 @@
 """Bounds the planner computes from the perf model alone, so that simulations (seconds each)
-are spent only where they can change the answer (``cluster.plan_sim``).
+are spent only where they can change the answer (``sim.planning``).
 
 * Capacity (``CAPACITY``): the load above which a replica has no steady state, from a lower
   bound on the work a program gives it. A finite simulation above it reports whatever its
