@@ -2,25 +2,56 @@
 
 `serve` starts one `harness serve` per replica of a cluster file and the router in front of them
 (`cluster.launcher`); `check` validates the file and prints what `serve` would start; `bench`
-compares AMPD with its baselines in virtual time (`eval.ampd_bench`). Also runnable as
-`python -m cli.cluster serve FILE`.
+compares AMPD with its baselines in virtual time (`eval.ampd_bench`). Their options, and the
+turning of ``--strategies a,b`` or ``--layouts 1p3d,2p2d`` into the values those libraries take,
+live here.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
+import shlex
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from cluster.config import EXAMPLES_DIR, ClusterConfig, ClusterConfigError, load_cluster
+from rich.console import Console
+
+from cluster.config import EXAMPLES_DIR, ClusterConfig, load_cluster
+from cluster.launcher import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_ROUTER_PORT,
+    DEFAULT_STARTUP_TIMEOUT_S,
+    LauncherError,
+    check_commands,
+    replica_ports,
+    serve_cluster,
+)
+from common.metrics import SLO
+from eval import ampd_bench
+from eval.ampd_bench import (
+    AMPD_WORKLOADS,
+    DEFAULT_JPS,
+    DEFAULT_LAYOUTS,
+    DEFAULT_PROFILE,
+    DEFAULT_TRACES,
+    HISTORY,
+    STRATEGIES,
+    AmpdBenchError,
+    Strategy,
+)
+from eval.workloads.registry import TRACES
 from server.perf.registry import load_profile
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from cluster.launcher import DEFAULT_BASE_PORT, DEFAULT_ROUTER_PORT, DEFAULT_STARTUP_TIMEOUT_S
-
+def register(subparsers: Any) -> None:
+    """Add `harness cluster` (and its actions) to the `harness` command's subparsers."""
+    parser = subparsers.add_parser(
+        "cluster", help="serve a cluster file's replicas behind one router, or check the file")
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     serve = sub.add_parser("serve", help="start every replica of a cluster file and the router")
@@ -45,10 +76,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                        help="as for `serve`, to show the ports")
-    from eval import ampd_bench
-
-    ampd_bench.add_arguments(sub.add_parser(
+    add_bench_arguments(sub.add_parser(
         "bench", help="AMPD vs co-located and P/D baselines on AMPD's workloads, virtual time"))
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `harness cluster bench`."""
+    p.add_argument("--traces", default=DEFAULT_TRACES,
+                   help=f"comma-separated generated traces (default {DEFAULT_TRACES}; AMPD's: "
+                   f"{', '.join(AMPD_WORKLOADS)})")
+    p.add_argument("--jps", default=DEFAULT_JPS,
+                   help=f"comma-separated loads in jobs/s (default {DEFAULT_JPS})")
+    p.add_argument("--programs", type=int, default=40,
+                   help="programs per trace and load (default 40)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all)")
+    p.add_argument("--layouts", default=DEFAULT_LAYOUTS,
+                   help=f"P/D layouts as NpMd, each adding up to --replicas (default "
+                   f"{DEFAULT_LAYOUTS})")
+    p.add_argument("--replicas", type=int, default=4,
+                   help="replicas per strategy, co-located or P/D (default 4)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"emulated GPU-MODEL profile of every replica (default {DEFAULT_PROFILE}"
+                   ": AMPD's H20 and Llama-3.1-70B at TP4)")
+    p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
+                   help=f"TTFT SLO per turn, seconds (default {SLO.ttft_s:g})")
+    p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
+                   help=f"mean inter-token latency SLO per turn, seconds (default "
+                   f"{SLO.tpot_s:g})")
+    p.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help="KV cache size per replica in 16-token blocks (default: the profile's)")
+    p.add_argument("--history", choices=HISTORY, default="pull",
+                   help="how a prefill replica gets the history it lacks: pull it from the "
+                   "decode replica (vLLM's bidirectional_kv_xfer; default) or recompute it")
+    p.add_argument("--seed", type=int, default=0, help="trace and router seed (default 0)")
+    p.add_argument("--out", default="runs/ampd-bench", help="output folder")
+    p.add_argument("--no-plot", action="store_true", help="skip slo_vs_load.png")
 
 
 def resolve(file: str) -> Path:
@@ -64,8 +127,6 @@ def resolve(file: str) -> Path:
 
 def describe(config: ClusterConfig, base_port: int) -> str:
     """What `check` prints: replicas, roles, GPUs, ports, KV sizes, links."""
-    from cluster.launcher import LauncherError, replica_ports
-
     try:
         ports: dict[str, int | str] = dict(replica_ports(config, base_port))
     except LauncherError as exc:
@@ -106,16 +167,8 @@ def describe(config: ClusterConfig, base_port: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.cluster_command == "bench":
-        from eval import ampd_bench
-
-        return ampd_bench.run(args)  # its user mistakes: BenchError, printed by cli.main
-    try:
-        config = load_cluster(resolve(args.file))
-    except ClusterConfigError as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
-        return 2
-    from cluster.launcher import LauncherError, check_commands, serve_cluster
-
+        return run_bench(args)
+    config = load_cluster(resolve(args.file))  # a ClusterConfigError: printed by cli.main
     if args.cluster_command == "check":
         print(describe(config, args.base_port))
         try:
@@ -124,30 +177,104 @@ def run(args: argparse.Namespace) -> int:
             print(f"harness: error: {exc}", file=sys.stderr)
             return 2
         return 0
-
     log_dir = Path(args.log_dir) if args.log_dir else (
         Path("runs") / "cluster" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         return serve_cluster(config, host=args.host, port=args.port, base_port=args.base_port,
                              log_dir=log_dir, startup_timeout_s=args.startup_timeout)
-    except LauncherError as exc:
+    except LauncherError as exc:  # the cluster did not start: exit 1
         print(f"harness: error: {exc}", file=sys.stderr)
         return 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="harness cluster", description=__doc__)
-    add_arguments(parser)
-    from eval.bench import BenchError
-
+def run_bench(args: argparse.Namespace) -> int:
+    """Validate, sweep, print the table. A user mistake raises `AmpdBenchError`."""
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
+        if not (value > 0 and math.isfinite(value)):
+            raise AmpdBenchError(f"{flag} must be a positive number of seconds, not {value}")
+    if args.replicas < 2:
+        raise AmpdBenchError("--replicas must be at least 2 (a P/D layout needs one of each)")
+    if args.programs < 1:
+        raise AmpdBenchError("--programs must be at least 1")
     try:
-        return run(parser.parse_args(argv))
-    except BenchError as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        load_profile(args.profile)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a bad profile name
+        raise AmpdBenchError(f"--profile {args.profile!r}: {exc}") from None
+    strategies = parse_strategies(args.strategies)
+    layouts = (parse_layouts(args.layouts, args.replicas)
+               if any(s.disaggregated for s in strategies) else [])
+    traces = parse_traces(args.traces)
+    loads = parse_loads(args.jps)
+    console = Console(stderr=True)
+    previous = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bars readable
+    try:
+        summary = ampd_bench.bench(
+            traces, ampd_bench.run_configs(strategies, layouts), loads,
+            programs=args.programs, replicas=args.replicas, profile=args.profile,
+            slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed, out=Path(args.out),
+            num_gpu_blocks=args.num_gpu_blocks, history=args.history, plot=not args.no_plot,
+            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    ampd_bench.print_table(summary, console)
+    written = ["rows.json", "report.md"] + ([] if args.no_plot else ["slo_vs_load.png"])
+    console.print("wrote " + ", ".join(str(Path(args.out) / w) for w in written), soft_wrap=True)
+    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _names(text: str, flag: str) -> list[str]:
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not names:
+        raise AmpdBenchError(f"{flag} is empty")
+    return names
+
+
+def parse_strategies(text: str) -> list[Strategy]:
+    names = _names(text, "--strategies")
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown:
+        raise AmpdBenchError(f"--strategies: unknown {', '.join(map(repr, unknown))}; choose "
+                             f"from {', '.join(STRATEGIES)}")
+    return [STRATEGIES[n] for n in names]
+
+
+def parse_layouts(text: str, replicas: int) -> list[tuple[int, int]]:
+    """``1p3d,2p2d`` -> [(1, 3), (2, 2)]; each must use exactly `replicas` replicas, so every
+    strategy runs on the same GPUs."""
+    out = []
+    for name in _names(text, "--layouts"):
+        m = re.fullmatch(r"(\d+)p(\d+)d", name.lower())
+        if not m or int(m[1]) < 1 or int(m[2]) < 1:
+            raise AmpdBenchError(f"--layouts: {name!r} is not a layout; write prefill and "
+                                 "decode replica counts as e.g. 1p3d or 2p2d (each at least 1)")
+        layout = (int(m[1]), int(m[2]))
+        if sum(layout) != replicas:
+            raise AmpdBenchError(
+                f"--layouts: {name} has {sum(layout)} replicas but --replicas is {replicas}; "
+                "strategies are compared on equal GPUs: give layouts that add up to "
+                f"--replicas, or change --replicas")
+        out.append(layout)
+    return list(dict.fromkeys(out))
+
+
+def parse_loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AmpdBenchError(f"--jps {text!r}: give numbers separated by commas, e.g. "
+                             "0.25,0.5,1") from None
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise AmpdBenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
+    return sorted(set(loads))
+
+
+def parse_traces(text: str) -> list[str]:
+    names = _names(text, "--traces")
+    unknown = [n for n in names if n not in TRACES]
+    if unknown:
+        raise AmpdBenchError(f"--traces: unknown {', '.join(map(repr, unknown))}; AMPD's "
+                             "workloads are toolbench, gaia, hotpotqa, dureader (also: "
+                             f"{', '.join(n for n in TRACES if n not in AMPD_WORKLOADS)})")
+    return names

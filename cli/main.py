@@ -7,40 +7,26 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from cli import cluster as cluster_cli
-from cli import compare, demo, experiments, predictor, profile, sandbox, serve
-from cli import plan as plan_cli
-from cli import run as run_cli
+from cli import (
+    bench,
+    cluster,
+    compare,
+    demo,
+    experiments,
+    plan,
+    predictor,
+    profile,
+    run,
+    sandbox,
+    serve,
+)
 from cli.errors import exit_status
-from common.errors import UserError
-from eval import bench
-
-
-def _bench(args: argparse.Namespace) -> int:
-    return bench.run(args)
-
-
-def _register_cluster(sub: argparse._SubParsersAction) -> None:
-    cluster_cli.add_arguments(sub.add_parser(
-        "cluster", help="serve a cluster file's replicas behind one router, or check the file"))
-
-
-def _register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="compare policies on a trace in virtual time (JCT vs load)")
-    bench.add_arguments(p)
-    p.set_defaults(func=_bench)
-
-
-def _register_plan(sub: argparse._SubParsersAction) -> None:
-    plan_cli.add_arguments(sub.add_parser(
-        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)"))
-
 
 #: Every subcommand, in the order `harness --help` lists them: each adds its parser (with
 #: `func`, what runs it) to the subparsers it is given.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    serve.register, run_cli.register, compare.register, demo.register, _register_cluster,
-    _register_bench, _register_plan, sandbox.register, profile.register, predictor.register,
+    serve.register, run.register, compare.register, demo.register, cluster.register,
+    bench.register, plan.register, sandbox.register, profile.register, predictor.register,
     experiments.register)
 
 
@@ -92,14 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if passthrough is not None:
         setattr(args, passthrough, unknown + getattr(args, passthrough))
-    return exit_status(lambda: _run(args))
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
-        return int(args.func(args) or 0)
-    except bench.BenchError as exc:  # not yet a UserError: `eval.bench` belongs to the bench's
-        raise UserError(str(exc)) from None  # move; drop this once it is one
+    return exit_status(lambda: int(args.func(args) or 0))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 
 prints the three best (prefill TP x count, decode TP x count) deployments as AMPD's Table 2,
 with the predicted P95 TTFT and ITL, and how long planning took. Latencies are simulated on the
-virtual-time cluster (`cluster.plan_sim`), or read from `--table FILE` (JSON
+virtual-time cluster (`sim.planning`), or read from `--table FILE` (JSON
 ``{role: {degree: {load: tau_seconds}}}``).
 
 Planning is two-stage when simulating: the ILP shortlists the top `--verify` plans (default 3),
@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 from functools import partial
+from typing import Any
 
 from cluster import plan_verify
 from cluster.planner import (
@@ -31,8 +32,16 @@ from cluster.planner import (
     table,
 )
 from common.metrics import SLO
-from eval.bench import make_trace
+from eval.bench.traces import make_trace
 from sim import planning as plan_sim
+
+
+def register(subparsers: Any) -> None:
+    """Add `harness plan` to the `harness` command's subparsers."""
+    p = subparsers.add_parser(
+        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)")
+    add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,18 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-programs", type=int, default=60,
                    help="programs each --verify replay runs (default 60)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except PlanError as exc:
-        print(f"harness plan: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
+    """`harness plan`; a `PlanError` (a `UserError`) is printed by `cli.main`."""
     if args.top < 1:
         raise PlanError("--top must be at least 1")
     if args.verify is None:

@@ -27,6 +27,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from common.errors import UserError
 from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
 from server.policies import policy_class
@@ -40,7 +41,7 @@ PD_STRATEGIES = ("pd", "ampd")
 STRATEGIES = COLOCATED_STRATEGIES + PD_STRATEGIES
 
 
-class ClusterConfigError(ValueError):
+class ClusterConfigError(UserError):
     """A mistake in a cluster file: says which field and what to write (no traceback)."""
 
 

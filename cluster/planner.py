@@ -43,13 +43,15 @@ from typing import Protocol
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from common.errors import UserError
+
 ROLES = ("prefill", "decode")
 DEGREES = (1, 2, 4, 8)
 OBJECTIVES = ("max", "sum")
 TIE_BREAK = 1e-3  # weight of the sum under the `max` objective
 
 
-class PlanError(ValueError):
+class PlanError(UserError):
     """No deployment fits, or the input is wrong: the message says what to change."""
 
 

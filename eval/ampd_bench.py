@@ -1,5 +1,5 @@
 """`harness cluster bench`: AMPD against its baselines on the paper's multi-round workloads, in
-virtual time (issue 12's evaluation; also `python -m eval.ampd_bench`).
+virtual time (issue 12's evaluation). Its options are `cli.cluster`'s.
 
 Why a command of its own beside `harness bench --cluster`: AMPD's comparison is not "one
 cluster file under several routers". Its strategies differ in layout (co-located replicas vs
@@ -36,25 +36,30 @@ Outputs in `--out`: ``rows.json`` (the settings and one row per trace, load and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import re
-import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cluster.config import ClusterConfigError, parse_cluster
+from common.atomic import write_text_atomic
 from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
 from common.trace import Trace
-from eval.bench import BenchError
-from eval.workloads.registry import TRACES, load_or_generate
+from eval.ampd_plot import plot_slo
+from eval.bench.specs import BenchError
+from eval.workloads.registry import load_or_generate
+from server.engine import ContextTooLong
 from server.perf.registry import load_profile
+from sim.engines import make_engine
+from sim.loop import replay_cluster
+from sim.virtual_cluster import VirtualCluster
 
+#: `harness cluster bench`'s defaults (`cli.cluster`): our reading of AMPD's setting, above.
 DEFAULT_PROFILE = "h20x4-llama-3.1-70b"
 DEFAULT_TRACES = "hotpotqa,toolbench"
 DEFAULT_JPS = "0.25,0.5,1"
@@ -107,63 +112,7 @@ class RunConfig:
         return f"{self.strategy.name} {self.layout[0]}P{self.layout[1]}D"
 
 
-# -- arguments ---------------------------------------------------------------------------------
-def _names(text: str, flag: str) -> list[str]:
-    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    if not names:
-        raise AmpdBenchError(f"{flag} is empty")
-    return names
-
-
-def parse_strategies(text: str) -> list[Strategy]:
-    names = _names(text, "--strategies")
-    unknown = [n for n in names if n not in STRATEGIES]
-    if unknown:
-        raise AmpdBenchError(f"--strategies: unknown {', '.join(map(repr, unknown))}; choose "
-                             f"from {', '.join(STRATEGIES)}")
-    return [STRATEGIES[n] for n in names]
-
-
-def parse_layouts(text: str, replicas: int) -> list[tuple[int, int]]:
-    """``1p3d,2p2d`` -> [(1, 3), (2, 2)]; each must use exactly `replicas` replicas, so every
-    strategy runs on the same GPUs."""
-    out = []
-    for name in _names(text, "--layouts"):
-        m = re.fullmatch(r"(\d+)p(\d+)d", name.lower())
-        if not m or int(m[1]) < 1 or int(m[2]) < 1:
-            raise AmpdBenchError(f"--layouts: {name!r} is not a layout; write prefill and "
-                                 "decode replica counts as e.g. 1p3d or 2p2d (each at least 1)")
-        layout = (int(m[1]), int(m[2]))
-        if sum(layout) != replicas:
-            raise AmpdBenchError(
-                f"--layouts: {name} has {sum(layout)} replicas but --replicas is {replicas}; "
-                "strategies are compared on equal GPUs: give layouts that add up to "
-                f"--replicas, or change --replicas")
-        out.append(layout)
-    return list(dict.fromkeys(out))
-
-
-def parse_loads(text: str) -> list[float]:
-    try:
-        loads = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise AmpdBenchError(f"--jps {text!r}: give numbers separated by commas, e.g. "
-                             "0.25,0.5,1") from None
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise AmpdBenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
-    return sorted(set(loads))
-
-
-def parse_traces(text: str) -> list[str]:
-    names = _names(text, "--traces")
-    unknown = [n for n in names if n not in TRACES]
-    if unknown:
-        raise AmpdBenchError(f"--traces: unknown {', '.join(map(repr, unknown))}; AMPD's "
-                             "workloads are toolbench, gaia, hotpotqa, dureader (also: "
-                             f"{', '.join(n for n in TRACES if n not in AMPD_WORKLOADS)})")
-    return names
-
-
+#: AMPD's own workloads; the registry's other traces are ours.
 AMPD_WORKLOADS = ("toolbench", "gaia", "hotpotqa", "dureader")
 
 
@@ -181,8 +130,6 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
     """The `ClusterConfig` a strategy runs on. Replicas fill nodes of `GPUS_PER_NODE` GPUs in
     order; P/D replicas are interleaved (p0, d0, p1, d1, ...) so a node holds both roles where
     it can, as `cluster/examples/2p2d.yaml` does."""
-    from cluster.config import ClusterConfigError, parse_cluster
-
     tp = load_profile(profile).model.tp
     if run.layout is None:
         roles = [("r", "colocated", i) for i in range(replicas)]
@@ -210,11 +157,9 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
 
 def _engine_factory(config: Any, seed: int,
                     history: str = "pull") -> Callable[[Any], Any]:
-    """`eval.bench.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``). The
+    """`sim.engines.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``). The
     AMPD queue policy gets the run's TTFT SLO from the cluster (`cluster_config` puts it in
     `router.ttft_slo_s`), as a served replica does."""
-    from sim.engines import make_engine
-
     def build(spec: Any) -> Any:
         return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
                            spec.offload_gib, spec, config, bidirectional=history == "pull")
@@ -235,10 +180,6 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     (`HISTORY`): how a prefill replica gets the part of a program's history it lacks."""
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
-    from server.engine import ContextTooLong
-    from sim.loop import replay_cluster
-    from sim.virtual_cluster import VirtualCluster
-
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
                             num_gpu_blocks=num_gpu_blocks)
     wall = time.perf_counter()
@@ -285,17 +226,10 @@ ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_
 def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[float], *,
           programs: int, replicas: int, profile: str, slo: SLO, seed: int, out: Path,
           num_gpu_blocks: int | None = None, history: str = "pull", plot: bool = True,
-          console: Any = None) -> dict[str, Any]:
+          console: Any = None, command: str = "") -> dict[str, Any]:
     """Every trace x load x config; writes ``rows.json``, ``report.md`` (and the plot).
-    The same programs (trace, count, seed) are replayed at every load and by every config."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
+    The same programs (trace, count, seed) are replayed at every load and by every config.
+    `command`: the command line that asked for it, kept in ``rows.json``."""
     if programs < 1:
         raise AmpdBenchError("--programs must be at least 1")
     rows: list[dict[str, Any]] = []
@@ -324,7 +258,7 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                                       soft_wrap=True)
     summary = {
         "what": "AMPD vs baselines (eval.ampd_bench), virtual time",
-        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": command,
         "traces": list(traces), "jps": list(loads), "programs": programs,
         "replicas": replicas, "profile": profile, "gpus_per_node": GPUS_PER_NODE,
         "num_gpu_blocks": num_gpu_blocks, "seed": seed, "history": history,
@@ -335,13 +269,9 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
         "rows": rows,
     }
     out.mkdir(parents=True, exist_ok=True)
-    from common.atomic import write_text_atomic
-
     write_text_atomic(out / "rows.json", json.dumps(summary, indent=1, allow_nan=True) + "\n")
     write_text_atomic(out / "report.md", report_markdown(summary))
     if plot:
-        from eval.ampd_plot import plot_slo
-
         plot_slo(summary, out / "slo_vs_load.png")
     return summary
 
@@ -427,92 +357,3 @@ def print_table(summary: dict[str, Any], console: Any) -> None:
     text = report_markdown(summary)
     print(text[text.index("| trace"):].rstrip())
     console.print(f"wall time {summary['wall_s']:.0f} s")
-
-
-# -- command line ------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--traces", default=DEFAULT_TRACES,
-                   help=f"comma-separated generated traces (default {DEFAULT_TRACES}; AMPD's: "
-                   f"{', '.join(AMPD_WORKLOADS)})")
-    p.add_argument("--jps", default=DEFAULT_JPS,
-                   help=f"comma-separated loads in jobs/s (default {DEFAULT_JPS})")
-    p.add_argument("--programs", type=int, default=40,
-                   help="programs per trace and load (default 40)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES),
-                   help=f"comma-separated, from {', '.join(STRATEGIES)} (default: all)")
-    p.add_argument("--layouts", default=DEFAULT_LAYOUTS,
-                   help=f"P/D layouts as NpMd, each adding up to --replicas (default "
-                   f"{DEFAULT_LAYOUTS})")
-    p.add_argument("--replicas", type=int, default=4,
-                   help="replicas per strategy, co-located or P/D (default 4)")
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help=f"emulated GPU-MODEL profile of every replica (default {DEFAULT_PROFILE}"
-                   ": AMPD's H20 and Llama-3.1-70B at TP4)")
-    p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
-                   help=f"TTFT SLO per turn, seconds (default {SLO.ttft_s:g})")
-    p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
-                   help=f"mean inter-token latency SLO per turn, seconds (default "
-                   f"{SLO.tpot_s:g})")
-    p.add_argument("--num-gpu-blocks", type=int, default=None,
-                   help="KV cache size per replica in 16-token blocks (default: the profile's)")
-    p.add_argument("--history", choices=HISTORY, default="pull",
-                   help="how a prefill replica gets the history it lacks: pull it from the "
-                   "decode replica (vLLM's bidirectional_kv_xfer; default) or recompute it")
-    p.add_argument("--seed", type=int, default=0, help="trace and router seed (default 0)")
-    p.add_argument("--out", default="runs/ampd-bench", help="output folder")
-    p.add_argument("--no-plot", action="store_true", help="skip slo_vs_load.png")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Validate, sweep, print the table. A user mistake raises `AmpdBenchError`."""
-    from rich.console import Console
-
-    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
-        if not (value > 0 and math.isfinite(value)):
-            raise AmpdBenchError(f"{flag} must be a positive number of seconds, not {value}")
-    if args.replicas < 2:
-        raise AmpdBenchError("--replicas must be at least 2 (a P/D layout needs one of each)")
-    if args.programs < 1:
-        raise AmpdBenchError("--programs must be at least 1")
-    try:
-        load_profile(args.profile)
-    except Exception as exc:  # noqa: BLE001 - any failure here is a bad profile name
-        raise AmpdBenchError(f"--profile {args.profile!r}: {exc}") from None
-    strategies = parse_strategies(args.strategies)
-    layouts = (parse_layouts(args.layouts, args.replicas)
-               if any(s.disaggregated for s in strategies) else [])
-    traces = parse_traces(args.traces)
-    loads = parse_loads(args.jps)
-    console = Console(stderr=True)
-    previous = os.environ.get("VLLM_LOGGING_LEVEL")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bars readable
-    try:
-        summary = bench(traces, run_configs(strategies, layouts), loads,
-                        programs=args.programs, replicas=args.replicas, profile=args.profile,
-                        slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed,
-                        out=Path(args.out), num_gpu_blocks=args.num_gpu_blocks,
-                        history=args.history, plot=not args.no_plot, console=console)
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_LOGGING_LEVEL", None)
-    print_table(summary, console)
-    written = ["rows.json", "report.md"] + ([] if args.no_plot else ["slo_vs_load.png"])
-    console.print("wrote " + ", ".join(str(Path(args.out) / w) for w in written), soft_wrap=True)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.ampd_bench",
-                                     description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

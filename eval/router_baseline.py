@@ -86,7 +86,8 @@ from common.atomic import write_json_atomic
 from common.errors import UserError
 from common.trace import Trace
 from eval import http_replay
-from eval.bench import BenchError, make_trace
+from eval.bench.specs import BenchError
+from eval.bench.traces import make_trace
 from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port

@@ -30,7 +30,8 @@ import httpx
 
 from cluster.config import ClusterConfigError, load_cluster
 from common.atomic import write_text_atomic
-from eval.bench import BenchError, ClusterRuns, EngineSettings, HttpTarget, bench
+from eval.bench.specs import BenchError, ClusterRuns, EngineSettings, HttpTarget
+from eval.bench.sweep import bench
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
 
@@ -65,7 +66,7 @@ def _served_file(config: Any, strategy: str, out: Path) -> Path:
 
 def _serve(path: Path, port: int, base_port: int, logs: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.cluster", "serve", str(path), "--port", str(port),
+        [sys.executable, "-m", "cli", "cluster", "serve", str(path), "--port", str(port),
          "--base-port", str(base_port), "--log-dir", str(logs)],
         stdout=(logs.parent / f"{logs.name}.out").open("w"), stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -138,7 +139,7 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
         raise BenchError("--strategies: give at least two to rank")
     common = dict(programs=options.programs, jps=[options.jps], profile=config.replicas[0].profile,
                   seed=options.seed, settings=EngineSettings(), time_scale=options.time_scale)
-    runs = ClusterRuns.from_args(options.cluster, ",".join(strategies), None)
+    runs = ClusterRuns.load(options.cluster, strategies)
     virtual = bench(options.trace, runs.labels(), out=out / "virtual", cluster=runs, **common)
     rows_virtual = {r["policy"]: r for r in virtual["results"]}
     rows_served: dict[str, dict[str, Any]] = {}

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from cli import cluster as cluster_cli
 from common.metrics import SLO
 from eval import ampd_bench
 from eval.ampd_bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
@@ -102,7 +103,7 @@ def test_layouts_fill_nodes_and_carry_the_slo():
 
 def _args(**over):
     parser = argparse.ArgumentParser()
-    ampd_bench.add_arguments(parser)
+    cluster_cli.add_bench_arguments(parser)
     args = parser.parse_args([])
     for key, value in over.items():
         setattr(args, key, value)
@@ -122,7 +123,7 @@ def _args(**over):
 ])
 def test_bad_input_is_a_clear_error(over, message):
     with pytest.raises(AmpdBenchError, match=message.replace("(", r"\(")):
-        ampd_bench.run(_args(**over))
+        cluster_cli.run_bench(_args(**over))
 
 
 def test_cli_prints_the_error_without_a_traceback(capsys):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval import bench
+from cli.bench import DEFAULT_JPS
+from eval.bench.traces import TRACE_NAMES, make_trace
 from eval.workloads.ampd import AMPD_MAX_CONTEXT, AMPD_TABLE, _ampd_spec, ampd_like
 from eval.workloads.registry import load_or_generate
 
@@ -68,6 +69,6 @@ def test_long_programs_are_redrawn_and_bad_names_refused():
 
 def test_bench_knows_the_names():
     for name in ROWS:
-        assert name in bench.TRACE_NAMES and name in bench.DEFAULT_JPS
-        trace = bench.make_trace(name, 5, 1.0, 0)
+        assert name in TRACE_NAMES and name in DEFAULT_JPS
+        trace = make_trace(name, 5, 1.0, 0)
         assert len(trace.programs) == 5

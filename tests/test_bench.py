@@ -8,7 +8,9 @@ import pytest
 
 from cli.main import main
 from common.metrics import MACHINE_DEPENDENT, replay_metrics
-from eval.bench import BenchError, EngineSettings, bench, make_trace, settings_engine
+from eval.bench.specs import BenchError, EngineSettings, settings_engine
+from eval.bench.sweep import bench
+from eval.bench.traces import make_trace
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
 

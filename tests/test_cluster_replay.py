@@ -7,7 +7,7 @@ import pytest
 from cluster.config import parse_cluster
 from common.metrics import cluster_metrics, replay_metrics
 from common.trace import Program, Trace, Turn
-from eval.bench import make_trace
+from eval.bench.traces import make_trace
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 

@@ -445,7 +445,7 @@ def test_sigkilled_launcher_leaves_no_process(tmp_path):
 # -- a real cluster ----------------------------------------------------------------------------
 
 class Cluster:
-    """`python -m cli.cluster serve FILE` in a subprocess (its own session)."""
+    """`python -m cli cluster serve FILE` in a subprocess (its own session)."""
 
     def __init__(self, tmp: Path, replicas: list[dict[str, Any]], name: str,
                  strategy: str = "session") -> None:
@@ -457,7 +457,7 @@ class Cluster:
         self.out = tmp / f"{name}.out"
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cli.cluster", "serve", str(self.file), "--port",
+            [sys.executable, "-m", "cli", "cluster", "serve", str(self.file), "--port",
              str(self.port), "--log-dir", str(tmp / f"{name}-logs")],
             stdout=self.out.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
             start_new_session=True)

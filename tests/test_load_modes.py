@@ -9,7 +9,7 @@ import pytest
 
 from cli.main import main
 from common.metrics import replay_metrics
-from eval.bench import make_trace
+from eval.bench.traces import make_trace
 from sim.engines import make_engine
 from sim.records import ProgramRecord, ReplayResult, steady_programs
 from sim.replay import replay

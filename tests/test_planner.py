@@ -23,7 +23,7 @@ from cluster.planner import (
     plan,
     solve_ilp,
 )
-from eval.bench import make_trace
+from eval.bench.traces import make_trace
 from eval.workloads.registry import load_or_generate
 from sim import planning as plan_sim
 
@@ -261,7 +261,7 @@ def test_plan_command_with_a_table(tmp_path, capsys):
     expected = plan(provider, 8, 2.0, Objective(SLO))[0]
     assert f"| {expected.prefill.label()} | {expected.decode.label()} |" in rows[0]
     assert main([*args[:2], "1", *args[3:]]) == 2
-    assert "harness plan: error: --gpus must be an integer >= 2" in capsys.readouterr().err
+    assert "harness: error: --gpus must be an integer >= 2" in capsys.readouterr().err
 
 
 # --- stage two: near-tied plans replayed, the best measured chosen ----------------------------

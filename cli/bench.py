@@ -1,0 +1,206 @@
+"""`harness bench`: its options, and their translation into one `eval.bench.sweep.bench` call.
+
+Why the parsing lives here: the sweep (`eval.bench`) takes lists, numbers and small dataclasses
+(`EngineSettings`, `ClusterRuns`, `HttpTarget`), so experiments call it from Python; turning
+``--policies a,b``, ``--jps 0.5,1`` or ``--concurrency 16,64`` into those, refusing what no run
+can take (a `BenchError`, which `cli.main` prints as one line), and the defaults that depend on
+the trace are the command line's job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from cli.options import add_offload_copy_model_argument
+from common.metrics import SLO
+from eval.bench.report import print_table
+from eval.bench.specs import BenchError, ClusterRuns, EngineSettings, HttpTarget, check_policies
+from eval.bench.sweep import bench
+from eval.bench.traces import TRACE_NAMES
+from eval.workloads.registry import TRACES
+
+#: Default loads (jobs/s) per generated trace, if --jps is not given.
+DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
+
+
+def register(subparsers: Any) -> None:
+    """Add `harness bench` to the `harness` command's subparsers."""
+    p = subparsers.add_parser("bench",
+                              help="compare policies on a trace in virtual time (JCT vs load)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True,
+                   help=f"{', '.join(TRACE_NAMES)} (generated) or a trace file (JSONL)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated policies (default: vllm,continuum; with --cluster: each "
+                   "replica's own from the file); NAME+offload turns "
+                   "vLLM's CPU KV offloading on for a policy that does not need it, "
+                   "NAME@online|oracle replays client tool-duration predictions")
+    p.add_argument("--cluster", default=None, metavar="FILE",
+                   help="replay on the replicas of this cluster file (cluster/examples/) behind "
+                   "its router, in virtual time; --policies then replaces every replica's policy")
+    p.add_argument("--routers", default=None,
+                   help="with --cluster: comma-separated routing strategies to compare "
+                   "(default: the file's)")
+    p.add_argument("--programs", type=int, default=None,
+                   help="programs to replay (default: 100 generated; all of a file)")
+    p.add_argument("--jps", default=None,
+                   help="comma-separated loads in jobs/s (default: 0.5,1,2; a file keeps its "
+                   "own arrivals unless given)")
+    p.add_argument("--concurrency", default=None,
+                   help="closed loop instead of arrivals: comma-separated numbers of programs "
+                   "running at once (a new one starts when one ends), e.g. 16,64")
+    p.add_argument("--steady", type=float, default=0.0, metavar="FRAC",
+                   help="leave the first and the last FRAC of programs (by start) out of the "
+                   "metrics: warm-up and cool-down (e.g. 0.1; default 0, all)")
+    p.add_argument("--profile", default="h100-llama-3.1-8b", help="emulated GPU-MODEL profile")
+    p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
+    p.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help="override the KV cache size in 16-token blocks (default: the profile's)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest conversation (prompt + output tokens) a replayed engine takes "
+                   "(default: the model's context, 131,072 for Llama-3.1; a small "
+                   "--num-gpu-blocks lowers it)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
+                   help="tokens one engine step may compute, for every policy of the run "
+                   "(vLLM's chunked-prefill budget; default vLLM's, 8,192; Continuum's "
+                   "evaluation used 2048)")
+    p.add_argument("--offload-gib", type=float, default=None, metavar="GIB",
+                   help="give every policy of the run vLLM's CPU KV offloading with this much "
+                   "host memory (the equal-memory comparison); NAME+offload turns it on for "
+                   "one policy only (at this size, or the default)")
+    add_offload_copy_model_argument(p, "vLLM's CPU KV offloading copies, for every engine "
+                                    "of the run")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="replays to run at once, one process each (default 1); the figures "
+                   "do not change, only the wall time (each process takes a core)")
+    p.add_argument("--too-long", choices=("error", "skip"), default="error",
+                   help="a program with a turn longer than that: stop before replaying, naming "
+                   "it (error, the default), or leave it out and say so (skip)")
+    p.add_argument("--out", default=None, help="output folder (default runs/bench-TRACE)")
+    p.add_argument("--url", default=None,
+                   help="replay in wall-clock time over HTTP against this running `harness "
+                   "serve` (emulated or a GPU) instead of in virtual time; --policies then "
+                   "names the one policy the server runs (a label)")
+    p.add_argument("--model", default=None, help="with --url: the served model name "
+                   "(default: the server's first)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival gaps and tool durations by this (e.g. 0.1 for short "
+                   "wall-clock runs); it changes the workload, not only the run time")
+    p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
+                   help=f"TTFT bound per turn for SLO attainment and goodput (default "
+                   f"{SLO.ttft_s:g} s)")
+    p.add_argument("--slo-tpot", type=float, default=SLO.tpot_s,
+                   help=f"time-per-output-token bound (default {SLO.tpot_s:g} s)")
+    p.add_argument("--isolated-over-http", action="store_true",
+                   help="with --url: measure isolated JCTs on the server (costs their sum in "
+                   "wall time) instead of on the emulated profile")
+
+
+def run(args: argparse.Namespace) -> int:
+    # keep the progress bar readable; restored after, so a caller's later servers still log
+    previous = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        return _run(args)
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+
+
+def _run(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    out = Path(args.out or f"runs/bench-{Path(args.trace).stem}")
+    cluster = None
+    if args.cluster:
+        if args.url:
+            raise BenchError("--cluster replays in virtual time; for a served cluster give "
+                             "--url the router of `harness cluster serve` instead")
+        cluster = ClusterRuns.load(args.cluster,
+                                   _names(args.routers) if args.routers else None,
+                                   _names(args.policies) if args.policies else None)
+        policies = cluster.labels()
+    else:
+        if args.routers:
+            raise BenchError("--routers compares routing strategies of a --cluster FILE")
+        policies = check_policies(_names(args.policies or "vllm,continuum"))
+    http = None
+    if args.url:
+        if len(policies) != 1:
+            raise BenchError("--url replays against one running server: give --policies the "
+                             "one policy it runs (a label for the results)")
+        http = HttpTarget(args.url, args.model, args.isolated_over_http)
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
+        if not (value > 0 and math.isfinite(value)):
+            raise BenchError(f"{flag} must be a positive number of seconds, not {value}")
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise BenchError(f"--time-scale must be a positive number, not {args.time_scale}")
+    concurrency = None
+    if args.concurrency is not None:
+        if args.jps is not None:
+            raise BenchError("give either --jps (arrivals) or --concurrency (closed loop)")
+        if http is not None:
+            raise BenchError("--concurrency replays in virtual time; not with --url")
+        concurrency = _concurrency(args.concurrency)
+    if not (0.0 <= args.steady < 0.5):
+        raise BenchError(f"--steady {args.steady:g}: give a fraction in [0, 0.5)")
+    if args.jobs < 1:
+        raise BenchError(f"--jobs {args.jobs}: give at least 1")
+    if args.jobs > 1 and args.url:
+        raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
+    settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
+                              args.max_num_batched_tokens, args.offload_gib,
+                              args.offload_copy_model)
+    settings.check(cluster=cluster is not None, http=http is not None)
+    summary = bench(args.trace, policies, programs=args.programs,
+                    jps=[None] if concurrency else _loads(args.jps, args.trace),
+                    concurrency=concurrency, steady=args.steady,
+                    profile=args.profile, seed=args.seed,
+                    out=out, settings=settings, console=console, http=http,
+                    time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot),
+                    cluster=cluster, too_long=args.too_long, jobs=args.jobs)
+    print_table(summary, console)
+    console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
+                  f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    """``a, b,,c`` -> [a, b, c]: a comma-separated option's items."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _loads(text: str | None, trace: str) -> list[float | None]:
+    if text is None:
+        text = DEFAULT_JPS.get(trace)
+        if text is None:
+            return [None]  # a file, replayed with its own arrivals
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"--jps {text!r}: give numbers separated by commas, e.g. 0.5,1,2") \
+            from None
+    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
+        raise BenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
+    return sorted(set(loads))
+
+
+def _concurrency(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise BenchError(f"--concurrency {text!r}: give whole numbers separated by commas, "
+                         "e.g. 16,64") from None
+    if not values or min(values) < 1:
+        raise BenchError(f"--concurrency {text!r}: at least one program must run at once")
+    return values
+

@@ -1,0 +1,18 @@
+"""`harness bench`: compare policies on a trace, in virtual time, over a sweep of loads.
+
+For every policy and load (jobs/s) the trace's programs are replayed through one fresh
+in-process engine (`sim.replay`), and the metrics of `common.metrics.replay_metrics` are
+computed against each program's isolated JCT (alone on a `vllm`-policy engine, once per trace
+contents and profile, cached in the output folder). Writes ``summary.json`` (``results``: one
+row per policy and load), ``report.md``, ``jct_vs_load.png`` (mean and P95 JCT against load),
+``jct_cdf.png`` (JCT CDF per policy at the highest load) and ``runs/<policy>-jps<x>.json``
+(per-program and per-turn records). Same trace, seed and profile: identical results, apart from
+the CPU-time figures (``common.metrics.MACHINE_DEPENDENT``).
+
+One module per job, so each can be read (and changed) alone: `specs` (what a run compares and
+the engine settings every policy shares), `traces` (the programs to replay), `isolated` (the
+lower bound, cached), `backends` (one replay: in-process engine, virtual cluster or HTTP),
+`rows` (a replay's metrics row and records), `parallel` (replays as processes), `sweep` (the
+library call, `sweep.bench`), `report` (markdown and the terminal table) and `plots`. The
+command line is `cli.bench`.
+"""

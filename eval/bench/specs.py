@@ -1,0 +1,164 @@
+"""What a `harness bench` run compares, and what every engine of it shares.
+
+Why values of their own: a comparison between policies is only fair when every engine of the
+run gets the same settings, and a cluster comparison only when every router and policy runs on
+the same replicas; checking these once, before any engine starts, turns a user's mistake into
+one line naming the flag (`BenchError`) instead of a failure minutes into a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.config import ClusterConfig, ClusterConfigError, load_cluster, parse_cluster
+from common.errors import UserError
+from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.policies import POLICIES
+from sim.engines import base_policy, make_engine
+from sim.records import HINT_MODES
+
+
+class BenchError(UserError):
+    """A user mistake in `harness bench` arguments (printed without a traceback)."""
+
+
+def split_policy(spec: str) -> tuple[str, str]:
+    """``continuum+offload@online`` -> (``continuum+offload``, ``online``); no @ -> hints
+    ``none``. The name keeps ``+offload`` (see `make_engine`)."""
+    name, _, hints = spec.partition("@")
+    return name, hints or "none"
+
+
+def check_policies(names: Sequence[str]) -> list[str]:
+    """Policy names, each optionally ``NAME@HINTS`` (``sim.replay.HINT_MODES``: what the
+    replayed client predicts about tool calls), e.g. ``continuum,continuum@oracle``; checked,
+    without repeats, in the order given."""
+    if not names:
+        raise BenchError("--policies is empty; give e.g. vllm,continuum")
+    try:
+        unknown = [p for p in names if base_policy(split_policy(p)[0])[0] not in POLICIES]
+    except ValueError as exc:  # a suffix other than +offload
+        raise BenchError(str(exc)) from None
+    if unknown:
+        raise BenchError(f"unknown policy {', '.join(map(repr, unknown))}; choose from: "
+                         f"{', '.join(sorted(POLICIES))}")
+    bad = [p for p in names if split_policy(p)[1] not in HINT_MODES]
+    if bad:
+        raise BenchError(f"unknown hints in {', '.join(map(repr, bad))}; after @ give one of: "
+                         f"{', '.join(HINT_MODES)}")
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class ClusterRuns:
+    """What `--cluster FILE --routers A,B --policies P,Q` compares: the file's replicas under
+    each router, with every replica running each policy (or its own, if none are given)."""
+
+    config: ClusterConfig
+    runs: tuple[tuple[str, str, str | None], ...]  # (label, router, policy or None)
+
+    @classmethod
+    def load(cls, path: str, routers: Sequence[str] | None = None,
+             policies: Sequence[str] | None = None) -> ClusterRuns:
+        """The cluster file at `path` under each of `routers` (None: the file's own), with
+        every replica running each of `policies` (None: each replica's own policy)."""
+        try:
+            config = load_cluster(path)
+        except ClusterConfigError as exc:
+            raise BenchError(str(exc)) from None
+        names = list(routers) if routers is not None else [config.router.strategy]
+        for name in names:  # the file must make sense under every router asked for
+            data = config.model_dump()
+            data["router"]["strategy"] = name
+            try:
+                parse_cluster(data, f"{path} with router {name!r}")
+            except ClusterConfigError as exc:
+                raise BenchError(str(exc)) from None
+        wanted: list[str | None] = [None]
+        if policies is not None:
+            wanted = list(check_policies(policies))
+            if any(split_policy(p)[1] != "none" or base_policy(p)[1] for p in wanted):
+                raise BenchError("--cluster: give plain policy names (set `offload_gib` per "
+                                 "replica in the cluster file; client hints are not replayed)")
+        runs = tuple((name if p is None else f"{name}:{p}", name, p)
+                     for name in dict.fromkeys(names) for p in wanted)
+        return cls(config, runs)
+
+    def labels(self) -> list[str]:
+        return [label for label, _, _ in self.runs]
+
+    def config_for(self, label: str) -> ClusterConfig:
+        """The cluster file as run under `label` (its router, and the policy if replaced)."""
+        _, router, policy = next(r for r in self.runs if r[0] == label)
+        config = self.config.model_copy(deep=True)
+        config.router.strategy = router
+        if policy is not None:
+            for replica in config.replicas:
+                replica.policy = policy
+        return config
+
+    def isolated_profile(self) -> tuple[str, int | None]:
+        """Isolated JCTs are measured on the first replica that decodes (a program alone
+        there is the bound for any placement on a homogeneous cluster)."""
+        spec = next(r for r in self.config.replicas if r.role != "prefill")
+        return spec.profile, spec.num_gpu_blocks
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine of a run shares, whatever its policy, set in one place: a comparison
+    between policies is only fair when these are equal (the isolated bound uses them too)."""
+
+    num_gpu_blocks: int | None = None
+    max_model_len: int | None = None
+    #: vLLM's per-step token budget (chunked prefill); None: vLLM's default
+    max_num_batched_tokens: int | None = None
+    #: host memory for vLLM's CPU KV offloading, for every policy; None: only for the
+    #: policies that need it or are named NAME+offload
+    offload_gib: float | None = None
+    #: how the offloading connector's copies are priced (`server.perf.copy_model`
+    #: OFFLOAD_COPY_MODELS), by the emulated worker and the policies' cost model
+    offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
+
+    def check(self, *, cluster: bool = False, http: bool = False) -> None:
+        """Refuse values no engine takes, naming the flag."""
+        try:
+            check_offload_copy_model(self.offload_copy_model)
+        except ValueError as exc:
+            raise BenchError(f"--offload-copy-model: {exc}") from None
+        if http and self.offload_copy_model != DEFAULT_OFFLOAD_COPY_MODEL:
+            raise BenchError("--url: the running server has its own copy model; start "
+                             "`harness serve --offload-copy-model` instead")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
+            raise BenchError(f"--num-gpu-blocks {self.num_gpu_blocks}: give at least 2")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 16:
+            raise BenchError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: give at "
+                             "least 16 tokens (one block)")
+        if self.offload_gib is not None and not (self.offload_gib > 0
+                                                 and math.isfinite(self.offload_gib)):
+            raise BenchError(f"--offload-gib {self.offload_gib}: give a positive size in GiB")
+        if http and (self.max_num_batched_tokens is not None or self.offload_gib is not None):
+            raise BenchError("--url: the running server has its own engine settings; start "
+                             "`harness serve` with them instead")
+        if cluster and self.offload_gib is not None:
+            raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
+
+
+def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
+    """`make_engine` for a single-engine run under the run's `EngineSettings`."""
+    return make_engine(policy, profile, seed, settings.num_gpu_blocks, settings.offload_gib,
+                       max_model_len=settings.max_model_len,
+                       max_num_batched_tokens=settings.max_num_batched_tokens,
+                       offload_copy_model=settings.offload_copy_model)
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    """Where a wall-clock replay goes (`eval.http_replay`)."""
+
+    url: str
+    model: str | None = None
+    isolated_over_http: bool = False
