@@ -17,8 +17,8 @@ from cluster.config import ClusterConfig, ClusterConfigError, load_cluster, pars
 from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.policies import POLICIES
+from sim.client import HINT_MODES
 from sim.engines import base_policy, make_engine
-from sim.records import HINT_MODES
 
 
 class BenchError(UserError):

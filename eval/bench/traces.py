@@ -14,7 +14,7 @@ from common.trace import Trace, TraceFormatError
 from eval.bench.specs import BenchError, ClusterRuns
 from eval.workloads.registry import TRACES, load_or_generate, merge
 from server.max_model_len import context_limit
-from sim.records import too_long_turns
+from sim.conversation import too_long_turns
 
 #: What `--trace` takes besides a file: the generated traces, and `merge` (SWE + BFCL).
 TRACE_NAMES = (*sorted(TRACES), "merge")
