@@ -1,4 +1,4 @@
-"""AMPD's deployment planner (cluster/planner.py, cluster/plan_sim.py, `harness plan`): the ILP
+"""AMPD's deployment planner (cluster/planner.py, sim/planning.py, `harness plan`): the ILP
 against brute force on hand-made tau tables, clear errors, the simulated provider's grid and
 cache (with the simulation itself stubbed), and the command."""
 
