@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cli.options import add_offload_copy_model_argument
+from cli.options import add_offload_copy_model_argument, parse_loads
 from common.metrics import SLO
 from eval.bench.report import print_table
 from eval.bench.specs import BenchError, ClusterRuns, EngineSettings, HttpTarget, check_policies
@@ -184,14 +184,7 @@ def _loads(text: str | None, trace: str) -> list[float | None]:
         text = DEFAULT_JPS.get(trace)
         if text is None:
             return [None]  # a file, replayed with its own arrivals
-    try:
-        loads = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BenchError(f"--jps {text!r}: give numbers separated by commas, e.g. 0.5,1,2") \
-            from None
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise BenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
-    return sorted(set(loads))
+    return parse_loads(text, BenchError, "0.5,1,2")
 
 
 def _concurrency(text: str) -> list[int]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from cli import options
 from cluster.config import EXAMPLES_DIR, ClusterConfig, load_cluster
 from cluster.launcher import (
     DEFAULT_BASE_PORT,
@@ -260,14 +261,7 @@ def parse_layouts(text: str, replicas: int) -> list[tuple[int, int]]:
 
 
 def parse_loads(text: str) -> list[float]:
-    try:
-        loads = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise AmpdBenchError(f"--jps {text!r}: give numbers separated by commas, e.g. "
-                             "0.25,0.5,1") from None
-    if not loads or any(not (x > 0 and math.isfinite(x)) for x in loads):
-        raise AmpdBenchError(f"--jps {text!r}: loads must be positive numbers of jobs/s")
-    return sorted(set(loads))
+    return options.parse_loads(text, AmpdBenchError, "0.25,0.5,1")
 
 
 def parse_traces(text: str) -> list[str]:
