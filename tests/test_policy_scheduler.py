@@ -15,6 +15,7 @@ from vllm_driver import Driver, make_scheduler
 from server.events import EventSender
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
 
+pytestmark = pytest.mark.engine
 BLOCK = 16
 
 
