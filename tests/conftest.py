@@ -1,4 +1,4 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures, and the check that markers say what a test needs.
 
 server: a `harness serve --policy continuum` (emulated GPU) shared by a test module; a module
 that needs other server options defines its own `server`.
@@ -6,14 +6,34 @@ that needs other server options defines its own `server`.
 docker_client: a docker SDK client for the local engine.  When no engine
 answers, tests that use it are skipped, unless HARNESS_REQUIRE_DOCKER=1 (set
 in CI), where a silent skip would hide a broken sandbox, so they fail.
+
+autoclose: `autoclose(engine)` returns the engine (a `VirtualEngine`, a `VirtualCluster`, a
+`tests/vllm_driver.py` driver: anything with `close()`) and closes it when the test ends, pass
+or fail, the last one first (each engine restores the process clock it found). A helper that a
+module-scoped fixture calls closes its engine itself (`contextlib.closing`).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
+
+# the hooks of the marker check: pytest registers the hooks it finds in conftest's namespace
+from marker_check import (  # noqa: F401
+    install,
+    pytest_collectstart,
+    pytest_fixture_setup,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_terminal_summary,
+)
+
+install()
+
+Closable = TypeVar("Closable")
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +64,17 @@ def server() -> Any:
 
     with ServerProcess(policy="continuum") as s:
         yield s
+
+
+@pytest.fixture
+def autoclose() -> Iterator[Callable[[Closable], Closable]]:
+    """`autoclose(engine)` -> engine, closed at the test's end (see module docstring)."""
+    opened: list[Any] = []
+
+    def register(thing: Closable) -> Closable:
+        opened.append(thing)
+        return thing
+
+    yield register
+    for thing in reversed(opened):
+        thing.close()

@@ -18,6 +18,7 @@ from eval.workloads.registry import load_or_generate
 PROFILE = "h100-llama-3.1-8b"
 
 
+@pytest.mark.engine
 def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     """AMPD on 1P1D with a TTFT SLO near the prefill replica's own latency (its prefills take
     about 0.04 s here): while its windowed TTFT is <= 0.9 x the SLO a later turn goes remote,
@@ -63,6 +64,7 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     assert (tmp_path / "slo_vs_load.png").stat().st_size > 0
 
 
+@pytest.mark.engine
 def test_history_recompute_recomputes_what_pull_reads(tmp_path):
     """The same AMPD run with `recompute`: no KV flows decode -> prefill, and the history a
     prefill replica lacks after a local turn is computed again."""

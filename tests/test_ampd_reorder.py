@@ -133,6 +133,7 @@ def test_without_a_cost_model_the_queue_is_fcfs():
 
 
 # -- the scheduler hook on the real vLLM scheduler ---------------------------------------------
+@pytest.mark.engine
 def test_policy_scheduler_runs_the_reordered_queue(monkeypatch):
     from vllm_driver import Driver, make_scheduler
 
@@ -156,7 +157,8 @@ def test_make_policy_passes_the_slo_to_policies_that_take_it():
     assert make_policy("vllm", ttft_slo_s=2.5).name == "vllm"  # not an option of its own
 
 
-def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch):
+@pytest.mark.engine
+def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch, autoclose):
     """`harness cluster serve` -> `harness serve` -> the engine core's scheduler, and the
     virtual-time cluster's engines, all run Algorithm 2 against `router.ttft_slo_s` (2 s in
     this file), not the 1 s default."""
@@ -175,8 +177,6 @@ def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch):
                              events_ipc="ipc:///dev/null")
     monkeypatch.setenv("HARNESS_TTFT_SLO_S", env["HARNESS_TTFT_SLO_S"])
     assert make_scheduler("ampd", monkeypatch=monkeypatch).agent_policy.ttft_slo_s == 2.0
-    engine = make_engine("ampd", spec.profile, 0, None, None, spec, config, max_model_len=4096)
-    try:
-        assert engine.scheduler.agent_policy.ttft_slo_s == 2.0
-    finally:
-        engine.close()
+    engine = autoclose(make_engine("ampd", spec.profile, 0, None, None, spec, config,
+                                   max_model_len=4096))
+    assert engine.scheduler.agent_policy.ttft_slo_s == 2.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import closing
 
 import pytest
 
@@ -20,11 +21,8 @@ BLOCKS = 1100
 
 
 def _replay(policy: str, trace):
-    engine = make_engine(policy, PROFILE, 0, BLOCKS)
-    try:
+    with closing(make_engine(policy, PROFILE, 0, BLOCKS)) as engine:
         return replay(trace, engine)
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +32,8 @@ def trace():
 
 @pytest.fixture(scope="module")
 def isolated(trace):
-    engine = make_engine("vllm", PROFILE, 0, BLOCKS)
-    try:
+    with closing(make_engine("vllm", PROFILE, 0, BLOCKS)) as engine:
         return isolated_jcts(trace, engine)
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +41,7 @@ def results(trace):
     return {policy: _replay(policy, trace) for policy in ("vllm", "continuum")}
 
 
+@pytest.mark.engine
 def test_every_program_and_turn_completes(trace, results):
     for result in results.values():
         assert set(result.programs) == {p.id for p in trace.programs}
@@ -58,6 +54,7 @@ def test_every_program_and_turn_completes(trace, results):
                 assert turn.output_tokens == program.turns[i].output_tokens
 
 
+@pytest.mark.engine
 def test_metrics_are_sane(trace, results, isolated):
     for policy, result in results.items():
         metrics = replay_metrics(result, isolated)
@@ -78,6 +75,7 @@ def test_metrics_are_sane(trace, results, isolated):
     assert results["vllm"].pin_stats["pinned"] == 0
 
 
+@pytest.mark.engine
 def test_same_seed_gives_identical_replay(trace, results):
     again = _replay("continuum", trace)
     first = replay_metrics(results["continuum"])
@@ -89,6 +87,7 @@ def test_same_seed_gives_identical_replay(trace, results):
     assert results["continuum"].programs == again.programs
 
 
+@pytest.mark.engine
 def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     out = tmp_path / "bench"
     args = ["bench", "--trace", "swe", "--programs", "4", "--policies", "vllm,continuum",
@@ -119,6 +118,8 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     assert summary["offload_copy_model"] == "peak80" and "`peak80` copy model" in report
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
     """--jobs 2: the isolated JCTs and each replay in their own process; every figure but the
     wall and CPU times is the serial run's."""
@@ -134,27 +135,23 @@ def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
     assert (tmp_path / "parallel" / "runs" / "continuum-jps3.json").exists()
 
 
-def test_engine_settings_reach_every_policys_engine():
+@pytest.mark.engine
+def test_engine_settings_reach_every_policys_engine(autoclose):
     """--max-num-batched-tokens and --offload-gib are set once for all policies: vllm gets the
     CPU tier it would not have by default, and every engine the same step budget."""
     settings = EngineSettings(num_gpu_blocks=BLOCKS, max_num_batched_tokens=2048,
                               offload_gib=2.0)
     for policy in ("vllm", "continuum"):
-        engine = settings_engine(policy, PROFILE, 0, settings)
-        try:
-            assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
-            assert engine.offload_gib == 2.0
-            assert engine.vllm_config.kv_transfer_config is not None
-        finally:
-            engine.close()
-    plain = settings_engine("vllm", PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS))
-    try:
-        assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
-    finally:
-        plain.close()
+        engine = autoclose(settings_engine(policy, PROFILE, 0, settings))
+        assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
+        assert engine.offload_gib == 2.0
+        assert engine.vllm_config.kv_transfer_config is not None
+    plain = autoclose(settings_engine("vllm", PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)))
+    assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
 
 
-def test_offload_copy_model_reaches_the_worker_and_the_cost_model():
+@pytest.mark.engine
+def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     """--offload-copy-model sourced: the emulated offload worker and the policy's cost model
     both price copies with it; peak80 stays the default; an unknown name is refused."""
     from server.perf.registry import load_profile
@@ -162,24 +159,19 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model():
     sourced = load_profile(PROFILE, offload_copy_model="sourced")
     settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0,
                               offload_copy_model="sourced")
-    engine = settings_engine("continuum", PROFILE, 0, settings)
-    try:
-        worker = engine.core.model_executor._offload
-        assert worker._load_seconds(2048) == sourced.load_seconds(2048)
-        assert worker._store_seconds(2048) == sourced.store_seconds(2048)
-        cost = engine.scheduler.agent_policy.cost_model
-        assert cost.offload_copy_model == "sourced"
-        assert cost.swap_seconds(2048) == sourced.load_seconds(2048)
-    finally:
-        engine.close()
-    engine = settings_engine("continuum", PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS,
-                                                                     offload_gib=2.0))
-    try:  # the env of the previous engine does not leak into the next one
-        assert engine.scheduler.agent_policy.cost_model.offload_copy_model == "peak80"
-        worker = engine.core.model_executor._offload
-        assert worker._load_seconds(2048) == load_profile(PROFILE).swap_seconds(2048)
-    finally:
-        engine.close()
+    engine = autoclose(settings_engine("continuum", PROFILE, 0, settings))
+    worker = engine.core.model_executor._offload
+    assert worker._load_seconds(2048) == sourced.load_seconds(2048)
+    assert worker._store_seconds(2048) == sourced.store_seconds(2048)
+    cost = engine.scheduler.agent_policy.cost_model
+    assert cost.offload_copy_model == "sourced"
+    assert cost.swap_seconds(2048) == sourced.load_seconds(2048)
+    engine = autoclose(settings_engine("continuum", PROFILE, 0,
+                                       EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0)))
+    # the env of the previous engine does not leak into the next one
+    assert engine.scheduler.agent_policy.cost_model.offload_copy_model == "peak80"
+    worker = engine.core.model_executor._offload
+    assert worker._load_seconds(2048) == load_profile(PROFILE).swap_seconds(2048)
     with pytest.raises(BenchError, match="unknown offload copy model 'fast'"):
         EngineSettings(offload_copy_model="fast").check()
 
@@ -210,25 +202,24 @@ def test_unknown_trace_is_a_bench_error():
         make_trace("no-such-trace", 3, 1.0, 0)
 
 
-def test_client_hints_reach_continuum(trace):
+@pytest.mark.engine
+def test_client_hints_reach_continuum(trace, autoclose):
     """The client's predictions arrive with tool_start, after the turn finished: continuum
     re-decides the TTL of the pins it holds from them (source "hint"). K = 10 instead of the
     paper's 100: six programs never leave the Exp(1 s) prior, which seldom pins here, and only
     a held pin takes a hint."""
     hinted = {}
     for hints in ("none", "online", "oracle"):
-        engine = make_engine("continuum", PROFILE, 0, BLOCKS)
+        engine = autoclose(make_engine("continuum", PROFILE, 0, BLOCKS))
         engine.scheduler.agent_policy.durations.min_samples = 10
-        try:
-            replay(trace, engine, hints=hints)
-            hinted[hints] = engine.scheduler.agent_policy.stats()["ttl_sources"].get("hint", 0)
-        finally:
-            engine.close()
+        replay(trace, engine, hints=hints)
+        hinted[hints] = engine.scheduler.agent_policy.stats()["ttl_sources"].get("hint", 0)
     assert hinted["none"] == 0
     # online: only once a tool has 10 calls seen by the client; oracle: every call
     assert 0 < hinted["online"] < hinted["oracle"]
 
 
+@pytest.mark.engine
 def test_offload_suffix_gives_a_policy_the_cpu_tier(trace, results):
     """`vllm+offload`: the same decisions as `vllm`, plus vLLM's CPU KV offloading, so what
     the small GPU cache evicts comes back over PCIe instead of being recomputed."""

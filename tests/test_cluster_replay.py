@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 
 from cluster.config import parse_cluster
@@ -26,8 +28,7 @@ def run(config, trace, leaks: dict | None = None, min_samples: int | None = None
     once every program has ended (a leak: none may be left). `min_samples`: continuum's K on
     every replica (the paper's K = 100 keeps a short test on the Exp(1 s) prior, which seldom
     pins an 8B model's few-thousand-token contexts)."""
-    cluster = VirtualCluster(config)
-    try:
+    with closing(VirtualCluster(config)) as cluster:
         if min_samples is not None:
             for replica in cluster.replicas:
                 replica.engine.scheduler.agent_policy.durations.min_samples = min_samples
@@ -39,8 +40,6 @@ def run(config, trace, leaks: dict | None = None, min_samples: int | None = None
                 leaks[replica.name] = (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
                                        len(scheduler.pins))
         return result
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +52,7 @@ def two(trace):
     return {s: run(colocated(2, s), trace) for s in ("session", "round_robin")}
 
 
+@pytest.mark.engine
 def test_session_keeps_programs_whole_and_round_robin_scatters_them(trace, two):
     session = cluster_metrics(two["session"])
     scattered = cluster_metrics(two["round_robin"])
@@ -68,6 +68,7 @@ def test_session_keeps_programs_whole_and_round_robin_scatters_them(trace, two):
         p.n_turns for p in trace.programs)
 
 
+@pytest.mark.engine
 def test_same_seed_same_numbers(trace, two):
     again = run(colocated(2, "session"), trace)
     first = two["session"]
@@ -94,6 +95,7 @@ def test_bench_cluster_mistakes_are_clear(tmp_path, capsys, argv, words):
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.engine
 def test_no_block_leaks_on_any_replica_after_a_mixed_run():
     """Continuum pins on three replicas, scattered and bound programs mixed, memory tight
     enough for pressure releases: every block comes back. (Seed 1 once hung: one program's
@@ -116,7 +118,8 @@ def test_no_block_leaks_on_any_replica_after_a_mixed_run():
         assert result.pin_stats["pinned"] > 0
 
 
-def test_ampd_routes_every_turn_and_counts_why():
+@pytest.mark.engine
+def test_ampd_routes_every_turn_and_counts_why(autoclose):
     """AMPD on a 1P2D virtual cluster: first turns go remote (binding as `pd`), later turns by
     Algorithm 1 from what the loop feeds the router (prefill latency, token gaps, queues)."""
     from cluster.ampd import AMPDRouter
@@ -126,15 +129,12 @@ def test_ampd_routes_every_turn_and_counts_why():
         {"name": "p", "role": "prefill", "profile": PROFILE, "num_gpu_blocks": BLOCKS},
         {"name": "d", "role": "decode", "count": 2, "profile": PROFILE,
          "num_gpu_blocks": BLOCKS}]})
-    cluster = VirtualCluster(config)
-    try:
-        assert isinstance(cluster.router, AMPDRouter)
-        result = replay_cluster(trace, cluster)
-        decisions = dict(cluster.router.decisions)
-        assert cluster.router.ttft.mean("p", result.makespan + 1e9) is None  # window passed
-        held = {r.name: r.engine.held_blocks() for r in cluster.replicas}
-    finally:
-        cluster.close()
+    cluster = autoclose(VirtualCluster(config))
+    assert isinstance(cluster.router, AMPDRouter)
+    result = replay_cluster(trace, cluster)
+    decisions = dict(cluster.router.decisions)
+    assert cluster.router.ttft.mean("p", result.makespan + 1e9) is None  # window passed
+    held = {r.name: r.engine.held_blocks() for r in cluster.replicas}
     turns = sum(p.n_turns for p in trace.programs)
     assert all(p.finished is not None for p in result.programs.values())
     assert decisions["initial"] == len(trace.programs)
@@ -146,7 +146,8 @@ def test_ampd_routes_every_turn_and_counts_why():
     assert held == {"p": 0, "d0": 0, "d1": 0}
 
 
-def test_served_path_delays_each_turn_by_its_intake_and_delivery():
+@pytest.mark.engine
+def test_served_path_delays_each_turn_by_its_intake_and_delivery(autoclose):
     """`intake_s` / `delivery_s`: a turn reaches the engine intake later and the client has
     its tokens delivery later, so a lone program's turns start, stream and end later by
     exactly those amounts per turn; the engine's own work is unchanged."""
@@ -159,11 +160,8 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery():
         Turn(input_tokens=30, output_tokens=10)])])
 
     def lone(intake: float, delivery: float):
-        engine = VirtualEngine(policy="vllm", profile=PROFILE)
-        try:
-            return replay(trace, engine, intake_s=intake, delivery_s=delivery)
-        finally:
-            engine.close()
+        engine = autoclose(VirtualEngine(policy="vllm", profile=PROFILE))
+        return replay(trace, engine, intake_s=intake, delivery_s=delivery)
 
     plain, served = lone(0.0, 0.0), lone(0.004, 0.003)
     a, b = plain.programs["p"], served.programs["p"]

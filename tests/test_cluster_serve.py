@@ -385,6 +385,7 @@ FAKE_REPLICA = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.server
 def test_failed_replica_stops_the_others_and_shows_its_log(tmp_path):
     config = load_cluster(cluster_file(tmp_path, [{"name": "good"}, {"name": "bad"}]))
     base = free_port()
@@ -402,6 +403,7 @@ def test_failed_replica_stops_the_others_and_shows_its_log(tmp_path):
     assert any("bad: colocated" in line for line in lines)
 
 
+@pytest.mark.server
 def test_sigkilled_launcher_leaves_no_process(tmp_path):
     """PR_SET_PDEATHSIG plus the reaper: stubborn fake replicas and their children go too."""
     script = tmp_path / "launch.py"
@@ -523,6 +525,7 @@ def cached(response) -> int:
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_two_turns_of_a_program_share_a_replica_and_its_cache(cluster):
     first = [{"role": "system", "content": "You are a careful software engineer."},
              {"role": "user", "content": PARAGRAPH * 12 + " Program two-turns."}]
@@ -545,6 +548,7 @@ def test_two_turns_of_a_program_share_a_replica_and_its_cache(cluster):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_events_reach_the_serving_replica(cluster):
     serving, _ = ask(cluster, "evented", [{"role": "user", "content": "go"}], 0)
     replicas = {r["name"]: r["url"] for r in cluster.state()["replicas"]}
@@ -569,6 +573,7 @@ def replica_urls(c: Cluster) -> dict[str, str]:
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_router_proxy_drives_real_replicas(cluster):
     """`RouterProxy` driven directly (no FastAPI) in front of the running cluster's replicas:
     a held `program_start` reaches the replica of the program's first turn before it; the
@@ -636,6 +641,7 @@ def test_router_proxy_drives_real_replicas(cluster):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_a_dead_replica_fails_clearly_and_programs_move(cluster):
     victim, _ = ask(cluster, "victim", [{"role": "user", "content": "go"}], 0)
     other = "d1" if victim == "d0" else "d0"
@@ -671,6 +677,7 @@ def test_a_dead_replica_fails_clearly_and_programs_move(cluster):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_sigterm_stops_every_replica_process(cluster):
     members = cluster.members()
     assert members, "the live replica's processes"
@@ -681,6 +688,7 @@ def test_sigterm_stops_every_replica_process(cluster):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_sigkill_of_the_launcher_leaves_no_replica(tmp_path):
     c = Cluster(tmp_path, [{"name": "solo", "policy": "vllm", "num_gpu_blocks": 256}],
                 "solo").wait_ready()
@@ -721,6 +729,7 @@ def pd_cluster(tmp_path_factory):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_pd_over_http_second_turn_pulls_only_its_new_blocks(pd_cluster):
     """tests/test_pd_transfer.py's two-turn program, served: a real 1P1D `harness cluster
     serve` (router strategy `pd`), token-id prompts through `/v1/completions`. Turn 1: P
@@ -753,6 +762,7 @@ def test_pd_over_http_second_turn_pulls_only_its_new_blocks(pd_cluster):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_router_proxy_hands_a_pd_turn_from_prefill_to_decode(pd_cluster):
     """`RouterProxy` driven directly in front of the 1P1D replicas: a streamed turn of a new
     program is prefilled on P (one token, no stream), D pulls its 4 blocks over NIXL with the

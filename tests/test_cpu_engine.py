@@ -50,6 +50,7 @@ def test_offloading_policies_are_refused_on_cpu():
         build_command(device="cpu", model=MODEL, policy="continuum", offload=4.0)
 
 
+@pytest.mark.server
 def test_cli_reports_a_missing_config_without_a_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "cli", "serve", "--device", "cpu",
                              "--model", str(tmp_path)], capture_output=True, text=True,
@@ -100,6 +101,8 @@ def scenario(data: dict, name: str) -> dict:
     return result
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_turn_two_reuses_the_pinned_context_and_takes_the_pin_over(scenarios):
     r = scenario(scenarios, "handoff")
     assert r["output_tokens"] == 8
@@ -110,6 +113,8 @@ def test_turn_two_reuses_the_pinned_context_and_takes_the_pin_over(scenarios):
     assert r["stats_after_turn2"]["handoff"] == 1
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_pin_expires_after_its_ttl(scenarios):
     r = scenario(scenarios, "expiry")
     assert r["pinned"] and r["ttl_s"] == pytest.approx(2.0)
@@ -117,12 +122,16 @@ def test_pin_expires_after_its_ttl(scenarios):
     assert r["stats"]["expired"] == 1
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_program_end_unpins(scenarios):
     r = scenario(scenarios, "program_end")
     assert r["pinned"] and not r["pinned_after_end"]
     assert r["stats"]["program_end"] == 1 and r["held"] == 0
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_pressure_releases_the_latest_programs_pin(scenarios):
     r = scenario(scenarios, "pressure")
     assert r["pinned_before"] == ["D", "E"]
@@ -132,12 +141,16 @@ def test_pressure_releases_the_latest_programs_pin(scenarios):
     assert "D" in r["pinned_after"] and "E" not in r["pinned_after"]
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_stock_vllm_pins_nothing(scenarios):
     r = scenario(scenarios, "vllm_frees")
     assert not r["pinned"] and r["held_after_turn1"] == 0
     assert r["cached_turn2"] > 0  # the evictable prefix cache, nothing else came in between
 
 
+@pytest.mark.engine
+@pytest.mark.slow
 def test_random_workload_finishes_and_leaks_nothing(scenarios):
     r = scenario(scenarios, "random_workload")
     assert r["finished"] >= 8 and r["pins"] == []
@@ -170,6 +183,7 @@ def chat(server: ServerProcess, messages: list[dict], program: str, turn: int, *
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_served_two_turn_program_hits_the_prefix_cache(cpu_server):
     first = [{"role": "system", "content": "You are a careful software engineer."},
              {"role": "user", "content": PARAGRAPH * 12}]
@@ -184,6 +198,7 @@ def test_served_two_turn_program_hits_the_prefix_cache(cpu_server):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_served_events_endpoint(cpu_server):
     url = cpu_server.base_url + "/v1/agent/events"
     ok = httpx.post(url, content=b'{"type":"tool_start","program_id":"prog-cpu","tool":"bash",'
@@ -194,6 +209,7 @@ def test_served_events_endpoint(cpu_server):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_server):
     """`harness serve --step-log`: one record per executed step, with the batch it ran; the
     drive of `harness profile --device cpu --served` puts its shapes through the served
@@ -230,6 +246,8 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
 
 
 # -- `harness profile --device cpu`: its measuring loop, and the table in the emulator -------
+@pytest.mark.engine
+@pytest.mark.slow
 def test_profile_table_loads_in_the_emulator(scenarios):
     from server.perf.registry import load_profile
     from server.perf.table import TableProfile

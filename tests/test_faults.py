@@ -22,7 +22,6 @@ import docker
 import psutil
 import pytest
 
-pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,6 +73,8 @@ def serve_child(pid: int) -> psutil.Process | None:
     return None
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_server_killed_mid_run_then_resume_on_a_fresh_server(server, tmp_path):
     out = tmp_path / "gsm8k"
     run = start_run("gsm8k", "--out", str(out), "--concurrency", "3")  # its own server
@@ -120,6 +121,9 @@ def run_containers(docker_client: Any, pid: int) -> list[Any]:
                                          ignore_removed=True)
 
 
+@pytest.mark.docker
+@pytest.mark.server
+@pytest.mark.slow
 def test_containers_removed_mid_run_then_resume(server, docker_client, tmp_path):
     out = tmp_path / "swe"
     run = start_run("swe-bench", "--server", server.base_url, "--out", str(out), "--limit", "4",

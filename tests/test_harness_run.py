@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -12,7 +13,6 @@ import pytest
 
 from harness.server_process import ServerProcess
 
-pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,6 +25,8 @@ def harness_run(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_gsm8k_end_to_end_with_resume(server, tmp_path):
     out = tmp_path / "gsm8k"
     before = received(server)
@@ -52,6 +54,8 @@ def test_gsm8k_end_to_end_with_resume(server, tmp_path):
     assert received(server) - before == sum(2 + 2 * r["steps"] for r in results)
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_wrong_answer_is_detected(server, tmp_path):
     tasks = tmp_path / "one.jsonl"
     tasks.write_text(next(line for line in (ROOT / "datasets/gsm8k/tasks.jsonl").read_text()
@@ -65,18 +69,20 @@ def test_wrong_answer_is_detected(server, tmp_path):
 
 
 def test_bad_input_is_a_clear_error(tmp_path):
-    bad = harness_run("nosuchbench")
+    runs = [("nosuchbench",), ("gsm8k", "--tasks", str(tmp_path / "none.jsonl")),
+            ("gsm8k", "--model", f"replay:{tmp_path}", "--out", str(tmp_path / "out"))]
+    with ThreadPoolExecutor() as pool:  # at once: each spends about a second starting up
+        bad, missing, no_replay = pool.map(lambda args: harness_run(*args), runs)
     assert bad.returncode == 2 and "choose one of" in bad.stderr
-    missing = harness_run("gsm8k", "--tasks", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     # a missing recording is found before any server is started
-    no_replay = harness_run("gsm8k", "--model", f"replay:{tmp_path}", "--out",
-                            str(tmp_path / "out"))
     assert no_replay.returncode == 2 and "no recorded trajectory" in no_replay.stderr
     assert "starting harness serve" not in no_replay.stdout
 
 
 # the parameter is not called `benchmark`: pytest-benchmark owns that fixture name
+@pytest.mark.server
+@pytest.mark.slow
 @pytest.mark.parametrize("bench_name", ["hotpotqa", "alfworld"])
 def test_benchmark_end_to_end(server, tmp_path, bench_name):
     out = tmp_path / bench_name
@@ -92,6 +98,8 @@ def test_benchmark_end_to_end(server, tmp_path, bench_name):
     assert received(server) - before == sum(2 + 2 * r["steps"] for r in results)
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_unparseable_replies_end_the_program_with_a_clear_status(server, tmp_path):
     replays = tmp_path / "garbage"
     replays.mkdir()
@@ -108,6 +116,8 @@ def test_unparseable_replies_end_the_program_with_a_clear_status(server, tmp_pat
     assert sum("Format error" in m["content"] for m in trajectory["messages"]) == 3
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_demo_programs_reuse_their_context(server):
     before = received(server)
     demo = subprocess.run([sys.executable, "-m", "cli", "demo", "--server",

@@ -61,6 +61,7 @@ def result(server, trace):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_every_turn_is_recorded_with_sane_timestamps(trace, result):
     assert set(result.programs) == {p.id for p in trace.programs}
     for program in trace.programs:
@@ -83,6 +84,7 @@ def test_every_turn_is_recorded_with_sane_timestamps(trace, result):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_later_turns_reuse_the_conversation_under_continuum(trace, result):
     for program in trace.programs:
         turns = result.programs[program.id].turns
@@ -95,6 +97,7 @@ def test_later_turns_reuse_the_conversation_under_continuum(trace, result):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_metrics_come_out_as_in_the_benchmark(result):
     plain = replay_metrics(result)  # unchanged: the in-process benchmark's function
     assert plain["programs"] == 4 and plain["turns"] == 12
@@ -114,6 +117,7 @@ def test_metrics_come_out_as_in_the_benchmark(result):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_a_second_replay_starts_from_a_cold_cache(server, trace, result):
     again = replay_over_http(trace, server.base_url)
     assert again.run_id != result.run_id
@@ -125,6 +129,7 @@ def test_a_second_replay_starts_from_a_cold_cache(server, trace, result):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_isolated_jcts_over_http(server, trace):
     two = Trace(name="two", programs=trace.programs[:2])
     isolated = isolated_jcts_over_http(two, server.base_url)
@@ -140,6 +145,7 @@ def test_bad_url_fails_fast_and_clearly(trace):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_a_server_that_is_not_openai_is_refused(server, trace):
     with pytest.raises(HttpReplayError, match="answered 404"):
         replay_over_http(trace, server.base_url + "/nothing-here")
@@ -160,6 +166,9 @@ def test_time_scale_shortens_arrivals_and_tools_only(trace):
         scale_trace(trace, 0.0)
 
 
+@pytest.mark.engine
+@pytest.mark.server
+@pytest.mark.slow
 def test_harness_bench_over_http(server, tmp_path, capsys):
     """`harness bench --url`: the same sweep and outputs, replayed against the running server."""
     import json

@@ -234,6 +234,7 @@ def test_augserve_token_budget_grows_and_shrinks_with_free_plus_paused_memory():
     assert p.token_budget(free_blocks=10, paused_blocks=0) == 2048  # floor LOW = 25%
 
 
+@pytest.mark.engine
 def test_augserve_budget_is_applied_by_the_scheduler(monkeypatch):
     d = Driver(make_scheduler("augserve", monkeypatch=monkeypatch, num_blocks=64,
                               max_batched_tokens=512))

@@ -23,7 +23,6 @@ from pydantic import BaseModel
 from harness.langchain import ChatHarness, HarnessCallbackHandler, ModelError
 from harness.server_process import ServerProcess, free_port
 
-pytestmark = pytest.mark.server
 TEXT = "Thought: the tests pass now.\nAction: finish[done]"
 ADD_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 CONTEXT = ("The repository keeps its parser in a single module, and the failing test shows "
@@ -52,6 +51,8 @@ def concat(chunks: list[Any]) -> AIMessageChunk:
     return total
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_round_trip_invoke_and_ainvoke(llm):
     reply = llm.invoke([HumanMessage("Are the tests passing?")], hints={"emulate_text": TEXT})
     assert reply.content == TEXT
@@ -65,6 +66,8 @@ def test_round_trip_invoke_and_ainvoke(llm):
     assert areply.content == "Yes." and areply.usage_metadata["output_tokens"] >= 1
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_streaming_chunks_concatenate_to_the_full_text(llm):
     chunks = list(llm.stream("Are the tests passing?", hints={"emulate_text": TEXT}))
     assert len([c for c in chunks if c.content]) > 3  # really streamed
@@ -81,6 +84,8 @@ def test_streaming_chunks_concatenate_to_the_full_text(llm):
     assert concat(achunks).usage_metadata["input_tokens"] > 0
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_tool_call_replayed_through_the_servers_hermes_parser(llm):
     with_tools = llm.bind_tools([add])
     question = [HumanMessage("What is 2 + 3?")]
@@ -99,6 +104,8 @@ def test_tool_call_replayed_through_the_servers_hermes_parser(llm):
     assert final.content == "It is 5." and final.tool_calls == []
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_structured_output_through_a_tool_call(llm):
     class Sum(BaseModel):
         """Two integers to add."""
@@ -114,6 +121,8 @@ def test_structured_output_through_a_tool_call(llm):
     assert out["parsed"] == {"a": 2, "b": 3} and out["raw"].tool_calls[0]["name"] == "Sum"
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_session_id_cache_and_events_reach_the_server(server):
     sent: list[dict[str, Any]] = []
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.server
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.docker
+@pytest.mark.server  # load_bench.py starts its own `harness serve`, out of the check's sight
+@pytest.mark.slow
 def test_twelve_programs_no_error_nothing_left(docker_client, tmp_path):
     out = tmp_path / "load"
     run = subprocess.run([sys.executable, "-m", "cli", "eval", "load", "--programs", "12",

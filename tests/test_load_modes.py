@@ -17,13 +17,10 @@ from sim.replay import replay
 PROFILE = "h100-llama-3.1-8b"
 
 
-def test_closed_loop_keeps_exactly_n_programs_running() -> None:
+@pytest.mark.engine
+def test_closed_loop_keeps_exactly_n_programs_running(autoclose) -> None:
     trace = make_trace("swe", 5, 1.0, seed=3)
-    engine = make_engine("vllm", PROFILE, 0, None)
-    try:
-        result = replay(trace, engine, concurrency=2)
-    finally:
-        engine.close()
+    result = replay(trace, autoclose(make_engine("vllm", PROFILE, 0, None)), concurrency=2)
     records = [result.programs[p.id] for p in trace.programs]  # trace order = start order
     start = records[0].arrival
     assert records[0].arrival == records[1].arrival == start  # two start at once
@@ -61,6 +58,7 @@ def test_steady_programs_trims_both_ends_by_start_time() -> None:
                                      sched_steps=1, engine_steps=1), 0.6)
 
 
+@pytest.mark.engine
 def test_bench_closed_loop_and_steady_state(tmp_path, capsys) -> None:
     out = tmp_path / "o"
     argv = ["bench", "--trace", "swe", "--programs", "5", "--policies", "vllm",

@@ -51,37 +51,33 @@ def test_too_long_turns_names_the_first_turn_that_cannot_fit() -> None:
     assert too_long_turns(trace, 1184) == []
 
 
-def test_engine_refuses_a_request_that_can_never_fit_and_replay_names_it() -> None:
-    engine = make_engine("vllm", PROFILE, 0, num_gpu_blocks=65)  # 1,024 tokens
-    try:
-        assert engine.context_limit == 1024
-        with pytest.raises(ContextTooLong, match=r"1,025 tokens \(1,000 prompt \+ 25 output\)"):
-            engine.add_request("r", [7] * 1000, output_tokens=25)
-        trace = Trace(name="t", programs=[program("fits", 200), program("long", 1500)])
-        with pytest.raises(ContextTooLong, match="first long turn 0 .1,508 tokens"):
-            replay(trace, engine)
-    finally:
-        engine.close()
+@pytest.mark.engine
+def test_engine_refuses_a_request_that_can_never_fit_and_replay_names_it(autoclose) -> None:
+    engine = autoclose(make_engine("vllm", PROFILE, 0, num_gpu_blocks=65))  # 1,024 tokens
+    assert engine.context_limit == 1024
+    with pytest.raises(ContextTooLong, match=r"1,025 tokens \(1,000 prompt \+ 25 output\)"):
+        engine.add_request("r", [7] * 1000, output_tokens=25)
+    trace = Trace(name="t", programs=[program("fits", 200), program("long", 1500)])
+    with pytest.raises(ContextTooLong, match="first long turn 0 .1,508 tokens"):
+        replay(trace, engine)
 
 
-def test_an_engine_that_stops_making_progress_raises(monkeypatch) -> None:
+@pytest.mark.engine
+def test_an_engine_that_stops_making_progress_raises(monkeypatch, autoclose) -> None:
     """The replay hang as it was: a prompt longer than max_model_len (here slipped past
     `add_request`'s check, as a caller driving the core directly could) is prefilled up to the
     limit and then sits running, computing nothing, with the clock standing still. After
     NO_PROGRESS_STEPS such steps the engine says so, with what is stuck."""
     monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
-    engine = make_engine("vllm", PROFILE, 0, num_gpu_blocks=300)  # 4,784 tokens
-    try:
-        monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
-        engine.add_request("stuck", [7] * 6000, output_tokens=4)
-        with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing.*"
-                                             r"running: stuck \(6,000 tokens, 4,783 computed\)"
-                                             r".*max_model_len 4,784"):
-            for _ in range(1000):
-                assert engine.has_work()
-                engine.step()
-    finally:
-        engine.close()
+    engine = autoclose(make_engine("vllm", PROFILE, 0, num_gpu_blocks=300))  # 4,784 tokens
+    monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
+    engine.add_request("stuck", [7] * 6000, output_tokens=4)
+    with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing.*"
+                                         r"running: stuck \(6,000 tokens, 4,783 computed\)"
+                                         r".*max_model_len 4,784"):
+        for _ in range(1000):
+            assert engine.has_work()
+            engine.step()
 
 
 def _write_trace(path, programs) -> None:
@@ -89,6 +85,7 @@ def _write_trace(path, programs) -> None:
     trace.save(path)
 
 
+@pytest.mark.engine
 def test_bench_stops_at_once_or_skips_programs_longer_than_the_context(tmp_path, capsys):
     """A 128k-context program next to two that fit (one past the old fixed 32,768 limit)."""
     path = tmp_path / "trace.jsonl"

@@ -10,6 +10,7 @@ worked out by hand: Llama-3.1-8B stores 2 (K, V) * 32 layers * 8 KV heads * 128 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import socket
@@ -20,7 +21,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-pytest.importorskip("vllm")
+if importlib.util.find_spec("vllm") is None:  # not imported here: seconds of start-up
+    pytest.skip("could not import 'vllm'", allow_module_level=True)
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
     HeartbeatInfo,
@@ -51,16 +53,17 @@ def test_block_bytes_by_hand() -> None:
     assert load_profile(PROFILE).kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
 
 
-def make_pair(bidirectional: bool = False, lease_s: int = 30,
+def make_pair(autoclose, bidirectional: bool = False, lease_s: int = 30,
               export_ttl_s: int = 480) -> tuple[VirtualEngine, VirtualEngine]:
+    """P and D, closed when the test ends (the `autoclose` fixture)."""
     fabric = f"inproc:test-{next(_namespaces)}"
     options = dict(bidirectional=bidirectional, lease_s=lease_s, export_ttl_s=export_ttl_s,
                    fabric=fabric)
     common = dict(policy="vllm", profile=PROFILE, num_gpu_blocks=64, max_model_len=1000)
-    p = VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "p", "prefill", {"d": D_TO_P}, **options))
-    d = VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "d", "decode", {"p": P_TO_D}, **options))
+    p = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
+        "p", "prefill", {"d": D_TO_P}, **options)))
+    d = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
+        "d", "decode", {"p": P_TO_D}, **options)))
     return p, d
 
 
@@ -99,154 +102,139 @@ def first_token_after_read(read_done: float, context: int) -> float:
     return read_done + load_profile(PROFILE).step_seconds([(1, context)], [])
 
 
-def test_two_turns_pull_only_missing_blocks() -> None:
-    p, d = make_pair()
-    try:
-        # turn 1: P prefills 64 tokens and holds its 4 blocks for D
-        fin_p1 = prefill(p, "t1@p", PROMPT1, 0.0)
-        params = fin_p1.kv_transfer_params
-        assert params["do_remote_prefill"] is True and params["remote_engine_id"] == "p"
-        assert len(params["remote_block_ids"][0]) == 4 and params["remote_num_tokens"] == 64
-        assert p.held_blocks() == 4
-        fin_d1 = decode(p, d, "t1", PROMPT1, fin_p1, ANSWER1)
-        (read1,) = d.nixl.transfers
-        assert (read1.src, read1.dst, read1.blocks) == ("p", "d", 4)
-        assert read1.nbytes == 4 * BLOCK_BYTES == 8_388_608
-        assert read1.seconds == pytest.approx(10e-6 + 8_388_608 / 200e9)  # 51.94 us
-        assert read1.start == pytest.approx(fin_p1.finished)
-        assert fin_d1.first_token == pytest.approx(first_token_after_read(read1.done, 63))
-        assert fin_d1.output_tokens == ANSWER1 and fin_d1.finish_reason == "stop"
-        assert fin_d1.token_ids[-1] == d._eos() and len(fin_d1.token_ids) == ANSWER1
-        assert fin_d1.kv_transfer_params is None  # no export without bidirectional
-        # P freed its blocks on D's notification, not at the lease's end
-        assert p.held_blocks() == 0 and not p.nixl.holding() and p.nixl.expired_leases == 0
+@pytest.mark.engine
+def test_two_turns_pull_only_missing_blocks(autoclose) -> None:
+    p, d = make_pair(autoclose)
+    # turn 1: P prefills 64 tokens and holds its 4 blocks for D
+    fin_p1 = prefill(p, "t1@p", PROMPT1, 0.0)
+    params = fin_p1.kv_transfer_params
+    assert params["do_remote_prefill"] is True and params["remote_engine_id"] == "p"
+    assert len(params["remote_block_ids"][0]) == 4 and params["remote_num_tokens"] == 64
+    assert p.held_blocks() == 4
+    fin_d1 = decode(p, d, "t1", PROMPT1, fin_p1, ANSWER1)
+    (read1,) = d.nixl.transfers
+    assert (read1.src, read1.dst, read1.blocks) == ("p", "d", 4)
+    assert read1.nbytes == 4 * BLOCK_BYTES == 8_388_608
+    assert read1.seconds == pytest.approx(10e-6 + 8_388_608 / 200e9)  # 51.94 us
+    assert read1.start == pytest.approx(fin_p1.finished)
+    assert fin_d1.first_token == pytest.approx(first_token_after_read(read1.done, 63))
+    assert fin_d1.output_tokens == ANSWER1 and fin_d1.finish_reason == "stop"
+    assert fin_d1.token_ids[-1] == d._eos() and len(fin_d1.token_ids) == ANSWER1
+    assert fin_d1.kv_transfer_params is None  # no export without bidirectional
+    # P freed its blocks on D's notification, not at the lease's end
+    assert p.held_blocks() == 0 and not p.nixl.holding() and p.nixl.expired_leases == 0
 
-        # turn 2: P hits its own 64 cached tokens and computes 128; D holds the history (its
-        # 143 computed tokens = 8 full blocks) and pulls only the last 4 of P's 12 blocks
-        prompt2 = PROMPT1 + fin_d1.token_ids + NEW2
-        assert len(prompt2) == 192
-        fin_p2 = prefill(p, "t2@p", prompt2, fin_d1.finished + 1.0)
-        assert fin_p2.cached_tokens == 64
-        assert len(fin_p2.kv_transfer_params["remote_block_ids"][0]) == 12
-        fin_d2 = decode(p, d, "t2", prompt2, fin_p2, 5)
-        read2 = d.nixl.transfers[-1]
-        assert read2.blocks == 4 and read2.nbytes == 4 * BLOCK_BYTES
-        assert fin_d2.first_token == pytest.approx(first_token_after_read(read2.done, 191))
-        assert d.kv_transfer_stats() == (8 * BLOCK_BYTES, pytest.approx(2 * read1.seconds))
-        assert p.kv_transfer_stats() == (0, 0.0)
-        assert p.held_blocks() == 0 and d.held_blocks() == 0
-        assert not p.has_work() and not d.has_work()
-    finally:
-        p.close()
-        d.close()
+    # turn 2: P hits its own 64 cached tokens and computes 128; D holds the history (its
+    # 143 computed tokens = 8 full blocks) and pulls only the last 4 of P's 12 blocks
+    prompt2 = PROMPT1 + fin_d1.token_ids + NEW2
+    assert len(prompt2) == 192
+    fin_p2 = prefill(p, "t2@p", prompt2, fin_d1.finished + 1.0)
+    assert fin_p2.cached_tokens == 64
+    assert len(fin_p2.kv_transfer_params["remote_block_ids"][0]) == 12
+    fin_d2 = decode(p, d, "t2", prompt2, fin_p2, 5)
+    read2 = d.nixl.transfers[-1]
+    assert read2.blocks == 4 and read2.nbytes == 4 * BLOCK_BYTES
+    assert fin_d2.first_token == pytest.approx(first_token_after_read(read2.done, 191))
+    assert d.kv_transfer_stats() == (8 * BLOCK_BYTES, pytest.approx(2 * read1.seconds))
+    assert p.kv_transfer_stats() == (0, 0.0)
+    assert p.held_blocks() == 0 and d.held_blocks() == 0
+    assert not p.has_work() and not d.has_work()
 
 
-def test_bidirectional_prefill_reads_history_from_decode() -> None:
-    p, d = make_pair(bidirectional=True)
-    try:
-        fin_p1 = prefill(p, "t1@p", PROMPT1, 0.0)
-        fin_d1 = decode(p, d, "t1", PROMPT1, fin_p1, ANSWER1)
-        assert d.nixl.transfers[-1].nbytes == 4 * BLOCK_BYTES
-        # D exports its finished turn: 143 computed tokens in 9 blocks, held for the next prefill
-        exported = fin_d1.kv_transfer_params
-        assert exported["do_remote_decode"] is True and exported["remote_engine_id"] == "d"
-        assert exported["remote_num_tokens"] == 64 + ANSWER1 - 1
-        assert len(exported["remote_block_ids"][0]) == 9
-        assert exported["remote_blocks_expiry_time"] == pytest.approx(fin_d1.finished + 480)
-        assert d.held_blocks() == 9 and not d.has_work()  # held, but nothing to step for
+@pytest.mark.engine
+def test_bidirectional_prefill_reads_history_from_decode(autoclose) -> None:
+    p, d = make_pair(autoclose, bidirectional=True)
+    fin_p1 = prefill(p, "t1@p", PROMPT1, 0.0)
+    fin_d1 = decode(p, d, "t1", PROMPT1, fin_p1, ANSWER1)
+    assert d.nixl.transfers[-1].nbytes == 4 * BLOCK_BYTES
+    # D exports its finished turn: 143 computed tokens in 9 blocks, held for the next prefill
+    exported = fin_d1.kv_transfer_params
+    assert exported["do_remote_decode"] is True and exported["remote_engine_id"] == "d"
+    assert exported["remote_num_tokens"] == 64 + ANSWER1 - 1
+    assert len(exported["remote_block_ids"][0]) == 9
+    assert exported["remote_blocks_expiry_time"] == pytest.approx(fin_d1.finished + 480)
+    assert d.held_blocks() == 9 and not d.has_work()  # held, but nothing to step for
 
-        # turn 2 on P: its cache has the 64 prompt tokens; the other 79 of D's 143 (5 blocks)
-        # come from D over D->P, then P computes the last 49 tokens itself
-        prompt2 = PROMPT1 + fin_d1.token_ids + NEW2
-        t2 = fin_d1.finished + 1.0
-        fin_p2 = prefill(p, "t2@p", prompt2, t2, exported=exported)
-        (back,) = p.nixl.transfers
-        assert (back.src, back.dst, back.blocks) == ("d", "p", 5)
-        assert back.nbytes == 5 * BLOCK_BYTES == 10_485_760
-        assert back.seconds == pytest.approx(20e-6 + 10_485_760 / 100e9)
-        assert back.start == pytest.approx(t2)
-        assert fin_p2.cached_tokens == 64 + 79 and fin_p2.external_tokens == 79
-        # P's notification ended D's export (D woke up for it): the blocks are free again
-        drive(p, d)
-        assert d.held_blocks() == 0 and d.nixl.expired_leases == 0
+    # turn 2 on P: its cache has the 64 prompt tokens; the other 79 of D's 143 (5 blocks)
+    # come from D over D->P, then P computes the last 49 tokens itself
+    prompt2 = PROMPT1 + fin_d1.token_ids + NEW2
+    t2 = fin_d1.finished + 1.0
+    fin_p2 = prefill(p, "t2@p", prompt2, t2, exported=exported)
+    (back,) = p.nixl.transfers
+    assert (back.src, back.dst, back.blocks) == ("d", "p", 5)
+    assert back.nbytes == 5 * BLOCK_BYTES == 10_485_760
+    assert back.seconds == pytest.approx(20e-6 + 10_485_760 / 100e9)
+    assert back.start == pytest.approx(t2)
+    assert fin_p2.cached_tokens == 64 + 79 and fin_p2.external_tokens == 79
+    # P's notification ended D's export (D woke up for it): the blocks are free again
+    drive(p, d)
+    assert d.held_blocks() == 0 and d.nixl.expired_leases == 0
 
-        # D still has the history cached and pulls only the 4 new blocks from P
-        fin_d2 = decode(p, d, "t2", prompt2, fin_p2, 5)
-        assert d.nixl.transfers[-1].nbytes == 4 * BLOCK_BYTES
-        assert d.kv_transfer_stats()[0] == 8 * BLOCK_BYTES
-        assert p.kv_transfer_stats()[0] == 5 * BLOCK_BYTES
-        # the program ends: the router releases D's last export instead of waiting 480 s
-        d.release_export(fin_d2.kv_transfer_params)
-        drive(p, d)
-        assert p.held_blocks() == 0 and d.held_blocks() == 0
-        assert not p.has_work() and not d.has_work()
-    finally:
-        p.close()
-        d.close()
+    # D still has the history cached and pulls only the 4 new blocks from P
+    fin_d2 = decode(p, d, "t2", prompt2, fin_p2, 5)
+    assert d.nixl.transfers[-1].nbytes == 4 * BLOCK_BYTES
+    assert d.kv_transfer_stats()[0] == 8 * BLOCK_BYTES
+    assert p.kv_transfer_stats()[0] == 5 * BLOCK_BYTES
+    # the program ends: the router releases D's last export instead of waiting 480 s
+    d.release_export(fin_d2.kv_transfer_params)
+    drive(p, d)
+    assert p.held_blocks() == 0 and d.held_blocks() == 0
+    assert not p.has_work() and not d.has_work()
 
 
-def test_lease_expires_when_decode_never_reads() -> None:
-    p, d = make_pair(lease_s=2)
-    try:
-        fin = prefill(p, "t1@p", PROMPT1, 0.0)
-        assert p.held_blocks() == 4 and not p.has_work()
-        assert p.next_wakeup() == pytest.approx(fin.finished + 2)
-        p.advance_to(fin.finished + 1.0)
-        assert p.held_blocks() == 4
-        p.advance_to(fin.finished + 5.0)  # reaped at the deadline on the way
-        assert p.held_blocks() == 0 and p.nixl.expired_leases == 1
-        assert p.clock.now() == pytest.approx(fin.finished + 5.0)
-    finally:
-        p.close()
-        d.close()
+@pytest.mark.engine
+def test_lease_expires_when_decode_never_reads(autoclose) -> None:
+    p, d = make_pair(autoclose, lease_s=2)
+    fin = prefill(p, "t1@p", PROMPT1, 0.0)
+    assert p.held_blocks() == 4 and not p.has_work()
+    assert p.next_wakeup() == pytest.approx(fin.finished + 2)
+    p.advance_to(fin.finished + 1.0)
+    assert p.held_blocks() == 4
+    p.advance_to(fin.finished + 5.0)  # reaped at the deadline on the way
+    assert p.held_blocks() == 0 and p.nixl.expired_leases == 1
+    assert p.clock.now() == pytest.approx(fin.finished + 5.0)
 
 
-def test_expired_export_is_declined_and_prefill_recomputes() -> None:
+@pytest.mark.engine
+def test_expired_export_is_declined_and_prefill_recomputes(autoclose) -> None:
     # D exports for 6 s; the next prefill comes 2 s later, inside vLLM's 5 s safety margin
-    p, d = make_pair(bidirectional=True, export_ttl_s=6)
-    try:
-        fin_p1 = prefill(p, "t1@p", PROMPT1, 0.0)
-        fin_d1 = decode(p, d, "t1", PROMPT1, fin_p1, ANSWER1)
-        prompt2 = PROMPT1 + fin_d1.token_ids + NEW2
-        fin_p2 = prefill(p, "t2@p", prompt2, fin_d1.finished + 2.0,
-                         exported=fin_d1.kv_transfer_params)
-        assert p.nixl.declined_reads == 1 and not p.nixl.transfers
-        assert fin_p2.output_tokens == 1
-        assert d.held_blocks() == 9  # nobody read it: held until its TTL
-        d.advance_to(fin_d1.finished + 7.0)
-        assert d.held_blocks() == 0 and d.nixl.expired_leases == 1
-    finally:
-        p.close()
-        d.close()
+    p, d = make_pair(autoclose, bidirectional=True, export_ttl_s=6)
+    fin_p1 = prefill(p, "t1@p", PROMPT1, 0.0)
+    fin_d1 = decode(p, d, "t1", PROMPT1, fin_p1, ANSWER1)
+    prompt2 = PROMPT1 + fin_d1.token_ids + NEW2
+    fin_p2 = prefill(p, "t2@p", prompt2, fin_d1.finished + 2.0,
+                     exported=fin_d1.kv_transfer_params)
+    assert p.nixl.declined_reads == 1 and not p.nixl.transfers
+    assert fin_p2.output_tokens == 1
+    assert d.held_blocks() == 9  # nobody read it: held until its TTL
+    d.advance_to(fin_d1.finished + 7.0)
+    assert d.held_blocks() == 0 and d.nixl.expired_leases == 1
 
 
-def test_prefill_blocked_by_its_own_leases_lets_time_pass() -> None:
+@pytest.mark.engine
+def test_prefill_blocked_by_its_own_leases_lets_time_pass(autoclose) -> None:
     """P's cache is full of a lease; a second prompt waits on P. P's idle steps must let time
     pass (not spin at one instant), so the decode replica, whose clock is ahead, gets its turn,
     reads, and the freed blocks admit the waiting prompt."""
     fabric = f"inproc:test-{next(_namespaces)}"
     common = dict(policy="vllm", profile=PROFILE, num_gpu_blocks=20, max_model_len=300)
-    p = VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "p", "prefill", {"d": D_TO_P}, fabric=fabric))
-    d = VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "d", "decode", {"p": P_TO_D}, fabric=fabric))
-    try:
-        a, b = list(range(1000, 1200)), list(range(2000, 2200))  # 13 blocks each, 19 in all
-        fin_a = prefill(p, "a@p", a, 0.0)
-        p.add_request("b@p", b, output_tokens=1, kv_transfer_params=pd.prefill_params())
-        d.advance_to(fin_a.finished + 0.05)  # D is busy elsewhere until then
-        d.add_request("a", a, output_tokens=3,
-                      kv_transfer_params=pd.decode_params(fin_a.kv_transfer_params))
-        done = drive(p, d)
-        assert {"a", "b@p"} <= set(done)
-        (read,) = d.nixl.transfers
-        assert read.start == pytest.approx(fin_a.finished + 0.05)
-        assert done["b@p"].first_token > read.done  # admitted once P had its blocks back
-        p.advance_to(done["b@p"].finished + 31)  # b's lease (nobody reads it) ends
-        assert p.held_blocks() == 0 and d.held_blocks() == 0
-    finally:
-        p.close()
-        d.close()
+    p = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
+        "p", "prefill", {"d": D_TO_P}, fabric=fabric)))
+    d = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
+        "d", "decode", {"p": P_TO_D}, fabric=fabric)))
+    a, b = list(range(1000, 1200)), list(range(2000, 2200))  # 13 blocks each, 19 in all
+    fin_a = prefill(p, "a@p", a, 0.0)
+    p.add_request("b@p", b, output_tokens=1, kv_transfer_params=pd.prefill_params())
+    d.advance_to(fin_a.finished + 0.05)  # D is busy elsewhere until then
+    d.add_request("a", a, output_tokens=3,
+                  kv_transfer_params=pd.decode_params(fin_a.kv_transfer_params))
+    done = drive(p, d)
+    assert {"a", "b@p"} <= set(done)
+    (read,) = d.nixl.transfers
+    assert read.start == pytest.approx(fin_a.finished + 0.05)
+    assert done["b@p"].first_token > read.done  # admitted once P had its blocks back
+    p.advance_to(done["b@p"].finished + 31)  # b's lease (nobody reads it) ends
+    assert p.held_blocks() == 0 and d.held_blocks() == 0
 
 
 def test_params_helpers() -> None:
@@ -273,6 +261,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.engine
 def test_zmq_fabric_notifies_across_processes_way() -> None:
     """Served replicas: D's worker tells P's over ZMQ (P's advertised side-channel address)
     that its read is done, and P reports the request in `finished_sending` (real clock)."""
@@ -333,6 +322,7 @@ def test_zmq_fabric_notifies_across_processes_way() -> None:
         use_clock(previous)
 
 
+@pytest.mark.engine
 def test_heartbeat_extends_the_lease_in_virtual_time() -> None:
     """D's heartbeat for a request it still queues ("HB:" in NIXL) extends P's lease to
     now + 2/3 of kv_lease_duration."""

@@ -16,6 +16,7 @@ from server.events import EventSender
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
 from server.settings import ServeOptionsError
 
+pytestmark = pytest.mark.engine
 BLOCK = 16
 
 

@@ -11,6 +11,7 @@ arrives at the predicted return.
 from __future__ import annotations
 
 import os
+from contextlib import closing
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is imported (no GPU here)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,9 +36,8 @@ A_FULL_BLOCK_TOKENS = (1000 + 20 - 1) // BLOCK * BLOCK  # A's computed tokens in
 
 def scenario(policy: str, *, a1_at: float = TOOL_S, c_output: int = 4) -> dict:
     # 257 blocks: the null block plus 4096 tokens
-    engine = VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=257,
-                           max_model_len=2048, offload_gib=1.0)
-    try:
+    with closing(VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=257,
+                               max_model_len=2048, offload_gib=1.0)) as engine:
         done: dict = {}
         engine.add_request("a0", FIRST, program_id="A", output_tokens=20, tool="bash",
                            predicted_s=TOOL_S)
@@ -65,8 +65,6 @@ def scenario(policy: str, *, a1_at: float = TOOL_S, c_output: int = 4) -> dict:
         done["pins_left"] = len(scheduler.pins)
         done["held_blocks"] = engine.held_blocks()
         return done
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +73,7 @@ def runs():
             "again": scenario("continuum-prefetch")}
 
 
+@pytest.mark.engine
 def test_without_prefetch_the_turn_waits_for_its_reload(runs):
     a1 = runs["continuum"]["a1"]
     assert runs["continuum"]["b_finished_after_a1_arrived"]  # the engine was busy throughout
@@ -83,6 +82,7 @@ def test_without_prefetch_the_turn_waits_for_its_reload(runs):
     assert runs["continuum"]["stats"].prefetched == 0
 
 
+@pytest.mark.engine
 def test_prefetch_brings_the_context_back_before_the_turn_arrives(runs):
     run = runs["prefetch"]
     a1 = run["a1"]
@@ -97,6 +97,7 @@ def test_prefetch_brings_the_context_back_before_the_turn_arrives(runs):
     assert run["b0"].finished == pytest.approx(runs["continuum"]["b0"].finished, rel=0.01)
 
 
+@pytest.mark.engine
 def test_prefetch_leaves_nothing_behind_and_repeats_exactly(runs):
     for name in ("continuum", "prefetch"):
         assert runs[name]["pins_left"] == 0
@@ -104,6 +105,7 @@ def test_prefetch_leaves_nothing_behind_and_repeats_exactly(runs):
     assert runs["prefetch"]["a1"] == runs["again"]["a1"]
 
 
+@pytest.mark.engine
 def test_a_turn_that_comes_before_its_prefetch_is_due_needs_none():
     run = scenario("continuum-prefetch", a1_at=0.05)  # returns long before the predicted 3 s
     assert run["stats"].prefetched == 0
@@ -111,6 +113,7 @@ def test_a_turn_that_comes_before_its_prefetch_is_due_needs_none():
     assert run["held_blocks"] == 0
 
 
+@pytest.mark.engine
 def test_a_prefetch_that_finds_no_free_memory_waits_and_the_turn_replaces_it():
     # C decodes 540 tokens too: B and C hold about 223 of 256 blocks when the prefetch is due, so it
     # waits behind every turn (taking nobody's memory) and is dropped when A's turn arrives

@@ -102,6 +102,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.server
+@pytest.mark.slow
 def test_vllm_router_hash_keeps_programs_and_round_robin_spreads(replicas) -> None:
     servers, out = replicas
     trace = tiny_trace()

@@ -50,6 +50,7 @@ def run_in(
     return rc, out
 
 
+@pytest.mark.docker
 def test_image_exists_and_is_labelled(docker_client: Any, image: str) -> None:
     assert si.image_exists(docker_client, image)
     assert not si.image_exists(docker_client, "harness-no-such-image:never")
@@ -58,6 +59,7 @@ def test_image_exists_and_is_labelled(docker_client: Any, image: str) -> None:
     assert img.attrs["Config"]["WorkingDir"] == si.AGENT_HOME
 
 
+@pytest.mark.docker
 def test_build_is_idempotent(docker_client: Any, image: str) -> None:
     msgs: list[str] = []
     assert (
@@ -67,10 +69,12 @@ def test_build_is_idempotent(docker_client: Any, image: str) -> None:
     assert msgs == [f"image {image} already exists"]
 
 
+@pytest.mark.docker
 def test_python_runs_as_agent(docker_client: Any, image: str) -> None:
     assert run_in(docker_client, image, ["python3", "-c", "print(1)"]) == (0, "1\n")
 
 
+@pytest.mark.docker
 def test_agent_identity_and_dirs(docker_client: Any, image: str) -> None:
     rc, out = run_in(
         docker_client,
@@ -85,6 +89,7 @@ def test_agent_identity_and_dirs(docker_client: Any, image: str) -> None:
     assert out.split() == ["1000", "1000", "/home/agent", "/home/agent", "1000"]
 
 
+@pytest.mark.docker
 def test_git_and_pytest(docker_client: Any, image: str) -> None:
     rc, out = run_in(docker_client, image, ["git", "--version"])
     assert rc == 0 and out.startswith("git version"), out
@@ -92,6 +97,7 @@ def test_git_and_pytest(docker_client: Any, image: str) -> None:
     assert rc == 0 and "pytest" in out, out
 
 
+@pytest.mark.docker
 def test_no_network(docker_client: Any, image: str) -> None:
     code = (
         "import socket\n"
@@ -108,6 +114,7 @@ def test_no_network(docker_client: Any, image: str) -> None:
     assert rc != 0, f"eth0 exists in a --network none container: {out}"
 
 
+@pytest.mark.docker
 def test_pull_or_build_falls_back_offline(
     docker_client: Any, image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,6 +140,7 @@ def test_pull_or_build_falls_back_offline(
     assert failed and "harness-no-such-registry.invalid" in failed[0], msgs
 
 
+@pytest.mark.docker
 def test_engine_script_is_idempotent(docker_client: Any) -> None:
     """With an engine answering, the bootstrap script does nothing and exits 0."""
     res = subprocess.run(

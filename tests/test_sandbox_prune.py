@@ -15,6 +15,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from harness.run import warn_leftovers
@@ -51,6 +52,7 @@ def prune_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.docker
 def test_prune_removes_what_a_killed_run_left(docker_client, tmp_path):
     run_id = f"pytest-prune-{uuid.uuid4().hex[:8]}"
     tarball = tmp_path / "repo.tar"  # uncompressed, so the crashing process can append

@@ -83,6 +83,7 @@ def test_autellix_demotes_a_running_program_when_it_crosses_a_boundary():
     assert p.attained("A", 20.0) == pytest.approx(0.8)
 
 
+@pytest.mark.engine
 def test_autellix_in_the_scheduler_reorders_the_running_batch(monkeypatch):
     d = Driver(make_scheduler("autellix", monkeypatch=monkeypatch, num_blocks=64))
     d.submit("A-0", list(range(8, 40)), "A", max_tokens=100)
@@ -95,6 +96,7 @@ def test_autellix_in_the_scheduler_reorders_the_running_batch(monkeypatch):
     assert [r.request_id for r in d.scheduler.running] == ["B-0", "A-0"]
 
 
+@pytest.mark.engine
 def test_preserve_in_the_scheduler_hands_off_and_releases_under_pressure(monkeypatch):
     d = Driver(make_scheduler("preserve", monkeypatch=monkeypatch, num_blocks=24))
     prompt_a = list(range(8, 108))

@@ -40,6 +40,7 @@ def test_a_real_model_without_a_gpu_is_refused():
         build_command(model="/models/Llama-3.1-8B-Instruct")
 
 
+@pytest.mark.server
 def test_cli_prints_the_error_without_a_traceback():
     done = subprocess.run([sys.executable, "-m", "cli", "serve", "--policy", "fifo"],
                           capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ import pytest
 
 from harness.server_process import ServerProcess
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]  # each starts `harness serve`: ~20 s
 MODEL = "llama-3.1-8b"
 PARAGRAPH = ("The repository keeps its parser in a single module, and the failing test shows "
              "that nested brackets are closed in the wrong order when a quote appears inside. ")

@@ -100,11 +100,12 @@ def test_tail_reads_only_what_was_appended_and_waits_for_a_whole_line(tmp_path):
     assert tail.new() == [StepRecord(0.003, [], [18])]
 
 
-def test_scheduler_records_the_batches_the_emulator_priced():
+@pytest.mark.engine
+def test_scheduler_records_the_batches_the_emulator_priced(autoclose, monkeypatch):
     """The step log describes a batch exactly as the emulated executor prices it, so a model
     fitted to logged steps is the model the emulator runs."""
-    engine = VirtualEngine(policy="continuum", profile="h100-llama-3.1-8b",
-                           max_num_batched_tokens=512)
+    engine = autoclose(VirtualEngine(policy="continuum", profile="h100-llama-3.1-8b",
+                                     max_num_batched_tokens=512))
     logged: list[StepRecord] = []
     priced: list[tuple[list, list]] = []
     engine.scheduler.record_steps(logged.append)
@@ -115,21 +116,17 @@ def test_scheduler_records_the_batches_the_emulator_priced():
         priced.append(([tuple(p) for p in prefill], list(decode)))
         return price(prefill, decode)
 
-    profile.step_seconds = recording
-    try:
-        first = list(range(8, 1208))
-        engine.add_request("a0", first, program_id="A", output_tokens=12, tool="bash")
-        engine.add_request("b0", list(range(3000, 3700)), program_id="B", output_tokens=30)
-        done = []
-        while engine.has_work():
-            done += engine.step()
-        engine.add_request("a1", first + list(range(100, 400)), program_id="A",
-                           output_tokens=5)
-        while engine.has_work():
-            done += engine.step()
-    finally:
-        profile.step_seconds = price
-        engine.close()
+    monkeypatch.setattr(profile, "step_seconds", recording)
+    first = list(range(8, 1208))
+    engine.add_request("a0", first, program_id="A", output_tokens=12, tool="bash")
+    engine.add_request("b0", list(range(3000, 3700)), program_id="B", output_tokens=30)
+    done = []
+    while engine.has_work():
+        done += engine.step()
+    engine.add_request("a1", first + list(range(100, 400)), program_id="A",
+                       output_tokens=5)
+    while engine.has_work():
+        done += engine.step()
     assert len(done) == 3
     assert [(r.prefill, r.decode) for r in logged] == priced
     # chunked prompts (budget 512) beside decodes, and the second turn's prefix-cache hit

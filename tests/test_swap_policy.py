@@ -9,26 +9,29 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import closing
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is imported (no GPU here)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
-    OffloadingConnectorMetadata,
-    TransferJob,
-)
-from vllm.v1.kv_offload.base import GPULoadStoreSpec  # noqa: E402
-from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 
 from server.clock import VirtualClock, use_clock  # noqa: E402
-from server.emulated_offload import EmulatedOffloadWorker  # noqa: E402
 from server.engine import VirtualEngine  # noqa: E402
 from server.launch import ServeError, build_command
 from server.perf.registry import load_profile
 from server.policies import RequestView, make_policy  # noqa: E402
 from server.policies.swap import SwapPolicy  # noqa: E402
 from server.settings import DEFAULT_OFFLOAD_GIB
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingConnectorMetadata,
+        TransferJob,
+    )
+
+    from server.emulated_offload import EmulatedOffloadWorker
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCK = 16
@@ -42,9 +45,8 @@ A_COMPUTED_BLOCKS_TOKENS = (1000 + 20 - 1) // BLOCK * BLOCK
 def intercepted_program(policy: str, copy_model: str = "peak80") -> dict:
     """A0, then B0 (which takes A's memory) during A's 1 s tool call, then A1."""
     # 129 blocks: the null block plus 2048 tokens, just one max_model_len sequence
-    engine = VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=129,
-                           max_model_len=2048, offload_copy_model=copy_model)
-    try:
+    with closing(VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=129,
+                               max_model_len=2048, offload_copy_model=copy_model)) as engine:
         done = {}
         engine.add_request("a0", FIRST, program_id="A", output_tokens=20, tool="bash")
         done.update(run(engine))
@@ -59,8 +61,6 @@ def intercepted_program(policy: str, copy_model: str = "peak80") -> dict:
         done["cost_model"] = (cost.offload_copy_model,
                               cost.swap_seconds(done["a1"].external_tokens))
         return done
-    finally:
-        engine.close()
 
 
 def run(engine: VirtualEngine) -> dict:
@@ -86,6 +86,7 @@ def runs():
             "sourced": intercepted_program("swap", "sourced"), "asked": asked}
 
 
+@pytest.mark.engine
 def test_swap_reloads_the_context_from_host_memory(runs):
     a1 = runs["swap"]["a1"]
     profile = load_profile(PROFILE)
@@ -100,6 +101,7 @@ def test_swap_reloads_the_context_from_host_memory(runs):
     assert runs["swap"]["offload_gib"] == DEFAULT_OFFLOAD_GIB
 
 
+@pytest.mark.engine
 def test_sourced_copy_model_times_the_reload_and_prices_it_for_the_policy(runs):
     """--offload-copy-model sourced: the emulated worker's load takes the sourced load time
     (a 64 KiB-page DMA job for the 8B: slower than peak80 by its start-up), and the policy's
@@ -116,6 +118,7 @@ def test_sourced_copy_model_times_the_reload_and_prices_it_for_the_policy(runs):
     assert runs["swap"]["cost_model"][0] == "peak80"
 
 
+@pytest.mark.engine
 def test_discard_recomputes_what_the_gpu_lost(runs):
     a1 = runs["discard"]["a1"]
     assert a1.external_tokens == 0 and runs["discard"]["offload_gib"] is None
@@ -127,6 +130,7 @@ def test_discard_recomputes_what_the_gpu_lost(runs):
     assert recompute > runs["swap"]["a1"].first_token - runs["swap"]["a1"].arrival
 
 
+@pytest.mark.engine
 def test_declined_reload_recomputes_and_the_policy_is_asked_only_for_a_host_hit(runs):
     declined, discard = runs["declined"]["a1"], runs["discard"]["a1"]
     assert declined.external_tokens == 0
@@ -136,6 +140,7 @@ def test_declined_reload_recomputes_and_the_policy_is_asked_only_for_a_host_hit(
     assert runs["asked"] == [("a1", "A")]  # not for a0 or b0: nothing of theirs was offloaded
 
 
+@pytest.mark.engine
 def test_write_through_stores_do_not_slow_the_steps(runs):
     for rid in ("a0", "b0"):
         swap, discard = runs["swap"][rid], runs["discard"][rid]
@@ -143,6 +148,7 @@ def test_write_through_stores_do_not_slow_the_steps(runs):
             (discard.first_token, discard.finished))
 
 
+@pytest.mark.engine
 def test_identical_runs_give_identical_results(runs):
     assert runs["swap"] == runs["again"]
 
@@ -160,7 +166,12 @@ def test_swap_policy_frees_at_interception_and_orders_by_program():
 
 
 # -- the emulated worker side alone ------------------------------------------------------------
+# vLLM is imported in these tests only (seconds of start-up), not when the module is collected
 def job(req_id: str, blocks: int, load: bool) -> TransferJob:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import TransferJob
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
     gpu = GPULoadStoreSpec(list(range(1, blocks + 1)), group_sizes=[blocks], block_indices=[0])
     cpu = CPULoadStoreSpec(list(range(blocks)))
     return TransferJob(req_id, src_spec=cpu, dst_spec=gpu) if load else \
@@ -169,6 +180,8 @@ def job(req_id: str, blocks: int, load: bool) -> TransferJob:
 
 @pytest.fixture
 def worker():
+    from server.emulated_offload import EmulatedOffloadWorker  # vLLM: start-up cost
+
     clock = VirtualClock(10.0)
     previous = use_clock(clock)
     # 1 ms per 16-token block, polling every 0.5 ms when idle
@@ -188,10 +201,15 @@ def idle_until_something_finishes(w: EmulatedOffloadWorker, clock: VirtualClock)
 
 
 def meta(loads=None, stores=None, flush=None) -> OffloadingConnectorMetadata:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingConnectorMetadata,  # vLLM: start-up cost
+    )
+
     return OffloadingConnectorMetadata(load_jobs=loads or {}, store_jobs=stores or {},
                                        jobs_to_flush=flush or set())
 
 
+@pytest.mark.engine
 def test_stores_start_next_step_and_share_the_link_loads_do_not_wait(worker):
     w, clock = worker
     step = meta(stores={1: job("r", 4, load=False), 2: job("s", 2, load=False)})
@@ -217,6 +235,7 @@ def test_stores_start_next_step_and_share_the_link_loads_do_not_wait(worker):
     assert w.idle_seconds() == 0.0
 
 
+@pytest.mark.engine
 def test_a_flushed_store_is_waited_for_before_the_step(worker):
     w, clock = worker
     step = meta(stores={7: job("r", 5, load=False)}, flush={7})
@@ -228,8 +247,11 @@ def test_a_flushed_store_is_waited_for_before_the_step(worker):
     assert w.finished().kv_connector_worker_meta is None
 
 
+@pytest.mark.engine
 def test_loads_and_stores_take_their_own_times():
     """With separate load and store times (the sourced copy model), each link uses its own."""
+    from server.emulated_offload import EmulatedOffloadWorker  # vLLM: start-up cost
+
     clock = VirtualClock(10.0)
     previous = use_clock(clock)
     try:

@@ -157,6 +157,7 @@ def built(docker_client):
             pass
 
 
+@pytest.mark.docker
 def test_both_tarball_layouts_give_the_repository_at_testbed(docker_client, roman_tree,
                                                               tmp_path, built):
     instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
@@ -181,6 +182,7 @@ def test_both_tarball_layouts_give_the_repository_at_testbed(docker_client, roma
     assert report["resolved"], report  # the unwrapped repository grades like the original
 
 
+@pytest.mark.docker
 def test_base_commit_that_cannot_be_checked_out(docker_client, roman_tree, tmp_path):
     instance = next(i for i in instances() if i["instance_id"] == "harness__roman-7")
     tarball = pack(roman_tree, tmp_path / "roman.tar.gz", "roman")
@@ -197,6 +199,7 @@ def test_base_commit_that_cannot_be_checked_out(docker_client, roman_tree, tmp_p
         grading.ensure_task_image(docker_client, dict(instance, repo_src=str(garbage)), None)
 
 
+@pytest.mark.docker
 def test_changed_tarball_rebuilds_the_image_and_grades_the_new_code(docker_client,
                                                                     roman_tree, tmp_path,
                                                                     built):
@@ -223,6 +226,7 @@ def test_changed_tarball_rebuilds_the_image_and_grades_the_new_code(docker_clien
 # -- grading --------------------------------------------------------------------------
 
 
+@pytest.mark.docker
 def test_grading_gold_and_wrong(docker_client, roman):
     instance, image = roman
     gold = grading.grade(docker_client, instance, instance["patch"], image)
@@ -236,6 +240,7 @@ def test_grading_gold_and_wrong(docker_client, roman):
         wrong["tests_status"]["PASS_TO_PASS"]["failure"]
 
 
+@pytest.mark.docker
 def test_patch_that_does_not_apply(docker_client, roman):
     instance, image = roman
     bad = instance["patch"].replace("number < MAX_VALUE", "number < MAXIMUM")
@@ -244,6 +249,7 @@ def test_patch_that_does_not_apply(docker_client, roman):
     assert report["patch_applied"] is None and "--3way" in report["apply_log"]
 
 
+@pytest.mark.docker
 def test_test_run_timeout(docker_client, roman):
     instance, image = roman
     slow = dict(instance, test_patch=instance["test_patch"] + SLOW_TEST,
@@ -274,7 +280,9 @@ def task_file(tmp_path: Path, rows: list[dict]) -> Path:
     return path
 
 
+@pytest.mark.docker
 @pytest.mark.server
+@pytest.mark.slow
 def test_run_resume_and_missing_repository(server, tmp_path):
     rows = instances()[:3]
     missing = dict(rows[0], instance_id="harness__missing-1", repo_src="repos/missing.tar.gz")
@@ -332,7 +340,9 @@ def test_run_resume_and_missing_repository(server, tmp_path):
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 3
 
 
+@pytest.mark.docker
 @pytest.mark.server
+@pytest.mark.slow
 def test_wrong_trajectory_is_not_resolved(server, tmp_path):
     roman = next(r for r in instances() if r["instance_id"] == "harness__roman-7")
     out = tmp_path / "wrong"

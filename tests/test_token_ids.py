@@ -21,7 +21,7 @@ from harness.tools.base import Observation
 from harness.trajectory import first_difference, token_ids
 from predictor.durations import ToolDurationModel
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]  # each starts `harness serve`: ~20 s
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "llama-3.1-8b"
 

@@ -300,6 +300,7 @@ def test_chat_template_string_arguments(tok):
     ) in text
 
 
+@pytest.mark.engine
 def test_vllm_loads_and_renders(monkeypatch):
     """vLLM's own tokenizer loading, chat rendering and hermes tool parser."""
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")

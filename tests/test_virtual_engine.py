@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 
 from server.engine import VirtualEngine
 from server.perf.registry import load_profile
 
 PROFILE = "h100-llama-3.1-8b"
+pytestmark = pytest.mark.engine
 
 
 def two_turn_program(policy: str) -> list:
-    engine = VirtualEngine(policy=policy, profile=PROFILE)
-    try:
+    with closing(VirtualEngine(policy=policy, profile=PROFILE)) as engine:
         first = list(range(8, 2008))
         engine.add_request("a0", first, program_id="A", output_tokens=50, tool="bash")
         done = []
@@ -24,8 +26,6 @@ def two_turn_program(policy: str) -> list:
         while engine.has_work():
             done += engine.step()
         return done
-    finally:
-        engine.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,36 +3,30 @@
 Builds a `PolicyScheduler` over a small KV cache, feeds it `Request`s, and plays the GPU by
 answering each `SchedulerOutput` with a hand-made `ModelRunnerOutput`. Every test of retention
 behaviour goes through the real block pool, prefix cache and admission code.
+
+vLLM (and torch with it) is imported when a scheduler is built, not when a test module
+imports this one: the policy tests beside the scheduler tests, and `pytest -m "not engine"`,
+do not pay its seconds of start-up.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is imported (no GPU here)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import torch  # noqa: E402
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-)
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from server.clock import VirtualClock, use_clock  # noqa: E402
-from server.scheduler import PolicyScheduler  # noqa: E402
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+    from server.scheduler import PolicyScheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "server" / "models" / "llama-3.1-8b"
@@ -44,6 +38,16 @@ EOS = 4
 def make_scheduler(policy: str, num_blocks: int = 64, max_num_seqs: int = 16,
                    max_batched_tokens: int = 512, profile: str = "h100-llama-3.1-8b",
                    monkeypatch: Any = None) -> PolicyScheduler:
+    # vLLM and torch: start-up cost
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from server.scheduler import PolicyScheduler
+
     env = {"HARNESS_POLICY": policy, "HARNESS_PROFILE": profile}
     for key, value in env.items():
         if monkeypatch is not None:
@@ -82,6 +86,9 @@ class Driver:
     """A scheduler plus a virtual clock plus a fake GPU that emits fixed-length answers."""
 
     def __init__(self, scheduler: PolicyScheduler, step_seconds: float = 0.01) -> None:
+        from vllm.utils.hashing import sha256  # vLLM: start-up cost (imported by now anyway)
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
         self.scheduler = scheduler
         self.clock = VirtualClock(1000.0)
         self._previous_clock = use_clock(self.clock)
@@ -96,6 +103,9 @@ class Driver:
 
     def submit(self, request_id: str, prompt: list[int], program: str | None,
                max_tokens: int = 4, **hints: Any) -> Request:
+        from vllm.sampling_params import SamplingParams  # vLLM: start-up cost
+        from vllm.v1.request import Request
+
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                                 extra_args=hints or None)
         request = Request(request_id=request_id, prompt_token_ids=list(prompt),
@@ -107,6 +117,8 @@ class Driver:
         return request
 
     def step(self) -> SchedulerOutput:
+        from vllm.v1.outputs import ModelRunnerOutput  # vLLM: start-up cost
+
         out = self.scheduler.schedule()
         self.last_output = out
         req_ids = list(out.num_scheduled_tokens)
