@@ -24,16 +24,8 @@ import pytest  # noqa: E402
 if importlib.util.find_spec("vllm") is None:  # not imported here: seconds of start-up
     pytest.skip("could not import 'vllm'", allow_module_level=True)
 
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
-    HeartbeatInfo,
-    NixlConnectorMetadata,
-    RemoteMeta,
-    ReqMeta,
-)
-
 from cluster import pd  # noqa: E402
 from server.clock import RealClock, VirtualClock, use_clock  # noqa: E402
-from server.emulated_nixl import EmulatedNixlWorker  # noqa: E402
 from server.engine import Finished, VirtualEngine  # noqa: E402
 from server.nixl_fabric import InprocFabric, ZmqFabric  # noqa: E402
 from server.perf.hardware import Link  # noqa: E402
@@ -265,6 +257,16 @@ def _free_port() -> int:
 def test_zmq_fabric_notifies_across_processes_way() -> None:
     """Served replicas: D's worker tells P's over ZMQ (P's advertised side-channel address)
     that its read is done, and P reports the request in `finished_sending` (real clock)."""
+    # vLLM's NIXL metadata and the emulated worker load vLLM (~6 s): imported by the two tests
+    # that drive the worker, so collecting this file for the fast loop does not pay it
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+        NixlConnectorMetadata,
+        RemoteMeta,
+        ReqMeta,
+    )
+
+    from server.emulated_nixl import EmulatedNixlWorker
+
     previous = use_clock(RealClock())
     p_port, d_port = _free_port(), _free_port()
     workers = []
@@ -326,6 +328,15 @@ def test_zmq_fabric_notifies_across_processes_way() -> None:
 def test_heartbeat_extends_the_lease_in_virtual_time() -> None:
     """D's heartbeat for a request it still queues ("HB:" in NIXL) extends P's lease to
     now + 2/3 of kv_lease_duration."""
+    # vLLM's NIXL metadata and the emulated worker load vLLM (~6 s): imported by the two tests
+    # that drive the worker, so collecting this file for the fast loop does not pay it
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+        HeartbeatInfo,
+        NixlConnectorMetadata,
+    )
+
+    from server.emulated_nixl import EmulatedNixlWorker
+
     namespace = f"hb-{next(_namespaces)}"
     the_clock = VirtualClock()
     previous = use_clock(the_clock)
