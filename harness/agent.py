@@ -153,8 +153,8 @@ class Agent:
                 hints["emulate_text"] = text
             request = None  # the text model's view of this request (`request_text`)
             if self.text_model is not None:
-                hints.update(self.text_model.hints(traj.messages))
                 request = request_text(traj.messages)
+                hints.update(self.text_model.hints_of(request))
             completion = await self.client.complete(traj.messages, program_id=traj.program_id,
                                                     max_tokens=self.limits.max_tokens,
                                                     hints=hints)

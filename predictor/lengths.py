@@ -143,8 +143,12 @@ class LengthPredictor:
     def hints(self, messages: Sequence[dict[str, Any]]) -> dict[str, int]:
         """The `vllm_xargs` entry for a request whose prompt is `messages` (OpenAI chat
         format): `{"predicted_output_tokens": n}` (`server.policies.base.Hints`)."""
-        return {"predicted_output_tokens": self.predict(request_text(messages))
-                .predicted_output_tokens}
+        return self.hints_of(request_text(messages))
+
+    def hints_of(self, request: str) -> dict[str, int]:
+        """`hints` for a request already rendered by `request_text` (the agent renders it
+        once per turn and also asks `predict_call` with it)."""
+        return {"predicted_output_tokens": self.predict(request).predicted_output_tokens}
 
     def predict_call(self, tool: str | None, call: str | None, request: str | None = None,
                      model: str | None = None) -> float:
