@@ -21,17 +21,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-# the hooks of the marker check: pytest registers the hooks it finds in conftest's namespace
-from marker_check import (  # noqa: F401
-    install,
-    pytest_collectstart,
-    pytest_fixture_setup,
-    pytest_runtest_makereport,
-    pytest_runtest_protocol,
-    pytest_terminal_summary,
-)
-
-install()
+# the marker check (tests/marker_check.py) is a plugin: its hooks watch every test
+pytest_plugins = ("marker_check",)
 
 Closable = TypeVar("Closable")
 

@@ -192,7 +192,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 
 
 def install() -> None:
-    """Start watching (once per process; called when conftest.py is imported)."""
+    """Start watching (once per process; called when pytest loads this plugin)."""
     if any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
         return
     for name, patch in _ON_IMPORT.items():
@@ -202,7 +202,11 @@ def install() -> None:
     sys.addaudithook(_audit)
 
 
-# -- the hooks; conftest.py imports them so that pytest registers them ---------------------------
+# -- the hooks; conftest.py loads this module as a plugin (`pytest_plugins`) ---------------------
+def pytest_configure(config: pytest.Config) -> None:
+    install()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Any:
     WATCH.item, WATCH.seen = item, {}

@@ -15,18 +15,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 # `python -c "" serve` exits at once; the check goes by the command line (a `serve` word)
-CONFTEST = textwrap.dedent("""\
-    from marker_check import (
-        install,
-        pytest_collectstart,
-        pytest_fixture_setup,
-        pytest_runtest_makereport,
-        pytest_runtest_protocol,
-        pytest_terminal_summary,
-    )
-
-    install()
-    """)
+CONFTEST = 'pytest_plugins = ("marker_check",)\n'
 CASES = textwrap.dedent("""\
     import subprocess
     import sys
