@@ -162,6 +162,23 @@ def resolve_model(text: str, progress: Progress = print) -> ResolvedModel:
         f"({', '.join(KNOWN_MODELS)}) or a shipped config ({', '.join(shipped_models())})")
 
 
+def served_name(text: str) -> str:
+    """The name a server started with `--model TEXT` serves it under, without adding anything:
+    a folder's name, an added GGUF file's name (its stem before it is added), a known model's
+    canonical name for an alias; any other text is taken as a served name already."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path.resolve().name
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        before = converted_before(path)
+        return before.name if before else path.stem.lower()
+    added = added_model(text)
+    if added is not None:
+        return added.name
+    known = known_model(text)
+    return known.name if known else text
+
+
 def folder_with_config(folder: Path, text: str) -> Path:
     if not (folder / "config.json").is_file():
         raise ModelFolderError(
