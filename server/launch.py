@@ -18,6 +18,7 @@ from pathlib import Path
 
 from server.cpu_engine import (
     CPU_BLOCK_SIZE,
+    CPU_ENGINE_ENV,
     DEFAULT_CPU_MODEL,
     SETUP_COMMAND,
     TOKENIZER_DIR,
@@ -219,6 +220,6 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
         argv += ["--tokenizer", str(TOKENIZER_DIR)]
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+           **CPU_ENGINE_ENV}
     argv += list(extra or [])
     return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
