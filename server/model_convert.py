@@ -24,6 +24,9 @@ from common.errors import UserError
 #: GGUF `general.architecture` values we convert, with the transformers class that holds them
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 Progress = Callable[[str], None]
+MISSING_PACKAGES = ("converting a GGUF file needs the gguf and accelerate packages in this "
+                    "virtualenv: pip install gguf==0.19.0 accelerate==1.15.0 (bash "
+                    "scripts/setup.sh installs them)")
 
 
 class ModelConvertError(UserError):
@@ -32,8 +35,10 @@ class ModelConvertError(UserError):
 
 def gguf_architecture(path: Path) -> str:
     """The `general.architecture` a GGUF file declares (read from its header, no weights)."""
-    import gguf  # optional: only a conversion needs it (not installed in the CPU virtualenv)
-
+    try:
+        import gguf  # optional: only a conversion needs it
+    except ImportError:
+        raise ModelConvertError(MISSING_PACKAGES) from None
     try:
         reader = gguf.GGUFReader(str(path))
         field = reader.fields["general.architecture"]
@@ -63,6 +68,11 @@ def convert_gguf(path: Path, dest: Path, progress: Progress = print) -> None:
     # torch and transformers: start-up cost, paid only by a conversion
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    try:
+        import accelerate  # noqa: F401 - optional: transformers loads GGUF weights with it
+    except ImportError:
+        raise ModelConvertError(MISSING_PACKAGES) from None
 
     started = time.monotonic()
     progress(f"reading {path.name} ({path.stat().st_size / 2**20:.0f} MiB) with transformers, "
