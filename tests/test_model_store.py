@@ -17,9 +17,10 @@ import httpx
 import numpy as np
 import pytest
 from real_models import smollm2_folder
+from rich.console import Console
 
 from cli.main import main
-from harness.run import RunError, RunSpec, run_benchmark
+from harness.run import RunError, RunSpec, run_benchmark, served_model
 from harness.server_process import model_server
 from server import model_store
 from server.cpu_memory import CPU_KV_CONTEXTS, GIB, kv_budget, kv_bytes_per_token
@@ -240,6 +241,16 @@ def test_run_device_cpu_needs_a_real_model():
         run_benchmark(RunSpec("gsm8k", device="cpu", model="no-such-model", limit=1))
     with pytest.raises(RunError, match="or --device cpu"):
         run_benchmark(RunSpec("gsm8k", model="smollm2-135m-instruct", limit=1))
+
+
+def test_run_device_cpu_serves_the_resolved_model_under_its_name(tmp_path):
+    folder = hf_folder(tmp_path / "checkpoint")
+    add_model(str(folder), name="mine", progress=lambda m: None)
+    spec, name = served_model(RunSpec("gsm8k", device="cpu", model="mine"), Console())
+    assert (spec.kind, spec.value, name) == ("path", "mine", "mine")  # `serve --model mine`
+    spec, name = served_model(RunSpec("gsm8k", device="cpu", model=str(folder)), Console())
+    assert name == "checkpoint"
+    assert served_model(RunSpec("gsm8k"), Console())[1] == "llama-3.1-8b"  # unchanged: replay
 
 
 # -- the real packaged model --------------------------------------------------------------------
