@@ -265,13 +265,16 @@ def _add_langchain_example(experiments: Any) -> None:
     p.add_argument("--server", default=None, help="a running server (default: start one)")
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--free", action="store_true", help="no recorded replies")
+    p.add_argument("--device", default=None, choices=("cpu", "gpu"),
+                   help="start the server on this device with --model (e.g. --device cpu "
+                   "--model smollm2-135m-instruct --free); default: the emulated GPU")
     p.set_defaults(func=_langchain_example)
 
 
 def _langchain_example(args: argparse.Namespace) -> int:
     from eval import langchain_example  # langchain-core: start-up cost (about 1 s)
 
-    langchain_example.run_example(args.server, args.model, args.free)
+    langchain_example.run_example(args.server, args.model, args.free, args.device)
     return 0
 
 

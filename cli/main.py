@@ -13,6 +13,7 @@ from cli import (
     compare,
     demo,
     experiments,
+    model,
     plan,
     predictor,
     profile,
@@ -27,7 +28,7 @@ from cli.errors import exit_status
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     serve.register, run.register, compare.register, demo.register, cluster.register,
     bench.register, plan.register, sandbox.register, profile.register, predictor.register,
-    experiments.register)
+    experiments.register, model.register)
 
 
 def build_parser() -> argparse.ArgumentParser:

