@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="skip tasks already finished in --out")
     parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=RunSpec.max_tokens,
+                        help="each reply's output cap in tokens (default %(default)s)")
+    parser.add_argument("--temperature", type=float, default=RunSpec.temperature,
+                        help="sampling temperature (default %(default)s: greedy)")
     parser.add_argument("--predictor", default=None, metavar="DIR",
                         help="a model from `harness predictor train`: each request then "
                         "carries its predicted output length, and tool calls a prediction "
@@ -49,7 +53,8 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    model=args.model, server=args.server, profile=args.profile,
                    limit=args.limit, concurrency=args.concurrency, tasks=args.tasks,
                    out=args.out, resume=args.resume, max_steps=args.max_steps,
-                   predictor=args.predictor, token_ids=not args.no_token_ids)
+                   predictor=args.predictor, token_ids=not args.no_token_ids,
+                   max_tokens=args.max_tokens, temperature=args.temperature)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -51,7 +51,8 @@ class Limits:
     max_steps: int = 30
     time_limit_s: float = 1800.0
     max_format_errors: int = 3
-    max_tokens: int = 1024
+    max_tokens: int = 1024  # the per-turn output cap
+    temperature: float = 0.0  # greedy by default: runs repeat, policies compare turn by turn
     observation_chars: int = 10_000
 
 
@@ -157,6 +158,7 @@ class Agent:
                 hints.update(self.text_model.hints_of(request))
             completion = await self.client.complete(traj.messages, program_id=traj.program_id,
                                                     max_tokens=self.limits.max_tokens,
+                                                    temperature=self.limits.temperature,
                                                     hints=hints)
             message = completion.raw["choices"][0]["message"]
             record = Step(llm_s=completion.seconds, prompt_tokens=completion.prompt_tokens,

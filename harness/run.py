@@ -72,6 +72,8 @@ class RunSpec:
     max_steps: int = 30
     predictor: str | None = None  # a `harness predictor train` model directory
     token_ids: bool = True  # ask the server for token ids (`return_token_ids`)
+    max_tokens: int = Limits.max_tokens  # each reply's output cap
+    temperature: float = Limits.temperature
 
 
 @dataclass
@@ -346,6 +348,10 @@ def run_benchmark(spec: RunSpec) -> int:
         tasks = tasks[: spec.limit]
     if spec.concurrency < 1:
         raise RunError("--concurrency must be at least 1")
+    if spec.max_tokens < 1:
+        raise RunError("--max-tokens must be at least 1")
+    if spec.temperature < 0:
+        raise RunError("--temperature must be at least 0")
     if spec.resume and not spec.out:
         raise RunError("--resume needs --out: the folder of the run to continue")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -369,7 +375,8 @@ def run_benchmark(spec: RunSpec) -> int:
     if bench.uses_docker:
         warn_leftovers(console)
     started = time.monotonic()
-    limits = Limits(max_steps=spec.max_steps)
+    limits = Limits(max_steps=spec.max_steps, max_tokens=spec.max_tokens,
+                    temperature=spec.temperature)
     diagnose: Callable[[], str | None] | None = None
     with contextlib.ExitStack() as stack:
         if spec.server:
