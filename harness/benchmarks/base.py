@@ -1,5 +1,6 @@
-"""What a benchmark supplies to `harness run`: tasks, the first messages, a program's tools,
-recorded trajectories for the replay model, and scoring."""
+"""What a benchmark supplies to `harness run`: tasks, the first messages (its system prompt
+with worked examples), its action format, a program's tools, recorded trajectories for the
+replay model, and scoring."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.actions import ActionFormat
 from common.errors import UserError
 from common.jsonl import json_lines
 from harness.agent import ToolBox
+from harness.benchmarks.exemplars import load_exemplars, with_exemplars
 from harness.tools.base import Observation
 from harness.trajectory import Trajectory
 
@@ -50,6 +53,11 @@ class Benchmark:
     out_dir: Path | None = None  # the run's output folder (`harness run` sets it)
     run_id: str | None = None  # the run's id (`harness run` sets it)
     uses_docker = False  # its tools run in containers: a run first looks for leftovers
+    system = ""  # the system prompt's instructions
+    #: the format its model is asked for and its actions (None: any format, any name)
+    action_format: ActionFormat | None = None
+    exemplars_file: Path | None = None  # worked examples (`harness.benchmarks.exemplars`)
+    use_exemplars = True  # `harness run --no-exemplars` leaves them out (zero-shot)
 
     def log(self, message: str) -> None:
         """A line for the run's output (`harness run` prints it above the progress bar)."""
@@ -62,6 +70,13 @@ class Benchmark:
                 raise BenchmarkError(f"task {number} has no 'id' field")
             tasks.append(Task(str(row["id"]), row))
         return tasks
+
+    def system_prompt(self) -> str:
+        """The instructions, then the worked examples in the benchmark's action format."""
+        if not self.use_exemplars or self.exemplars_file is None:
+            return self.system
+        style = self.action_format.style if self.action_format else "react"
+        return with_exemplars(self.system, load_exemplars(self.exemplars_file), style)
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
         raise NotImplementedError
