@@ -136,6 +136,8 @@ class Agent:
         """`action_format`: the benchmark's (None: any format, no stop strings)."""
         traj = Trajectory(task_id, program_id, benchmark, messages=list(messages),
                           started_at=time.time())
+        # the prompt's length: its worked examples' replies are not this program's turns
+        traj.info["prompt_messages"] = len(messages)
         self.events.emit("program_start", program_id)
         try:
             await asyncio.wait_for(self._loop(traj, toolbox, replay, action_format),

@@ -102,10 +102,14 @@ def load_replay(directory: Path, task_id: str) -> Replay:
         raise RunError(f"no recorded trajectory for task {task_id} in {directory} "
                        f"(expected {path.name})")
     try:
-        messages = json.loads(path.read_text())["messages"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        data = json.loads(path.read_text())
+        messages = data["messages"]
+        # the prompt's own messages (worked examples' replies among them) are not replies
+        first = int((data.get("info") or {}).get("prompt_messages") or 0)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunError(f"{path} is not a trajectory with a 'messages' list: {exc}") from None
-    return Replay([m.get("content") or "" for m in messages if m.get("role") == "assistant"])
+    return Replay([m.get("content") or "" for m in messages[first:]
+                   if m.get("role") == "assistant"])
 
 
 def result_path(out: Path, task_id: str) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from common.actions import parse_action
 from harness.benchmarks import get_benchmark
-from harness.benchmarks.exemplars import HEADER, load_exemplars, render_step
+from harness.benchmarks.exemplars import load_exemplars, render_step
 from harness.tools.bash_output import format_observation
 from harness.tools.calculator import Calculator
 from harness.tools.wikipedia import WikipediaTool, make_backend
@@ -88,11 +88,26 @@ def test_each_example_reply_parses_as_the_benchmarks_format(bench_name):
             assert (action.tool, action.argument) == (step.action, step.argument)
 
 
-def test_the_prompt_has_the_examples_unless_zero_shot():
+def test_the_prompt_gives_the_examples_as_turns_unless_zero_shot():
     bench = get_benchmark("gsm8k")
     task = bench.load_tasks()[0]
-    system = bench.messages(task)[0]["content"]
-    assert system.startswith(bench.system) and HEADER in system
-    assert "Action: calculator[4 * 35]\nObservation: 140" in system
+    messages = bench.messages(task)
+    assert messages[0] == {"role": "system", "content": bench.system}
+    assert messages[-1] == {"role": "user", "content": f"Question: {task.data['question']}"}
+    assert messages[2] == {"role": "assistant", "content": "Thought: First the number of books "
+                           "on all shelves: 4 shelves of 35 books.\nAction: calculator[4 * 35]"}
+    assert messages[3] == {"role": "user", "content": "Observation: 140"}
+    assert [m["role"] for m in messages[1:-1]].count("assistant") == 6
     bench.use_exemplars = False
-    assert bench.messages(task)[0]["content"] == bench.system
+    assert len(bench.messages(task)) == 2
+
+
+def test_a_replay_takes_only_the_replies_after_the_prompt(tmp_path):
+    from harness.run import load_replay
+
+    bench = get_benchmark("gsm8k")
+    prompt = bench.messages(bench.load_tasks()[0])
+    data = {"messages": [*prompt, {"role": "assistant", "content": "Action: finish[1]"}],
+            "info": {"prompt_messages": len(prompt)}}
+    (tmp_path / "t.traj.json").write_text(json.dumps(data))
+    assert load_replay(tmp_path, "t").texts == ["Action: finish[1]"]

@@ -85,8 +85,9 @@ def test_text_actions_stop_before_a_made_up_observation_and_keep_the_stop_string
     assert bodies[0]["stop"] == ["\nObservation"] and bodies[0]["include_stop_str_in_output"]
     assert bodies[0]["temperature"] == 0.0 and bodies[0]["max_tokens"] == Limits.max_tokens
     # the reply is kept as generated (stop string included), the observation follows it
-    assert traj.messages[2]["content"].endswith("\nObservation")
-    assert traj.messages[3] == {"role": "user", "content": "Observation: 5"}
+    n = traj.info["prompt_messages"]
+    assert traj.messages[n]["content"].endswith("\nObservation")
+    assert traj.messages[n + 1] == {"role": "user", "content": "Observation: 5"}
     # without token ids (a non-vLLM server) the vLLM extension is not sent
     _, bodies, _ = run_program("gsm8k", replies, tmp_path, token_ids=False)
     assert bodies[0]["stop"] == ["\nObservation"] and "include_stop_str_in_output" not in bodies[0]
@@ -151,13 +152,14 @@ def test_tool_calls_path_sends_tools_and_answers_with_the_call_id(tmp_path):
     assert names == ["calculator", "finish"] and "stop" not in bodies[0]
     params = bodies[0]["tools"][0]["function"]["parameters"]
     assert params["required"] == ["expression"]
-    roles = [(m["role"], m.get("tool_call_id")) for m in traj.messages[2:]]
+    n = traj.info["prompt_messages"]
+    roles = [(m["role"], m.get("tool_call_id")) for m in traj.messages[n:]]
     assert roles == [("assistant", None), ("tool", "c1"), ("assistant", None), ("tool", "c2"),
                      ("assistant", None), ("tool", "c3")]
-    assert traj.messages[3]["content"] == "Observation: 42"
-    assert traj.messages[2]["tool_calls"][0]["id"] == "c1"
+    assert traj.messages[n + 1]["content"] == "Observation: 42"
+    assert traj.messages[n]["tool_calls"][0]["id"] == "c1"
     # the unknown tool is a format error answered on its own call id
-    assert "unknown action 'python'" in traj.messages[5]["content"]
+    assert "unknown action 'python'" in traj.messages[n + 3]["content"]
     # the second request carried the first call and its answer
     assert [m["role"] for m in bodies[1]["messages"]][-2:] == ["assistant", "tool"]
 

@@ -38,8 +38,7 @@ class AlfWorld(Benchmark):
         self._intro: dict[str, str] = {}  # the game's opening text, known once it is loaded
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system_prompt()},
-                {"role": "user", "content": self._intro.get(task.id, task.data["goal"])}]
+        return self.prompt(self._intro.get(task.id, task.data["goal"]))
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         tool = AlfWorldTool(GAMES / task.data["game"])

@@ -12,7 +12,7 @@ from common.actions import ActionFormat
 from common.errors import UserError
 from common.jsonl import json_lines
 from harness.agent import ToolBox
-from harness.benchmarks.exemplars import load_exemplars, with_exemplars
+from harness.benchmarks.exemplars import exemplar_messages, load_exemplars
 from harness.tools.base import Observation
 from harness.trajectory import Trajectory
 
@@ -71,12 +71,15 @@ class Benchmark:
             tasks.append(Task(str(row["id"]), row))
         return tasks
 
-    def system_prompt(self) -> str:
-        """The instructions, then the worked examples in the benchmark's action format."""
-        if not self.use_exemplars or self.exemplars_file is None:
-            return self.system
-        style = self.action_format.style if self.action_format else "react"
-        return with_exemplars(self.system, load_exemplars(self.exemplars_file), style)
+    def prompt(self, task_text: str) -> list[dict[str, Any]]:
+        """The first messages: the instructions, the worked examples as chat turns in the
+        benchmark's action format (`harness.benchmarks.exemplars`), then the task."""
+        examples: list[dict[str, Any]] = []
+        if self.use_exemplars and self.exemplars_file is not None:
+            style = self.action_format.style if self.action_format else "react"
+            examples = exemplar_messages(load_exemplars(self.exemplars_file), style)
+        return [{"role": "system", "content": self.system}, *examples,
+                {"role": "user", "content": task_text}]
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -36,8 +36,7 @@ class Gsm8k(Benchmark):
     action_format = FORMAT
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system_prompt()},
-                {"role": "user", "content": f"Question: {task.data['question']}"}]
+        return self.prompt(f"Question: {task.data['question']}")
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         calculator = Calculator()

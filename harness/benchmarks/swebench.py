@@ -142,9 +142,8 @@ class SweBench(Benchmark):
         return {k: v for k, v in found.items() if v}
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system_prompt()},
-                {"role": "user", "content": INSTANCE.format(
-                    problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT)}]
+        return self.prompt(INSTANCE.format(
+            problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT))
 
     async def image(self, task: Task) -> str:
         """The task's image (built, or reused when one of the same content exists); the run's
