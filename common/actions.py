@@ -71,7 +71,10 @@ class ActionFormat:
 
     `style`: "react" (`Action: name[argument]` lines) or "bash" (one fenced bash block, the
     action `bash`); `specs`: the actions the benchmark has; `example`: a reply in the format,
-    shown in every format error; `stop`: the stop strings sent with each request."""
+    shown in every format error, a pattern with words in place of a real argument (a tiny
+    model copies a concrete example verbatim: SmolLM2-135M answered `finish[3 * 4]` to
+    gsm8k tasks after an example reminder computed `3 * 4`); `stop`: the stop strings sent
+    with each request."""
 
     style: str
     specs: tuple[ActionSpec, ...]

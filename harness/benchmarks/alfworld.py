@@ -24,7 +24,7 @@ GAMES = DATASETS / "alfworld"
 FORMAT = react_format(
     (ActionSpec("alfworld", "One of the game's admissible commands, e.g. `go to drawer 2`.",
                 "command"),),
-    "Thought: the mug may be in a cabinet.\nAction: alfworld[go to cabinet 1]")
+    "Thought: what to do next and why\nAction: alfworld[admissible command]")
 
 
 class AlfWorld(Benchmark):

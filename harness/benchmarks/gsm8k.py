@@ -24,7 +24,7 @@ FORMAT = react_format(
     (ActionSpec("calculator", "Evaluate an arithmetic expression (+ - * / ** and parentheses).",
                 "expression"),
      ActionSpec("finish", "Give the final numeric answer and end.", "answer")),
-    "Thought: I need the total cost of 3 items at $4 each.\nAction: calculator[3 * 4]")
+    "Thought: what to compute next and why\nAction: calculator[arithmetic expression]")
 
 
 class Gsm8k(Benchmark):

@@ -28,7 +28,7 @@ FORMAT = react_format(
                 "titles.", "entity"),
      ActionSpec("lookup", "The next sentence with the keyword on the current page.", "keyword"),
      ActionSpec("finish", "Give the final answer and end.", "answer")),
-    "Thought: I need to find where the river rises.\nAction: search[River Thames]")
+    "Thought: what to find out next and why\nAction: search[entity name]")
 
 
 class HotpotQA(Benchmark):

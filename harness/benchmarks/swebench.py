@@ -74,7 +74,7 @@ echo {SUBMIT}
 FORMAT = ActionFormat(
     "bash", (ActionSpec("bash", "Run one bash command in the sandbox (/testbed); "
                         f"`echo {SUBMIT}` submits.", "command"),),
-    "THOUGHT: look at the repository first.\n\n```bash\nls /testbed\n```")
+    "THOUGHT: what to do next and why\n\n```bash\none command\n```")
 
 INSTANCE = """<issue>
 {problem_statement}
