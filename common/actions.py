@@ -41,10 +41,13 @@ class FormatError(ValueError):
         self.message = message
 
 
-#: Where a ReAct model stops: it must not write the tool's result itself. vLLM keeps the stop
-#: string in the reply when asked (`include_stop_str_in_output`), which keeps the history the
-#: model sees next turn the tokens it generated (README, "Token-exact trajectories").
-REACT_STOP = ("\nObservation",)
+#: Where a ReAct model stops: it must not write the tool's result itself, after its action
+#: ("\nObservation") or instead of one (a reply that opens with "Observation:", which
+#: SmolLM2-135M wrote in 8 of 10 first hotpotqa replies, then ran on with a made-up result).
+#: vLLM keeps the stop string in the reply when asked (`include_stop_str_in_output`), which
+#: keeps the history the model sees next turn the tokens it generated (README, "Token-exact
+#: trajectories").
+REACT_STOP = ("\nObservation", "Observation:")
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ import pytest
 from common.actions import parse_action
 from harness.benchmarks import get_benchmark
 from harness.benchmarks.exemplars import load_exemplars, render_step
+from harness.tools.alfworld import AlfWorldTool
 from harness.tools.bash_output import format_observation
 from harness.tools.calculator import Calculator
 from harness.tools.wikipedia import WikipediaTool, make_backend
 
-BENCHMARKS_WITH_EXEMPLARS = ("gsm8k", "hotpotqa", "swe-bench")
+BENCHMARKS_WITH_EXEMPLARS = ("gsm8k", "hotpotqa", "alfworld", "swe-bench")
 
 
 def observations(bench_name: str, steps) -> list[str | None]:
@@ -34,6 +35,27 @@ def observations(bench_name: str, steps) -> list[str | None]:
                 else (await actions[step.action](step.argument)).text for step in steps]
 
     return asyncio.run(go())
+
+
+def test_alfworld_example_is_played_in_an_example_game_not_a_task():
+    bench = get_benchmark("alfworld")
+    rows = json.loads(bench.exemplars_file.read_text())
+    games = {task.data["game"] for task in bench.load_tasks()}
+
+    async def play(game: str, steps) -> list[str | None]:
+        tool = AlfWorldTool(bench.exemplars_file.parent / game)
+        try:
+            intro = (await tool.start()).text
+            seen = [(await tool.run(step.argument)) for step in steps]
+        finally:
+            await tool.aclose()
+        assert seen[-1].done and seen[-1].info["won"]  # the last step wins the game
+        return [intro] + [None if o.done else o.text for o in seen]
+
+    for row, exemplar in zip(rows, load_exemplars(bench.exemplars_file), strict=True):
+        assert row["game"].startswith("exemplar-games/") and row["game"] not in games
+        assert asyncio.run(play(row["game"], exemplar.steps)) == \
+            [exemplar.task] + [step.observation for step in exemplar.steps]
 
 
 @pytest.mark.parametrize("bench_name", ["gsm8k", "hotpotqa"])

@@ -31,6 +31,7 @@ class AlfWorld(Benchmark):
     name = "alfworld"
     tasks_file = GAMES / "tasks.jsonl"
     replay_dir = GAMES / "trajectories"
+    exemplars_file = GAMES / "exemplars.json"  # played in example games, not tasks
     system = SYSTEM
     action_format = FORMAT
 
