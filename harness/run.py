@@ -96,6 +96,16 @@ class ModelSpec:
         return cls("name", text)
 
 
+def model_label(spec: ModelSpec) -> str:
+    """The model as outputs name it (SWE-bench's `model_name_or_path`): the served name, the
+    model folder's name, or `replay:DIR` (`replay:recorded` for the benchmark's own)."""
+    if spec.kind == "name":
+        return spec.value
+    if spec.kind == "path":
+        return Path(spec.value).name
+    return f"replay:{spec.value or 'recorded'}"
+
+
 def load_replay(directory: Path, task_id: str) -> Replay:
     path = directory / f"{task_id}.traj.json"
     if not path.is_file():
@@ -407,6 +417,7 @@ def run_benchmark(spec: RunSpec) -> int:
         raise RunError(f"--model {model_spec.value}: a model name needs --server URL (or give a "
                        "replay:DIR or a model PATH)")
     model = model_spec.value if model_spec.kind == "name" else EMULATED_MODEL
+    bench.model_name = model_label(model_spec)
     replays = load_replays(bench, todo, model_spec)
     text_model = load_text_model(spec.predictor)
     if bench.uses_docker:

@@ -208,3 +208,13 @@ def test_summary_counts_this_runs_events_and_the_reasons(tmp_path):
     assert summary["steps_mean"] == 3.0 and summary["request_tokens_per_s"] == 40.0
     assert summary["cut_at_max_tokens"] == 1 and summary["statuses"] == {
         "format_error": 1, "submitted": 1}
+
+
+def test_outputs_name_the_model_the_run_asked():
+    from harness.run import ModelSpec, model_label
+
+    assert model_label(ModelSpec.parse("smollm2-135m-instruct")) == "smollm2-135m-instruct"
+    assert model_label(ModelSpec.parse(None)) == "replay:recorded"
+    assert model_label(ModelSpec.parse("replay:runs/a")) == "replay:runs/a"
+    assert model_label(ModelSpec("path", "/models/smollm2-135m-instruct")) == \
+        "smollm2-135m-instruct"

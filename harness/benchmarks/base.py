@@ -52,6 +52,7 @@ class Benchmark:
     replay_dir: Path = DATASETS
     out_dir: Path | None = None  # the run's output folder (`harness run` sets it)
     run_id: str | None = None  # the run's id (`harness run` sets it)
+    model_name: str | None = None  # the model the run asks (`harness run` sets it)
     uses_docker = False  # its tools run in containers: a run first looks for leftovers
     system = ""  # the system prompt's instructions
     #: the format its model is asked for and its actions (None: any format, any name)

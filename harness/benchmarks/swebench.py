@@ -210,7 +210,8 @@ class SweBench(Benchmark):
                           "grader": grading.grader_name()}
         if self.out_dir is not None:
             grading.write_report(self.out_dir, report)
-            grading.append_prediction(self.out_dir / "predictions.jsonl", task.id, patch)
+            grading.append_prediction(self.out_dir / "predictions.jsonl", task.id, patch,
+                                      self.model_name or grading.MODEL_NAME)
         return {"passed": bool(report["resolved"]), "resolved": bool(report["resolved"]),
                 "reason": report.get("reason"), "patch_applied": report.get("patch_applied"),
                 "grader": report.get("grader"), "grade_s": report.get("grade_s")}
