@@ -40,6 +40,16 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="skip tasks already finished in --out")
     parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--max-tokens", type=int, default=RunSpec.max_tokens,
+                        help="each reply's output cap in tokens (default %(default)s)")
+    parser.add_argument("--temperature", type=float, default=RunSpec.temperature,
+                        help="sampling temperature (default %(default)s: greedy)")
+    parser.add_argument("--no-exemplars", action="store_true",
+                        help="leave the worked examples out of the system prompt (zero-shot)")
+    parser.add_argument("--tool-calls", action="store_true",
+                        help="send the benchmark's actions as OpenAI `tools` and read the "
+                        "reply's `tool_calls` (the server needs a tool parser, e.g. vLLM's "
+                        "--tool-call-parser; harness serve starts one with hermes)")
     parser.add_argument("--predictor", default=None, metavar="DIR",
                         help="a model from `harness predictor train`: each request then "
                         "carries its predicted output length, and tool calls a prediction "
@@ -56,7 +66,9 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    limit=args.limit, concurrency=args.concurrency, tasks=args.tasks,
                    out=args.out, resume=args.resume, max_steps=args.max_steps,
                    predictor=args.predictor, token_ids=not args.no_token_ids,
-                   device=args.device)
+                   device=args.device, max_tokens=args.max_tokens,
+                   temperature=args.temperature, exemplars=not args.no_exemplars,
+                   tool_calls=args.tool_calls)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -174,7 +174,8 @@ def from_mini_swe_agent(
     one without ``trajectory_format``).
 
     * The messages before the first ``assistant`` message (system prompt, task, any
-      demonstrations) are the first prompt. ``exit`` messages are ignored.
+      demonstrations) are the first prompt; where ``info.prompt_messages`` gives the prompt's
+      length (our harness's trajectories), that many messages are. ``exit`` messages are ignored.
     * Each ``assistant`` message is a turn; the messages between it and the next assistant
       message (observations as ``user`` or ``tool`` messages, format-error notes) are its
       tool return.
@@ -191,7 +192,10 @@ def from_mini_swe_agent(
     bad = next((i for i, m in enumerate(messages) if not isinstance(m, dict)), None)
     _need(bad is None, f"messages[{bad}] is not a JSON object")
     msgs = [m for m in messages if m.get("role") != "exit"]
-    replies = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    # a harness trajectory says how many messages its prompt has: worked examples among
+    # them are assistant messages that are no turn of the program
+    first = int((data.get("info") or {}).get("prompt_messages") or 0)
+    replies = [i for i, m in enumerate(msgs) if m.get("role") == "assistant" and i >= first]
     _need(bool(replies), "the trajectory has no assistant message: nothing to replay")
     _need(replies[0] > 0, "the trajectory starts with an assistant message: no prompt before it")
     framing = _Framing(count_tokens)

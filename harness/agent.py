@@ -4,6 +4,16 @@ Each program has its own message history, tools, step limit and time limit. Ever
 carries the program id and hints; every tool call is bracketed by `tool_start` / `tool_end`
 events so the server knows the program is intercepted, for how long it probably will be, and
 when it is back. The trajectory is saved after every step.
+
+With the benchmark's action format (`common.actions.ActionFormat`) the loop sends its stop
+strings (a ReAct model stops before writing an observation itself), parses only that format,
+and answers a format error with the format's reminder. With `tool_calls` it sends the actions
+as OpenAI `tools` and answers each call with a `role: tool` message carrying the call id.
+
+Every program ends with a stated reason (`Trajectory.status`): `submitted`, `format_error` (more
+than `max_format_errors` unusable replies in a row), `step_limit`, `context_limit` (the prompt
+no longer fits the server's context), `time_limit`, `model_error`, `sandbox_error`, or
+`replay_exhausted` (the recording ran out).
 """
 
 from __future__ import annotations
@@ -15,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.actions import FormatError, parse_action
+from common.actions import Action, ActionFormat, FormatError, parse_action
 from common.tool_keys import text_model_tool
 from harness.events_client import EventClient, EventSink
-from harness.model_client import ChatClient, ModelError, ModelUnavailable
+from harness.model_client import ChatClient, Completion, ContextLimit, ModelError, ModelUnavailable
 from harness.tools.base import Observation, SandboxError, Tool
 from harness.trajectory import Step, Trajectory, record_token_ids, save
 from predictor.data import request_text
@@ -51,7 +61,8 @@ class Limits:
     max_steps: int = 30
     time_limit_s: float = 1800.0
     max_format_errors: int = 3
-    max_tokens: int = 1024
+    max_tokens: int = 1024  # the per-turn output cap
+    temperature: float = 0.0  # greedy by default: runs repeat, policies compare turn by turn
     observation_chars: int = 10_000
 
 
@@ -104,11 +115,14 @@ def tool_ended(events: EventSink, durations: ToolDurationModel, program_id: str,
 
 class Agent:
     def __init__(self, client: ChatClient, events: EventClient, durations: ToolDurationModel,
-                 out_dir: Path, limits: Limits | None = None, text_model: Any = None) -> None:
+                 out_dir: Path, limits: Limits | None = None, text_model: Any = None,
+                 tool_calls: bool = False) -> None:
         """`text_model`: a `predictor.lengths.LengthPredictor` that adds each request's
         predicted output length to its hints (AugServe's stage-I input) and predicts tool
-        durations the duration chain cannot yet answer; None sends neither."""
+        durations the duration chain cannot yet answer; None sends neither. `tool_calls`:
+        send the benchmark's actions as OpenAI `tools` (the server needs a tool parser)."""
         self.text_model = text_model
+        self.tool_calls = tool_calls
         self.client = client
         self.events = events
         self.durations = durations
@@ -117,14 +131,22 @@ class Agent:
 
     async def run(self, task_id: str, program_id: str, benchmark: str,
                   messages: list[dict[str, Any]], toolbox: ToolBox,
-                  replay: Replay | None = None) -> Trajectory:
+                  replay: Replay | None = None,
+                  action_format: ActionFormat | None = None) -> Trajectory:
+        """`action_format`: the benchmark's (None: any format, no stop strings)."""
         traj = Trajectory(task_id, program_id, benchmark, messages=list(messages),
                           started_at=time.time())
+        # the prompt's length: its worked examples' replies are not this program's turns
+        traj.info["prompt_messages"] = len(messages)
         self.events.emit("program_start", program_id)
         try:
-            await asyncio.wait_for(self._loop(traj, toolbox, replay), self.limits.time_limit_s)
+            await asyncio.wait_for(self._loop(traj, toolbox, replay, action_format),
+                                   self.limits.time_limit_s)
         except TimeoutError:
             traj.status = "time_limit"
+        except ContextLimit as exc:  # the history outgrew the model: a verdict, not a fault
+            traj.status = "context_limit"
+            traj.info["error"] = str(exc)
         except ModelError as exc:
             traj.status = "model_error"
             traj.info["error"] = str(exc)
@@ -140,9 +162,19 @@ class Agent:
             save(traj, self.out_dir)
         return traj
 
-    async def _loop(self, traj: Trajectory, toolbox: ToolBox, replay: Replay | None) -> None:
+    def _request_options(self, fmt: ActionFormat | None) -> dict[str, Any]:
+        """What each request adds for the format: its `tools`, or its stop strings."""
+        if fmt is None:
+            return {}
+        if self.tool_calls:
+            return {"tools": fmt.tools(), "tool_choice": "auto"}
+        return {"stop": list(fmt.stop)} if fmt.stop else {}
+
+    async def _loop(self, traj: Trajectory, toolbox: ToolBox, replay: Replay | None,
+                    fmt: ActionFormat | None = None) -> None:
         format_errors = 0
         context: list[int] | None = None  # the previous turn's prompt + output token ids
+        options = self._request_options(fmt)
         for step in range(self.limits.max_steps):
             hints: dict[str, Any] = {"turn": step}
             if replay is not None:
@@ -157,11 +189,10 @@ class Agent:
                 hints.update(self.text_model.hints_of(request))
             completion = await self.client.complete(traj.messages, program_id=traj.program_id,
                                                     max_tokens=self.limits.max_tokens,
-                                                    hints=hints)
+                                                    temperature=self.limits.temperature,
+                                                    hints=hints, **options)
             message = completion.raw["choices"][0]["message"]
-            record = Step(llm_s=completion.seconds, prompt_tokens=completion.prompt_tokens,
-                          output_tokens=completion.completion_tokens,
-                          cached_tokens=completion.cached_tokens, ttft_s=completion.ttft_s)
+            record = self._record_turn(traj, completion)
             context = record_token_ids(record, context, completion.prompt_token_ids,
                                        completion.output_token_ids)
             if record.output_token_ids is not None:
@@ -169,30 +200,41 @@ class Agent:
                 traj.info.setdefault("prefix_broken_turns", 0)
             if record.prefix == "broken":
                 traj.info["prefix_broken_turns"] += 1
-            traj.steps.append(record)
-            traj.messages.append({"role": "assistant", "content": completion.text})
+            calls = message.get("tool_calls")
+            traj.messages.append(assistant_message(completion.text, calls))
             try:
-                action = parse_action(completion.text, message.get("tool_calls"))
+                action = parse_action(completion.text, calls, fmt=fmt)
             except FormatError as exc:
                 format_errors += 1
                 record.ok = False
+                record.format_error = exc.message
                 if format_errors > self.limits.max_format_errors:
                     traj.status = "format_error"
                     save(traj, self.out_dir)
                     return
-                traj.messages.append({"role": "user", "content": f"Format error: {exc.message}"})
+                traj.messages.extend(answer_messages(calls, f"Format error: {exc.message}"))
                 save(traj, self.out_dir)
                 continue
             format_errors = 0
             observation = await self._call_tool(traj, record, toolbox, action.tool,
                                                 action.argument, request)
-            traj.messages.append({"role": "user", "content": self._render(observation)})
+            traj.messages.append(observation_message(action, self._render(observation)))
             save(traj, self.out_dir)
             if observation.done:
                 traj.status = "submitted"
                 traj.answer = observation.answer
                 return
         traj.status = "step_limit"
+
+    @staticmethod
+    def _record_turn(traj: Trajectory, completion: Completion) -> Step:
+        record = Step(llm_s=completion.seconds, prompt_tokens=completion.prompt_tokens,
+                      output_tokens=completion.completion_tokens,
+                      cached_tokens=completion.cached_tokens, ttft_s=completion.ttft_s,
+                      finish_reason=completion.finish_reason,
+                      started_s=round(time.time() - traj.started_at - completion.seconds, 4))
+        traj.steps.append(record)
+        return record
 
     async def _call_tool(self, traj: Trajectory, record: Step, toolbox: ToolBox, tool: str,
                          argument: str, request: str | None = None) -> Observation:
@@ -232,3 +274,28 @@ class Agent:
             text = text[: limit // 2] + f"\n[... {len(text) - limit} characters elided ...]\n" \
                 + text[-limit // 2:]
         return f"Observation: {text}"
+
+
+def assistant_message(text: str, tool_calls: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The reply as the history keeps it: its text exactly as generated (the next prompt must
+    extend this turn's tokens) and its tool calls, if any."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def observation_message(action: Action, text: str) -> dict[str, Any]:
+    """A tool call's result: a `role: tool` message with the call's id for an OpenAI tool
+    call, else a user message."""
+    if action.call_id is not None:
+        return {"role": "tool", "tool_call_id": action.call_id, "content": text}
+    return {"role": "user", "content": text}
+
+
+def answer_messages(tool_calls: list[dict[str, Any]] | None, text: str) -> list[dict[str, Any]]:
+    """What follows a reply that could not be used: every tool call it made must be answered
+    (OpenAI servers reject a history with an unanswered call), then `text` as a user message."""
+    answers = [{"role": "tool", "tool_call_id": call.get("id"), "content": text}
+               for call in tool_calls or [] if call.get("id")]
+    return answers or [{"role": "user", "content": text}]

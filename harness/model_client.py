@@ -26,6 +26,17 @@ class TransientModelError(ModelError):
     """A connection error or a 5xx: worth another try."""
 
 
+class ContextLimit(ModelError):
+    """The server refused the request because the prompt does not fit its context (vLLM: "...
+    longer than the maximum model length ...", OpenAI: "maximum context length"): the program
+    cannot go on, and retrying cannot help."""
+
+
+#: How servers word "the prompt does not fit" in a 400 answer.
+CONTEXT_LIMIT_PHRASES = ("maximum model length", "maximum context length",
+                         "context_length_exceeded")
+
+
 class ModelUnavailable(ModelError):
     """The server stayed unreachable (or kept answering 5xx) through every retry: the server
     is down or broken, not the request. A run keeps the program's task for `--resume`."""
@@ -54,7 +65,9 @@ class ChatClient:
                  timeout_s: float = 600.0, max_retries: int = 4,
                  backoff_s: float = 0.5, stream: bool = True, token_ids: bool = False) -> None:
         """`token_ids`: ask for the prompt and output token ids (`return_token_ids`, a vLLM
-        extension other OpenAI servers may reject)."""
+        extension other OpenAI servers may reject), and with stop strings for the stop string
+        in the reply (`include_stop_str_in_output`, vLLM too): the output token ids hold the
+        stop string's tokens, so the text kept in the history must hold it as well."""
         self.url = api_root(base_url) + "/v1/chat/completions"
         self.token_ids = token_ids
         self.model = model
@@ -72,6 +85,8 @@ class ChatClient:
                          **extra)
         if self.token_ids:
             body["return_token_ids"] = True
+            if body.get("stop"):
+                body["include_stop_str_in_output"] = True
         started = time.monotonic()
         return await aretrying(lambda: self._send(body, started), self.max_retries,
                                self.backoff_s)
@@ -175,6 +190,9 @@ def status_error(status_code: int, text: str) -> ModelError:
     """The error for a non-200 answer: a 5xx is worth a retry, anything else is not."""
     if status_code >= 500:
         return TransientModelError(f"model server error {status_code}: {text[:500]}")
+    if status_code == 400 and any(p in text.lower() for p in CONTEXT_LIMIT_PHRASES):
+        return ContextLimit(f"the prompt no longer fits the model's context ({status_code}): "
+                            f"{text[:500]}")
     return ModelError(f"model request rejected ({status_code}): {text[:500]}")
 
 

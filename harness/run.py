@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from common.atomic import write_json_atomic
@@ -49,6 +49,8 @@ from server.launch import DEVICES
 from server.model_store import resolve_model
 
 EMULATED_MODEL = "llama-3.1-8b"
+#: the progress line: programs finished (of all) and how many of them passed
+PROGRESS_TEXT = "done {task.completed:.0f}/{task.total:.0f} · passed {task.fields[passed]}"
 
 
 class RunError(UserError):
@@ -78,6 +80,10 @@ class RunSpec:
     #: (the emulated GPU, or a CUDA GPU for a model PATH); "cpu": the real CPU engine, whose
     #: `model` is resolved by `server.model_store` (a known name is added on first use)
     device: str | None = None
+    max_tokens: int = Limits.max_tokens  # each reply's output cap
+    temperature: float = Limits.temperature
+    exemplars: bool = True  # worked examples in the system prompt (False: zero-shot)
+    tool_calls: bool = False  # send the actions as OpenAI `tools` (needs a tool parser)
 
 
 @dataclass
@@ -102,10 +108,14 @@ def load_replay(directory: Path, task_id: str) -> Replay:
         raise RunError(f"no recorded trajectory for task {task_id} in {directory} "
                        f"(expected {path.name})")
     try:
-        messages = json.loads(path.read_text())["messages"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        data = json.loads(path.read_text())
+        messages = data["messages"]
+        # the prompt's own messages (worked examples' replies among them) are not replies
+        first = int((data.get("info") or {}).get("prompt_messages") or 0)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunError(f"{path} is not a trajectory with a 'messages' list: {exc}") from None
-    return Replay([m.get("content") or "" for m in messages if m.get("role") == "assistant"])
+    return Replay([m.get("content") or "" for m in messages[first:]
+                   if m.get("role") == "assistant"])
 
 
 def result_path(out: Path, task_id: str) -> Path:
@@ -158,7 +168,7 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
         return record(out, result)
     try:
         trajectory = await agent.run(task.id, program_id, bench.name, bench.messages(task),
-                                     toolbox, replay)
+                                     toolbox, replay, bench.action_format)
     finally:
         await toolbox.aclose()
     steps = len(trajectory.steps)
@@ -186,7 +196,13 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
     result = {"task_id": task.id, "program_id": program_id, "status": trajectory.status,
               "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
               "steps": steps, "llm_s": sum(s.llm_s for s in trajectory.steps),
-              "tool_s": sum(s.tool_s for s in trajectory.steps), **score}
+              "tool_s": sum(s.tool_s for s in trajectory.steps),
+              "output_tokens": sum(s.output_tokens for s in trajectory.steps),
+              "format_errors": sum(s.format_error is not None for s in trajectory.steps),
+              "cut_at_max_tokens": sum(s.finish_reason == "length" for s in trajectory.steps),
+              **score}
+    if "error" in trajectory.info:  # e.g. the server's words for a context_limit
+        result["error"] = str(trajectory.info["error"])
     if "token_id_turns" in trajectory.info:
         result["token_id_turns"] = trajectory.info["token_id_turns"]
         result["prefix_broken_turns"] = trajectory.info["prefix_broken_turns"]
@@ -217,7 +233,8 @@ def load_text_model(directory: str | None) -> Any:
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
                   console: Console, text_model: Any = None, token_ids: bool = True,
-                  diagnose: Callable[[], str | None] | None = None) -> dict[str, int]:
+                  diagnose: Callable[[], str | None] | None = None,
+                  tool_calls: bool = False) -> dict[str, int]:
     """Run the tasks (once the model server is gone no new program starts); returns the
     events sent / dropped."""
     client = ChatClient(base_url, model, token_ids=token_ids)
@@ -234,9 +251,9 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
     bench.log = log  # type: ignore[method-assign]
     async with EventClient(base_url) as events:
         agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits,
-                      text_model)
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("passed {task.fields[passed]}"), TimeElapsedColumn())
+                      text_model, tool_calls)
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(),
+                   TextColumn(PROGRESS_TEXT), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=False) as progress:
             bar = progress.add_task(bench.name, total=len(tasks), passed=0)
             passed = 0
@@ -292,9 +309,16 @@ def server_events_received(base_url: str) -> int | None:
         return None
 
 
+def received_during(before: int | None, after: int | None) -> int | None:
+    """The events the server received during this run: the difference of its counter (which
+    counts since the server started); None when either reading failed."""
+    return after - before if before is not None and after is not None else None
+
+
 def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
                   events: dict[str, int], model: str, wall_s: float,
                   received: int | None) -> dict[str, Any]:
+    """`received`: the events the server received during this run (`received_during`)."""
     results = []
     for task in tasks:
         path = result_path(out, task.id)
@@ -307,20 +331,34 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
     if any("token_id_turns" in r for r in results):  # turns whose prompt broke the prefix
         extra["token_id_turns"] = sum(r.get("token_id_turns", 0) for r in results)
         extra["prefix_broken_turns"] = sum(r.get("prefix_broken_turns", 0) for r in results)
+    statuses = Counter(r["status"] for r in results)
+    steps = sum(r.get("steps", 0) for r in results)
+    output_tokens = sum(r.get("output_tokens", 0) for r in results)
+    llm_s = sum(r.get("llm_s", 0.0) for r in results)
     return {"benchmark": bench.name, "policy": policy, "model": model, "tasks": len(results),
             "passed": passed, **extra, "pass_rate": passed / len(results) if results else 0.0,
+            "steps_mean": steps / len(results) if results else 0.0,
+            # programs that ended on unusable replies, and unusable replies among all turns
+            "format_error_share": statuses["format_error"] / len(results) if results else 0.0,
+            "format_error_turns": sum(r.get("format_errors", 0) for r in results),
+            "turns": steps,
+            "cut_at_max_tokens": sum(r.get("cut_at_max_tokens", 0) for r in results),
+            "output_tokens": output_tokens,
+            # what one program's requests see (output tokens over the seconds they took)
+            "request_tokens_per_s": output_tokens / llm_s if llm_s else 0.0,
             "jct_mean_s": jct["jct_mean_s"], "jct_p95_s": jct["jct_p95_s"],
             "events_sent": events["sent"], "events_dropped": events["dropped"],
             "events_received_by_server": received, "wall_s": wall_s,
-            "statuses": dict(Counter(r["status"] for r in results)),
+            "statuses": dict(statuses),
             "retryable": sum(bool(r.get("retryable")) for r in results),
             "not_started": len(tasks) - len(results)}
 
 
 def print_summary(console: Console, summary: dict[str, Any], out: Path) -> None:
     table = Table(title=f"harness run {summary['benchmark']} --policy {summary['policy']}")
-    for key in ("tasks", "passed", "resolved", "pass_rate", "jct_mean_s", "jct_p95_s",
-                "events_sent", "events_dropped", "prefix_broken_turns"):
+    for key in ("tasks", "passed", "resolved", "pass_rate", "steps_mean", "format_error_share",
+                "jct_mean_s", "jct_p95_s", "request_tokens_per_s", "events_sent",
+                "events_dropped", "prefix_broken_turns"):
         if key not in summary:
             continue
         value = summary[key]
@@ -353,6 +391,10 @@ def run_benchmark(spec: RunSpec) -> int:
         tasks = tasks[: spec.limit]
     if spec.concurrency < 1:
         raise RunError("--concurrency must be at least 1")
+    if spec.max_tokens < 1:
+        raise RunError("--max-tokens must be at least 1")
+    if spec.temperature < 0:
+        raise RunError("--temperature must be at least 0")
     if spec.resume and not spec.out:
         raise RunError("--resume needs --out: the folder of the run to continue")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -366,13 +408,15 @@ def run_benchmark(spec: RunSpec) -> int:
         console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done"
                       + (f"; {again} interrupted by a model server or Docker failure run "
                          "again" if again else ""))
+    bench.use_exemplars = spec.exemplars
     model_spec, model = served_model(spec, console)
     replays = load_replays(bench, todo, model_spec)
     text_model = load_text_model(spec.predictor)
     if bench.uses_docker:
         warn_leftovers(console)
     started = time.monotonic()
-    limits = Limits(max_steps=spec.max_steps)
+    limits = Limits(max_steps=spec.max_steps, max_tokens=spec.max_tokens,
+                    temperature=spec.temperature)
     diagnose: Callable[[], str | None] | None = None
     with contextlib.ExitStack() as stack:
         if spec.server:
@@ -390,11 +434,12 @@ def run_benchmark(spec: RunSpec) -> int:
                 startup_timeout_s=CPU_STARTUP_TIMEOUT_S if spec.device == "cpu" else 240.0))
             base_url = server.base_url
             diagnose = server.exit_description
+        before = server_events_received(base_url)
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
                                      spec.concurrency, limits, console, text_model,
-                                     spec.token_ids, diagnose)) \
+                                     spec.token_ids, diagnose, spec.tool_calls)) \
             if todo else {"sent": 0, "dropped": 0}
-        received = server_events_received(base_url)
+        received = received_during(before, server_events_received(base_url))
     summary = build_summary(bench, spec.policy, tasks, out, events, model,
                             time.monotonic() - started, received)
     write_json_atomic(out / "summary.json", summary)

@@ -41,6 +41,9 @@ class Step:
     output_token_ids: list[int] | None = None
     prefix: str | None = None  # "extends" | "broken" (None: first turn, or no token ids)
     prefix_break: dict[str, Any] | None = None  # {"at", "expected", "got"}: first difference
+    finish_reason: str | None = None  # the server's: "stop", "length" (cut at max_tokens), ...
+    started_s: float | None = None  # when the request was sent, seconds after program start
+    format_error: str | None = None  # what was wrong with the reply, if it was unusable
 
 
 @dataclass

@@ -315,14 +315,16 @@ def _call_tool(action: str, argument: str) -> str:
 def examples_from_messages(messages: Sequence[dict[str, Any]], *, benchmark: str,
                            group: str, source: str,
                            steps: Sequence[dict[str, Any]] | None = None,
-                           count: TokenCounter = reply_tokens) -> list[Example]:
+                           count: TokenCounter = reply_tokens,
+                           first: int = 0) -> list[Example]:
     """One example per assistant message: the request before it, the reply's length, the
     call it made. `steps` (harness trajectories) supply exact output tokens and measured tool
-    seconds; without them tokens are counted with our tokenizer and seconds are unknown."""
+    seconds; without them tokens are counted with our tokenizer and seconds are unknown.
+    `first`: the prompt's length in messages (its worked examples' replies are no turns)."""
     examples = []
     turn = 0
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+        if message.get("role") != "assistant" or i < first:
             continue
         step = steps[turn] if steps is not None and turn < len(steps) else None
         reply = _content(message)
@@ -373,7 +375,7 @@ def examples_from_trajectory(path: str | os.PathLike[str],
     return examples_from_messages(data["messages"], benchmark=benchmark,
                                   group=f"{benchmark}/{kind}/{task}",
                                   source=f"recorded:{benchmark}", steps=data.get("steps"),
-                                  count=count)
+                                  count=count, first=int(info.get("prompt_messages") or 0))
 
 
 def recorded_trajectory_files(root: str | os.PathLike[str] = DATASETS) -> list[Path]:

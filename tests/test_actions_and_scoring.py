@@ -60,3 +60,23 @@ def test_percentiles():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     stats = summarize([1.0, 2.0, 3.0], "jct")
     assert stats["jct_mean_s"] == 2.0 and stats["jct_p95_s"] == pytest.approx(2.9)
+
+
+def test_a_benchmarks_format_parses_only_its_own_actions():
+    from harness.benchmarks.gsm8k import FORMAT as GSM8K
+    from harness.benchmarks.swebench import FORMAT as SWEBENCH
+
+    assert parse_action("Thought: x\nAction: Calculator[1 + 2]", fmt=GSM8K).tool == "calculator"
+    with pytest.raises(FormatError, match="no bash tool") as bare_fence:
+        parse_action("```\necho 1\n```", fmt=GSM8K)
+    assert "Action: NAME[argument]" in bare_fence.value.message
+    with pytest.raises(FormatError, match="unknown action 'search'"):
+        parse_action("Action: search[x]", fmt=GSM8K)
+    # the coding agent's format: one fenced block; an Action line is no action there
+    assert parse_action("THOUGHT: look\n\n```bash\nls\n```", fmt=SWEBENCH).argument == "ls"
+    with pytest.raises(FormatError, match="no ```bash``` block found") as no_block:
+        parse_action("Action: bash[ls]", fmt=SWEBENCH)
+    assert "exactly one ```bash``` block" in no_block.value.message
+    # without a format (reading recordings of any origin) every format and name is accepted
+    assert parse_action("```\necho 1\n```").tool == "bash"
+    assert parse_action("Action: anything[x]").tool == "anything"

@@ -99,3 +99,64 @@ def test_a_rewritten_history_is_reported_at_its_first_token(server, tmp_path):
     summary = build_summary(bench, "continuum", [Task("t1", {})], tmp_path,
                             {"sent": 0, "dropped": 0}, MODEL, 1.0, None)
     assert summary["prefix_broken_turns"] == 1 and summary["token_id_turns"] == 2
+
+
+def hermes_call(name: str, **arguments: str) -> str:
+    """A call as the emulated model's chat template renders one (no newlines inside the tags):
+    a reply that spells it otherwise (Qwen's `<tool_call>\\n{...}\\n</tool_call>`) is
+    re-rendered differently and breaks the prefix on every tool turn (measured: 3 of 3)."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+def test_tool_calls_path_through_the_servers_parser(server, tmp_path):
+    """`--tool-calls`: the actions go as OpenAI `tools`, the server's Hermes parser turns the
+    reply into `tool_calls`, each is answered by a `role: tool` message with its id, and the
+    re-rendered calls keep the token prefix."""
+    replays = tmp_path / "replays"
+    replays.mkdir()
+    replies = [hermes_call("calculator", expression="48 + 25"),
+               hermes_call("calculator", expression="48 + 73"),
+               hermes_call("calculator", expression="121 * 3"), hermes_call("finish", answer="363")]
+    (replays / "gsm-001.traj.json").write_text(json.dumps(
+        {"messages": [{"role": "assistant", "content": r} for r in replies]}))
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "cli", "run", "gsm8k", "--server",
+                          server.base_url, "--out", str(out), "--limit", "1", "--tool-calls",
+                          "--model", f"replay:{replays}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads((out / "results" / "gsm-001.json").read_text())
+    assert result["status"] == "submitted" and result["passed"]
+    data = json.loads((out / "trajectories" / "gsm-001.traj.json").read_text())
+    own = data["messages"][data["info"]["prompt_messages"]:]
+    calls = [m["tool_calls"][0] for m in own if m["role"] == "assistant"]
+    answers = [m for m in own if m["role"] == "tool"]
+    assert [c["function"]["name"] for c in calls] == ["calculator"] * 3 + ["finish"]
+    assert [a["tool_call_id"] for a in answers] == [c["id"] for c in calls]
+    assert answers[0]["content"] == "Observation: 73"
+    assert data["info"]["prefix_broken_turns"] == 0, [s["prefix_break"] for s in data["steps"]]
+
+
+def test_a_reply_stopped_at_observation_keeps_the_prefix(server, tmp_path):
+    """A ReAct reply that goes on to invent the tool's result is stopped at "\\nObservation";
+    the stop string's tokens are in the output ids, so the reply is kept with it (vLLM's
+    `include_stop_str_in_output`) and the next prompt extends this turn."""
+    replays = tmp_path / "replays"
+    replays.mkdir()
+    replies = ["Thought: add.\nAction: calculator[48 + 25]\nObservation: 70\nThought: so",
+               "Thought: add.\nAction: calculator[48 + 73]", "Action: calculator[121 * 3]",
+               "Action: finish[363]"]
+    (replays / "gsm-001.traj.json").write_text(json.dumps(
+        {"messages": [{"role": "assistant", "content": r} for r in replies]}))
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "cli", "run", "gsm8k", "--server",
+                          server.base_url, "--out", str(out), "--limit", "1",
+                          "--model", f"replay:{replays}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    data = json.loads((out / "trajectories" / "gsm-001.traj.json").read_text())
+    own = data["messages"][data["info"]["prompt_messages"]:]
+    assert own[0]["content"] == "Thought: add.\nAction: calculator[48 + 25]\nObservation"
+    assert own[1]["content"] == "Observation: 73"  # the tool's, not the made-up 70
+    assert data["info"]["exit_status"] == "submitted"
+    assert data["info"]["prefix_broken_turns"] == 0 and data["steps"][1]["prefix"] == "extends"

@@ -136,7 +136,7 @@ class ScriptedClient:
     def __init__(self, replies: list[str]) -> None:
         self.replies = list(replies)
 
-    async def complete(self, messages, program_id, max_tokens, hints):  # noqa: ANN001
+    async def complete(self, messages, program_id, max_tokens, hints, **options):  # noqa: ANN001, ANN003
         text = self.replies.pop(0)
         return Completion(text=text, finish_reason="stop", prompt_tokens=1,
                           completion_tokens=1, cached_tokens=0, seconds=0.0,
@@ -192,7 +192,7 @@ def test_agent_sends_the_predicted_output_length_with_each_request(tmp_path) -> 
     class Client:
         hints: list[dict] = []
 
-        async def complete(self, messages, program_id, max_tokens, hints):  # noqa: ANN001
+        async def complete(self, messages, program_id, max_tokens, hints, **options):  # noqa: ANN001, ANN003
             self.hints.append(dict(hints))
             return Completion(text="Action: finish[done]", finish_reason="stop",
                               prompt_tokens=1, completion_tokens=1, cached_tokens=0,

@@ -139,6 +139,26 @@ GAMES: list[GameSpec] = [
     ),
 ]
 
+#: Games for the worked examples in the prompt (`exemplars.json`, `build_exemplars.py`), never
+#: tasks: written to `exemplar-games/`, not to `tasks.jsonl`. Their rooms and objects are
+#: none of the tasks'.
+EXEMPLAR_GAMES: list[GameSpec] = [
+    GameSpec(
+        id="alfworld-example-apple-fridge",
+        task_type="pick_and_place_simple",
+        room={
+            "Cabinet 1": ["Bowl"],
+            "CounterTop 1": ["Knife"],
+            "CounterTop 2": ["Apple", "Bread"],
+            "Fridge 1": [],
+            "SinkBasin 1": [],
+        },
+        obj="Apple",
+        recep="Fridge",
+    ),
+]
+EXEMPLAR_GAMES_DIR = HERE / "exemplar-games"
+
 
 # --------------------------------------------------------------------------------------------
 # alfworld's shipped data
@@ -363,15 +383,17 @@ def _close_lib(env) -> None:  # type: ignore[no-untyped-def]
         lib.cleanup()
 
 
-def build_all() -> list[Built]:
+def build_all(specs: list[GameSpec] | None = None) -> list[Built]:
+    """Build and verify `specs` (default: the task games, `GAMES`)."""
+    specs = GAMES if specs is None else specs
     domain_path, grammar_path = alfworld_paths()
     domain = domain_path.read_text()
     grammar = grammar_path.read_text()
-    ids = Counter(spec.id for spec in GAMES)
+    ids = Counter(spec.id for spec in specs)
     if dup := [i for i, n in ids.items() if n > 1]:
         raise ValueError(f"duplicate game ids: {dup}")
     built = []
-    for spec in GAMES:
+    for spec in specs:
         problem, game_grammar, goal_text, shown = build_problem(spec, grammar)
         game = {
             "pddl_domain": domain,
@@ -438,15 +460,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         built = build_all()
+        examples = build_all(EXEMPLAR_GAMES)
     except (ValueError, AssertionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     outputs = {GAMES_DIR / f"{b.spec.id}.tw-pddl": _dump_game(b.game) for b in built}
     outputs[TASKS_FILE] = _task_rows(built)
+    outputs.update({EXEMPLAR_GAMES_DIR / f"{b.spec.id}.tw-pddl": _dump_game(b.game)
+                    for b in examples})
     if args.check:
         stale = [p for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         known = {p.name for p in outputs}
-        extra = [p for p in GAMES_DIR.glob("*.tw-pddl") if p.name not in known]
+        extra = [p for folder in (GAMES_DIR, EXEMPLAR_GAMES_DIR)
+                 for p in folder.glob("*.tw-pddl") if p.name not in known]
         for p in stale + extra:
             print(f"out of date: {p.relative_to(HERE)}", file=sys.stderr)
         return 1 if stale or extra else 0
@@ -454,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         _write(path, text)
     for b in built:
         print(f"{b.spec.id}: {b.goal_text!r}, planner plan {len(b.game['walkthrough'])} steps")
-    print(f"wrote {len(built)} games to {GAMES_DIR} and {TASKS_FILE}")
+    print(f"wrote {len(built)} games to {GAMES_DIR} and {TASKS_FILE}, {len(examples)} "
+          f"example games to {EXEMPLAR_GAMES_DIR}")
     return 0
 
 

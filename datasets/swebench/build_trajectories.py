@@ -81,6 +81,7 @@ async def build_one(bench: SweBench, task: Task, patch: str, wrong: bool) -> dic
     image = await asyncio.to_thread(grading.ensure_task_image, client, instance,
                                     bench.tasks_dir)
     messages = bench.messages(task)
+    prompt_messages = len(messages)  # the replay takes the replies after the prompt
     tool = BashTool(f"build-{task.id}", image=image)
     submitted = None
     try:
@@ -105,6 +106,7 @@ async def build_one(bench: SweBench, task: Task, patch: str, wrong: bool) -> dic
     return {"trajectory_format": "mini-swe-agent-1",
             "info": {"instance_id": task.id, "exit_status": "Submitted",
                      "submission": submitted, "resolved": report["resolved"],
+                     "prompt_messages": prompt_messages,
                      "recorded_by": "datasets/swebench/build_trajectories.py"
                      + (" --wrong" if wrong else "")},
             "messages": messages}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.actions import ActionSpec, react_format
 from harness.agent import ToolBox
 from harness.benchmarks.base import DATASETS, Benchmark, Task
 from harness.tools.alfworld import AlfWorldTool
@@ -20,19 +21,25 @@ SYSTEM = (
     "inventory). Each reply: `Thought: ...` then one Action line."
 )
 GAMES = DATASETS / "alfworld"
+FORMAT = react_format(
+    (ActionSpec("alfworld", "One of the game's admissible commands, e.g. `go to drawer 2`.",
+                "command"),),
+    "Thought: what to do next and why\nAction: alfworld[admissible command]")
 
 
 class AlfWorld(Benchmark):
     name = "alfworld"
     tasks_file = GAMES / "tasks.jsonl"
     replay_dir = GAMES / "trajectories"
+    exemplars_file = GAMES / "exemplars.json"  # played in example games, not tasks
+    system = SYSTEM
+    action_format = FORMAT
 
     def __init__(self) -> None:
         self._intro: dict[str, str] = {}  # the game's opening text, known once it is loaded
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": self._intro.get(task.id, task.data["goal"])}]
+        return self.prompt(self._intro.get(task.id, task.data["goal"]))
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         tool = AlfWorldTool(GAMES / task.data["game"])

@@ -1,5 +1,6 @@
-"""What a benchmark supplies to `harness run`: tasks, the first messages, a program's tools,
-recorded trajectories for the replay model, and scoring."""
+"""What a benchmark supplies to `harness run`: tasks, the first messages (its system prompt
+with worked examples), its action format, a program's tools, recorded trajectories for the
+replay model, and scoring."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.actions import ActionFormat
 from common.errors import UserError
 from common.jsonl import json_lines
 from harness.agent import ToolBox
+from harness.benchmarks.exemplars import exemplar_messages, load_exemplars
 from harness.tools.base import Observation
 from harness.trajectory import Trajectory
 
@@ -51,6 +54,11 @@ class Benchmark:
     run_id: str | None = None  # the run's id (`harness run` sets it)
     model_name: str | None = None  # the served model the run talks to (`harness run` sets it)
     uses_docker = False  # its tools run in containers: a run first looks for leftovers
+    system = ""  # the system prompt's instructions
+    #: the format its model is asked for and its actions (None: any format, any name)
+    action_format: ActionFormat | None = None
+    exemplars_file: Path | None = None  # worked examples (`harness.benchmarks.exemplars`)
+    use_exemplars = True  # `harness run --no-exemplars` leaves them out (zero-shot)
 
     def log(self, message: str) -> None:
         """A line for the run's output (`harness run` prints it above the progress bar)."""
@@ -63,6 +71,16 @@ class Benchmark:
                 raise BenchmarkError(f"task {number} has no 'id' field")
             tasks.append(Task(str(row["id"]), row))
         return tasks
+
+    def prompt(self, task_text: str) -> list[dict[str, Any]]:
+        """The first messages: the instructions, the worked examples as chat turns in the
+        benchmark's action format (`harness.benchmarks.exemplars`), then the task."""
+        examples: list[dict[str, Any]] = []
+        if self.use_exemplars and self.exemplars_file is not None:
+            style = self.action_format.style if self.action_format else "react"
+            examples = exemplar_messages(load_exemplars(self.exemplars_file), style)
+        return [{"role": "system", "content": self.system}, *examples,
+                {"role": "user", "content": task_text}]
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
         raise NotImplementedError

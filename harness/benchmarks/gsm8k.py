@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.actions import ActionSpec, react_format
 from harness.agent import ToolBox
 from harness.benchmarks.base import DATASETS, Benchmark, Task, finish
 from harness.benchmarks.scoring import numeric_match
@@ -19,16 +20,23 @@ SYSTEM = (
     "Each reply: a line `Thought: ...` then one line `Action: calculator[expression]` or "
     "`Action: finish[number]` with the final numeric answer."
 )
+FORMAT = react_format(
+    (ActionSpec("calculator", "Evaluate an arithmetic expression (+ - * / ** and parentheses).",
+                "expression"),
+     ActionSpec("finish", "Give the final numeric answer and end.", "answer")),
+    "Thought: what to compute next and why\nAction: calculator[arithmetic expression]")
 
 
 class Gsm8k(Benchmark):
     name = "gsm8k"
     tasks_file = DATASETS / "gsm8k" / "tasks.jsonl"
     replay_dir = DATASETS / "gsm8k" / "trajectories"
+    exemplars_file = DATASETS / "gsm8k" / "exemplars.json"
+    system = SYSTEM
+    action_format = FORMAT
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"Question: {task.data['question']}"}]
+        return self.prompt(f"Question: {task.data['question']}")
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         calculator = Calculator()

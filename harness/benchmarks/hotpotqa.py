@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from common.actions import ActionSpec, react_format
 from harness.agent import ToolBox
 from harness.benchmarks.base import DATASETS, Benchmark, Task
 from harness.benchmarks.scoring import exact_match, f1_score
@@ -22,12 +23,21 @@ SYSTEM = (
     "finish[answer] gives the final answer.\n"
     "Each reply: `Thought: ...` then one `Action: ...` line."
 )
+FORMAT = react_format(
+    (ActionSpec("search", "The first sentences of the entity's Wikipedia page, or similar "
+                "titles.", "entity"),
+     ActionSpec("lookup", "The next sentence with the keyword on the current page.", "keyword"),
+     ActionSpec("finish", "Give the final answer and end.", "answer")),
+    "Thought: what to find out next and why\nAction: search[entity name]")
 
 
 class HotpotQA(Benchmark):
     name = "hotpotqa"
     tasks_file = DATASETS / "hotpotqa" / "questions.jsonl"
     replay_dir = DATASETS / "hotpotqa" / "trajectories"
+    exemplars_file = DATASETS / "hotpotqa" / "exemplars.json"
+    system = SYSTEM
+    action_format = FORMAT
 
     def __init__(self) -> None:
         self._backend: WikiBackend | None = None
@@ -38,8 +48,7 @@ class HotpotQA(Benchmark):
         return self._backend
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"Question: {task.data['question']}"}]
+        return self.prompt(f"Question: {task.data['question']}")
 
     async def toolbox(self, task: Task, program_id: str) -> ToolBox:
         tool = WikipediaTool(self.backend())

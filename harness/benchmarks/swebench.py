@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from common.actions import ActionFormat, ActionSpec
 from common.tool_keys import SUBMIT, event_tool
 from harness.agent import ToolBox
 from harness.benchmarks import swebench_grading as grading
@@ -70,6 +71,11 @@ no longer act after it:
 echo {SUBMIT}
 ```"""
 
+FORMAT = ActionFormat(
+    "bash", (ActionSpec("bash", "Run one bash command in the sandbox (/testbed); "
+                        f"`echo {SUBMIT}` submits.", "command"),),
+    "THOUGHT: what to do next and why\n\n```bash\none command\n```")
+
 INSTANCE = """<issue>
 {problem_statement}
 </issue>
@@ -96,6 +102,9 @@ class SweBench(Benchmark):
     tasks_file = DATASETS / "swebench" / "tasks.jsonl"
     replay_dir = DATASETS / "swebench" / "trajectories"
     uses_docker = True
+    exemplars_file = DATASETS / "swebench" / "exemplars.json"
+    system = SYSTEM
+    action_format = FORMAT
 
     def __init__(self) -> None:
         self.tasks_dir: Path | None = None
@@ -133,9 +142,8 @@ class SweBench(Benchmark):
         return {k: v for k, v in found.items() if v}
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": INSTANCE.format(
-                    problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT)}]
+        return self.prompt(INSTANCE.format(
+            problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT))
 
     async def image(self, task: Task) -> str:
         """The task's image (built, or reused when one of the same content exists); the run's
