@@ -29,7 +29,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -77,6 +77,10 @@ class PinStats:
     # integral of pinned blocks over clock time, for the time-weighted share of memory
     block_seconds: float = 0.0
     _last_t: float | None = field(default=None, repr=False)
+
+    def counts(self) -> dict[str, int]:
+        """The counters (what the step log records): pins made, and released by reason."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type in (int, "int")}
 
 
 def hints_from(extra_args: dict[str, Any] | None) -> Hints:
@@ -199,7 +203,7 @@ class PolicyScheduler(Scheduler):
             self._step_timer.scheduled(started, now, output.num_scheduled_tokens,
                                        self.requests,
                                        (new.req_id for new in output.scheduled_new_reqs),
-                                       waiting=queued)
+                                       waiting=queued, pins=self.pin_stats.counts())
         self.sched_cpu_seconds += time.perf_counter() - started
         self.sched_steps += 1
         return output

@@ -15,7 +15,7 @@ per step, ``{"t": wall start, "seconds": ..., "gap": seconds since the previous 
 "busy": whether requests were left then, "prefill": [[chunk, context before], ...],
 "decode": [context, ...], "waited": [seconds from arrival, per request first scheduled],
 "waiting": requests queued, "schedule_s" and "update_s": seconds inside schedule() and
-update_from_output()}``.
+update_from_output(), "pins": the scheduler's pin counters so far}``.
 A gap after a busy step is the engine loop's own time outside steps (requests in, outputs
 out); after an idle one it includes waiting. No vLLM import here.
 """
@@ -57,6 +57,9 @@ class StepRecord:
     schedule_s: float = 0.0
     #: seconds `update_from_output()` took (part of `seconds`); the rest is the forward pass
     update_s: float = 0.0
+    #: the scheduler's pin counters so far (`PinStats`: pinned, released by reason), so a run
+    #: shows when KV was released under pressure and had to be rebuilt
+    pins: dict[str, int] = field(default_factory=dict)
 
 
 def batch_shape(num_scheduled: Mapping[str, int], requests: Mapping[str, Any]
@@ -93,13 +96,13 @@ class StepTimer:
 
     def scheduled(self, started: float, wall: float, num_scheduled: Mapping[str, int],
                   requests: Mapping[str, Any], new_ids: Iterable[str] = (),
-                  waiting: int = 0) -> None:
+                  waiting: int = 0, pins: Mapping[str, int] | None = None) -> None:
         if num_scheduled:
             prefill, decode = batch_shape(num_scheduled, requests)
             waited = [round(wall - requests[r].arrival_time, 6) for r in new_ids if r in requests]
             self._open.append((started, StepRecord(
                 0.0, prefill, decode, t=wall, waited=waited, waiting=waiting,
-                schedule_s=time.perf_counter() - started)))
+                schedule_s=time.perf_counter() - started, pins=dict(pins or {}))))
 
     def updated(self, scheduled_tokens: int, requests_left: int,
                 update_started: float | None = None) -> None:

@@ -74,10 +74,10 @@ def test_log_file_round_trip(tmp_path):
     sink = JsonlStepSink(tmp_path / "sub" / "steps.jsonl")
     sink(StepRecord(0.004, [(16, 32)], [100, 200], gap=0.0002, busy=True, t=5.0,
                     waited=[0.01]))
-    sink(StepRecord(0.002, [], [101]))
+    sink(StepRecord(0.002, [], [101], pins={"pinned": 2, "pressure": 1}))
     back = read_step_log(tmp_path / "sub" / "steps.jsonl")
     assert back == [StepRecord(0.004, [(16, 32)], [100, 200], 0.0002, True, 5.0, [0.01]),
-                    StepRecord(0.002, [], [101])]
+                    StepRecord(0.002, [], [101], pins={"pinned": 2, "pressure": 1})]
     # the model's error on each step, sorted
     errors = relative_errors(lambda prefill, decode: 0.003, back)
     assert errors == pytest.approx([0.25, 0.5])
@@ -118,7 +118,8 @@ def test_scheduler_records_the_batches_the_emulator_priced(autoclose, monkeypatc
 
     monkeypatch.setattr(profile, "step_seconds", recording)
     first = list(range(8, 1208))
-    engine.add_request("a0", first, program_id="A", output_tokens=12, tool="bash")
+    engine.add_request("a0", first, program_id="A", output_tokens=12, tool="bash",
+                       predicted_s=1e-4)  # short: worth pinning A's KV through it
     engine.add_request("b0", list(range(3000, 3700)), program_id="B", output_tokens=30)
     done = []
     while engine.has_work():
@@ -132,6 +133,11 @@ def test_scheduler_records_the_batches_the_emulator_priced(autoclose, monkeypatc
     # chunked prompts (budget 512) beside decodes, and the second turn's prefix-cache hit
     assert any(r.prefill and r.decode for r in logged)
     assert any(chunk == 300 and before >= 1200 for r in logged for chunk, before in r.prefill)
+    # A's KV was pinned through its tool call and released (its TTL ran out, or its next turn
+    # took it over): the log says when
+    assert logged[0].pins["pinned"] == 0
+    last = logged[-1].pins
+    assert last["pinned"] == 1 and last["handoff"] + last["expired"] == 1
 
 
 def test_served_path_is_the_latency_around_a_lone_requests_step():
