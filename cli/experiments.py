@@ -23,12 +23,14 @@ from eval import (
     fidelity,
     load_bench,
     perf_table,
+    real_model,
     router_baseline,
     sched_overhead,
     served_vs_virtual,
 )
 from eval.fidelity import DEFAULT_TABLE, FidelityOptions
 from eval.load_bench import DEFAULT_MIX
+from eval.real_model import RealModelOptions
 from eval.router_baseline import DEFAULT_MODES, MODES, RouterBaselineOptions
 from eval.served_vs_virtual import ServedVsVirtualOptions
 from harness.tools.sandbox_image import DEFAULT_IMAGE
@@ -52,6 +54,7 @@ def register(subparsers: Any) -> None:
     _add_router_baseline(experiments)
     _add_langchain_example(experiments)
     _add_perf_table(experiments)
+    _add_real_model(experiments)
 
 
 def _options(cls: Any, args: argparse.Namespace, **given: Any) -> Any:
@@ -299,4 +302,36 @@ def _add_perf_table(experiments: Any) -> None:
 
 def _perf_table(args: argparse.Namespace) -> int:
     perf_table.print_perf_tables(args.profiles or perf_table.DEFAULT_PROFILES)
+    return 0
+
+
+# -- real-model ---------------------------------------------------------------------------------
+def _add_real_model(experiments: Any) -> None:
+    d = RealModelOptions()
+    p = experiments.add_parser(
+        "real-model", help="a real model on the CPU engine under each policy: identical "
+        "replies turn by turn, JCT, and the emulator replaying the same runs",
+        description=real_model.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bench", default=d.bench, help=f"benchmark ({d.bench})")
+    p.add_argument("--model", default=d.model, help=f"NAME|DIR|FILE.gguf ({d.model})")
+    p.add_argument("--policies", default=d.policies,
+                   help=f"comma-separated; the first runs twice ({d.policies})")
+    p.add_argument("--limit", type=int, default=d.limit, help=f"tasks ({d.limit})")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--kv-tokens", type=int, default=d.kv_tokens,
+                   help=f"KV cache in tokens, small for memory pressure ({d.kv_tokens})")
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output cap per reply")
+    p.add_argument("--max-steps", type=int, default=d.max_steps)
+    p.add_argument("--no-repeat", dest="repeat", action="store_false",
+                   help="run the first policy once (no float-noise yardstick)")
+    p.add_argument("--table", type=Path, default=None,
+                   help="a CPU profile of the model (`harness profile --device cpu --served "
+                   "--model M`): also replay each run on the emulator")
+    p.add_argument("--out", type=Path, default=d.out)
+    p.set_defaults(func=_real_model)
+
+
+def _real_model(args: argparse.Namespace) -> int:
+    real_model.run_real_model(_options(RealModelOptions, args))
     return 0
