@@ -144,7 +144,8 @@ def call(call_id: str, name: str, **arguments: str) -> dict[str, Any]:
 
 
 def test_tool_calls_path_sends_tools_and_answers_with_the_call_id(tmp_path):
-    replies = [{"content": "", "tool_calls": [call("c1", "calculator", expression="6 * 7")]},
+    replies = [{"content": "", "tool_calls": [call("c1", "calculator", expression="6 * 7"),
+                                              call("c1b", "calculator", expression="1")]},
                {"content": "", "tool_calls": [call("c2", "python", code="1")]},
                {"content": "", "tool_calls": [call("c3", "finish", answer="42")]}]
     traj, bodies, _ = run_program("gsm8k", replies, tmp_path, tool_calls=True)
@@ -155,14 +156,16 @@ def test_tool_calls_path_sends_tools_and_answers_with_the_call_id(tmp_path):
     assert params["required"] == ["expression"]
     n = traj.info["prompt_messages"]
     roles = [(m["role"], m.get("tool_call_id")) for m in traj.messages[n:]]
-    assert roles == [("assistant", None), ("tool", "c1"), ("assistant", None), ("tool", "c2"),
-                     ("assistant", None), ("tool", "c3")]
+    # one call runs per step; the reply's second call is answered as not run
+    assert roles == [("assistant", None), ("tool", "c1"), ("tool", "c1b"), ("assistant", None),
+                     ("tool", "c2"), ("assistant", None), ("tool", "c3")]
+    assert traj.messages[n + 2]["content"].startswith("Not run")
     assert traj.messages[n + 1]["content"] == "Observation: 42"
     assert traj.messages[n]["tool_calls"][0]["id"] == "c1"
     # the unknown tool is a format error answered on its own call id
-    assert "unknown action 'python'" in traj.messages[n + 3]["content"]
-    # the second request carried the first call and its answer
-    assert [m["role"] for m in bodies[1]["messages"]][-2:] == ["assistant", "tool"]
+    assert "unknown action 'python'" in traj.messages[n + 4]["content"]
+    # the second request carried the first reply and the answers to both its calls
+    assert [m["role"] for m in bodies[1]["messages"]][-3:] == ["assistant", "tool", "tool"]
 
 
 @pytest.mark.parametrize("bench_name", ["gsm8k", "hotpotqa", "alfworld", "swe-bench"])
