@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--temperature", type=float, default=RunSpec.temperature,
                         help="sampling temperature (default %(default)s: greedy)")
     parser.add_argument("--no-exemplars", action="store_true",
-                        help="leave the worked examples out of the system prompt (zero-shot)")
+                        help="leave out the worked examples (zero-shot)")
     parser.add_argument("--tool-calls", action="store_true",
                         help="send the benchmark's actions as OpenAI `tools` and read the "
                         "reply's `tool_calls` (the server needs a tool parser, e.g. vLLM's "

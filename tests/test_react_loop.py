@@ -221,3 +221,13 @@ def test_outputs_name_the_model_the_run_asked():
     assert model_label(ModelSpec.parse("replay:runs/a")) == "replay:runs/a"
     assert model_label(ModelSpec("path", "/models/smollm2-135m-instruct")) == \
         "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("max_tokens", 0, "--max-tokens must be at least 1"),
+    ("temperature", -0.5, "--temperature must be at least 0")])
+def test_bad_reply_options_are_clear_errors(field, value, message):
+    from harness.run import RunError, RunSpec, run_benchmark
+
+    with pytest.raises(RunError, match=message):
+        run_benchmark(RunSpec("gsm8k", **{field: value}))
