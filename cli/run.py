@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--temperature", type=float, default=RunSpec.temperature,
                         help="sampling temperature (default %(default)s: greedy)")
     parser.add_argument("--no-exemplars", action="store_true",
-                        help="leave the worked examples out of the system prompt (zero-shot)")
+                        help="leave out the worked examples (zero-shot); replays of "
+                        "recordings, made without them, leave them out anyway")
     parser.add_argument("--tool-calls", action="store_true",
                         help="send the benchmark's actions as OpenAI `tools` and read the "
                         "reply's `tool_calls` (the server needs a tool parser, e.g. vLLM's "
@@ -67,7 +68,7 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    out=args.out, resume=args.resume, max_steps=args.max_steps,
                    predictor=args.predictor, token_ids=not args.no_token_ids,
                    device=args.device, max_tokens=args.max_tokens,
-                   temperature=args.temperature, exemplars=not args.no_exemplars,
+                   temperature=args.temperature, exemplars=False if args.no_exemplars else None,
                    tool_calls=args.tool_calls)
 
 

@@ -219,6 +219,7 @@ class Agent:
             observation = await self._call_tool(traj, record, toolbox, action.tool,
                                                 action.argument, request)
             traj.messages.append(observation_message(action, self._render(observation)))
+            traj.messages.extend(unrun_calls(calls, action))
             save(traj, self.out_dir)
             if observation.done:
                 traj.status = "submitted"
@@ -291,6 +292,14 @@ def observation_message(action: Action, text: str) -> dict[str, Any]:
     if action.call_id is not None:
         return {"role": "tool", "tool_call_id": action.call_id, "content": text}
     return {"role": "user", "content": text}
+
+
+def unrun_calls(tool_calls: list[dict[str, Any]] | None, ran: Action) -> list[dict[str, Any]]:
+    """An answer to each further call of the reply: one action runs per step, and OpenAI
+    servers reject a history with an unanswered call."""
+    return [{"role": "tool", "tool_call_id": call["id"],
+             "content": "Not run: one tool call per step; call it again if still needed."}
+            for call in tool_calls or [] if call.get("id") and call["id"] != ran.call_id]
 
 
 def answer_messages(tool_calls: list[dict[str, Any]] | None, text: str) -> list[dict[str, Any]]:

@@ -82,7 +82,9 @@ class RunSpec:
     device: str | None = None
     max_tokens: int = Limits.max_tokens  # each reply's output cap
     temperature: float = Limits.temperature
-    exemplars: bool = True  # worked examples in the system prompt (False: zero-shot)
+    #: worked examples before the task (False: zero-shot); None: for a real model, not when
+    #: replaying recordings (they were made without them, so their prompts stay as recorded)
+    exemplars: bool | None = None
     tool_calls: bool = False  # send the actions as OpenAI `tools` (needs a tool parser)
 
 
@@ -408,8 +410,9 @@ def run_benchmark(spec: RunSpec) -> int:
         console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} tasks already done"
                       + (f"; {again} interrupted by a model server or Docker failure run "
                          "again" if again else ""))
-    bench.use_exemplars = spec.exemplars
     model_spec, model = served_model(spec, console)
+    bench.use_exemplars = spec.exemplars if spec.exemplars is not None \
+        else model_spec.kind != "replay"
     replays = load_replays(bench, todo, model_spec)
     text_model = load_text_model(spec.predictor)
     if bench.uses_docker:

@@ -12,10 +12,20 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
+from rich.progress import Progress, TextColumn
 
 from harness.agent import Agent, Limits
-from harness.benchmarks import get_benchmark
+from harness.benchmarks import Task, get_benchmark
 from harness.model_client import ChatClient
+from harness.run import (
+    PROGRESS_TEXT,
+    RunError,
+    RunSpec,
+    build_summary,
+    received_during,
+    run_benchmark,
+)
 from harness.trajectory import Trajectory
 from predictor.durations import ToolDurationModel
 
@@ -115,13 +125,17 @@ def test_a_repeated_unknown_action_ends_as_format_error_not_at_the_step_limit(tm
     assert traj.status == "format_error" and len(bodies) == Limits.max_format_errors + 1
 
 
-def test_a_prompt_past_the_context_ends_the_program_as_context_limit(tmp_path):
+@pytest.mark.parametrize("error", [
+    # what vLLM 0.32's OpenAI server answered SmolLM2's server (max_model_len 8192)
+    "This model's maximum context length is 8192 tokens. However, your prompt contains at "
+    "least 8193 input tokens, which exceeds this limit even without any output tokens.",
+    # its engine's own check
+    "The decoder prompt (length 8300) is longer than the maximum model length of 8192."])
+def test_a_prompt_past_the_context_ends_the_program_as_context_limit(tmp_path, error):
     replies = [{"content": "Thought: add.\nAction: calculator[2 + 3]"},
-               {"status": 400, "error": "The decoder prompt (length 8300) is longer than the "
-                "maximum model length of 8192. Make sure that `max_model_len` is no smaller "
-                "than the number of text tokens."}]
+               {"status": 400, "error": error}]
     traj, bodies, events = run_program("gsm8k", replies, tmp_path)
-    assert traj.status == "context_limit" and "maximum model length" in traj.info["error"]
+    assert traj.status == "context_limit" and "8192" in traj.info["error"]
     assert len(bodies) == 2 and events.events[-1][0] == "program_end"
     # any other 400 stays a model error
     traj, _, _ = run_program("gsm8k", [{"status": 400, "error": "bad temperature"}], tmp_path)
@@ -144,7 +158,8 @@ def call(call_id: str, name: str, **arguments: str) -> dict[str, Any]:
 
 
 def test_tool_calls_path_sends_tools_and_answers_with_the_call_id(tmp_path):
-    replies = [{"content": "", "tool_calls": [call("c1", "calculator", expression="6 * 7")]},
+    replies = [{"content": "", "tool_calls": [call("c1", "calculator", expression="6 * 7"),
+                                              call("c1b", "calculator", expression="1")]},
                {"content": "", "tool_calls": [call("c2", "python", code="1")]},
                {"content": "", "tool_calls": [call("c3", "finish", answer="42")]}]
     traj, bodies, _ = run_program("gsm8k", replies, tmp_path, tool_calls=True)
@@ -155,14 +170,16 @@ def test_tool_calls_path_sends_tools_and_answers_with_the_call_id(tmp_path):
     assert params["required"] == ["expression"]
     n = traj.info["prompt_messages"]
     roles = [(m["role"], m.get("tool_call_id")) for m in traj.messages[n:]]
-    assert roles == [("assistant", None), ("tool", "c1"), ("assistant", None), ("tool", "c2"),
-                     ("assistant", None), ("tool", "c3")]
+    # one call runs per step; the reply's second call is answered as not run
+    assert roles == [("assistant", None), ("tool", "c1"), ("tool", "c1b"), ("assistant", None),
+                     ("tool", "c2"), ("assistant", None), ("tool", "c3")]
+    assert traj.messages[n + 2]["content"].startswith("Not run")
     assert traj.messages[n + 1]["content"] == "Observation: 42"
     assert traj.messages[n]["tool_calls"][0]["id"] == "c1"
     # the unknown tool is a format error answered on its own call id
-    assert "unknown action 'python'" in traj.messages[n + 3]["content"]
-    # the second request carried the first call and its answer
-    assert [m["role"] for m in bodies[1]["messages"]][-2:] == ["assistant", "tool"]
+    assert "unknown action 'python'" in traj.messages[n + 4]["content"]
+    # the second request carried the first reply and the answers to both its calls
+    assert [m["role"] for m in bodies[1]["messages"]][-3:] == ["assistant", "tool", "tool"]
 
 
 @pytest.mark.parametrize("bench_name", ["gsm8k", "hotpotqa", "alfworld", "swe-bench"])
@@ -174,10 +191,7 @@ def test_every_benchmark_states_its_format(bench_name):
 
 
 def test_progress_line_says_done_and_passed_apart():
-    from rich.console import Console
-    from rich.progress import Progress, TextColumn
 
-    from harness.run import PROGRESS_TEXT
 
     console = Console(record=True, width=80)
     with Progress(TextColumn(PROGRESS_TEXT), console=console, auto_refresh=False) as progress:
@@ -188,8 +202,6 @@ def test_progress_line_says_done_and_passed_apart():
 
 
 def test_summary_counts_this_runs_events_and_the_reasons(tmp_path):
-    from harness.benchmarks import Task
-    from harness.run import build_summary, received_during
 
     assert received_during(120, 180) == 60 and received_during(None, 180) is None
     results = [{"task_id": "a", "status": "format_error", "passed": False, "jct_s": 2.0,
@@ -208,3 +220,12 @@ def test_summary_counts_this_runs_events_and_the_reasons(tmp_path):
     assert summary["steps_mean"] == 3.0 and summary["request_tokens_per_s"] == 40.0
     assert summary["cut_at_max_tokens"] == 1 and summary["statuses"] == {
         "format_error": 1, "submitted": 1}
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("max_tokens", 0, "--max-tokens must be at least 1"),
+    ("temperature", -0.5, "--temperature must be at least 0")])
+def test_bad_reply_options_are_clear_errors(field, value, message):
+
+    with pytest.raises(RunError, match=message):
+        run_benchmark(RunSpec("gsm8k", **{field: value}))
