@@ -36,6 +36,7 @@ from eval.agreement import compare_runs
 from eval.trace_import import from_harness_trajectory
 from harness.run import RunSpec, run_benchmark
 from harness.server_process import model_server
+from harness.trajectory import token_ids
 from server.cpu_engine import CPU_BLOCK_SIZE
 from server.engine import VirtualEngine
 from server.perf.table import load_table
@@ -135,6 +136,39 @@ def emulated_jct(run_dir: Path, policy: str, options: RealModelOptions) -> float
     return statistics.fmean(jcts) if jcts else float("nan")
 
 
+def top_two(base_url: str, model: str, prompt: list[int]) -> list[tuple[int, float]]:
+    """The engine's two likeliest next tokens after `prompt`, alone in its batch, with their
+    log-probabilities (greedy picks the first)."""
+    reply = httpx.post(base_url + "/v1/completions", timeout=300, json={
+        "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "logprobs": 2,
+        "return_tokens_as_token_ids": True}).raise_for_status().json()
+    top = reply["choices"][0]["logprobs"]["top_logprobs"][0]
+    ranked = sorted(top.items(), key=lambda kv: -kv[1])
+    return [(int(key.removeprefix("token_id:")), value) for key, value in ranked]
+
+
+def explain(options: RealModelOptions, reference: Path, runs: list[dict[str, Any]]) -> None:
+    """For each divergence, the two choices at the first differing token as the engine scores
+    them with the prompt alone: a margin of a few hundredths of a nat is a near-tie, which the
+    rounding of another batch shape (CPU matmul kernels are not batch-invariant) can flip; a
+    wide margin would point at the policy. Adds `alone` and `margin` to each divergence."""
+    pending = [d for run in runs for d in (run.get("agreement") or {}).get("divergences", [])
+               if d["token"] is not None]
+    if not pending:
+        return
+    server = model_server(options.model, device="cpu", policy=runs[0]["policy"],
+                          vllm_args=["--enforce-eager"], log_path=options.out / "explain.log")
+    server.serve_args += ["--max-model-len", str(options.max_model_len)]
+    with server:
+        for d in pending:
+            data = json.loads((reference / "trajectories" / f"{d['task_id']}.traj.json")
+                              .read_text())
+            prompt, output = token_ids(data)[d["turn"]]
+            top = top_two(server.base_url, server.served_model, prompt + output[:d["token"]])
+            d["alone"] = [t for t, _ in top]
+            d["margin"] = round(top[0][1] - top[1][1], 4) if len(top) > 1 else None
+
+
 def measure(options: RealModelOptions) -> dict[str, Any]:
     policies = [p.strip() for p in options.policies.split(",") if p.strip()]
     if not policies:
@@ -151,6 +185,7 @@ def measure(options: RealModelOptions) -> dict[str, Any]:
     for run in runs[1:]:
         agreement = compare_runs(reference, options.out / run["label"] / "run")
         run["agreement"] = agreement.to_json()
+    explain(options, reference, runs)
     if options.table is not None:
         for run in runs:
             run["emulated_jct_mean_s"] = emulated_jct(options.out / run["label"] / "run",
@@ -182,7 +217,9 @@ def report(summary: dict[str, Any]) -> str:
         for d in (run.get("agreement") or {}).get("divergences", []):
             lines.append(f"  {run['label']}: {d['task_id']} turn {d['turn']} token {d['token']}"
                          f" (cached {d['cached_a']} vs {d['cached_b']}"
-                         f"{'' if d['same_cache_path'] else ': another cache path'})")
+                         f"{'' if d['same_cache_path'] else ': another cache path'})"
+                         + (f"; alone the engine ranks {d['alone']}, margin {d['margin']} nats"
+                            if d.get("alone") else ""))
     return "\n".join(lines)
 
 
