@@ -54,6 +54,7 @@ from eval.ampd_plot import plot_slo
 from eval.bench.specs import BenchError
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
+from server.max_model_len import BLOCK_SIZE, context_limit
 from server.perf.registry import load_profile
 from sim.engines import make_engine
 from sim.loop import replay_cluster
@@ -162,9 +163,24 @@ def _engine_factory(config: Any, seed: int,
     `router.ttft_slo_s`), as a served replica does."""
     def build(spec: Any) -> Any:
         return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                           spec.offload_gib, spec, config, bidirectional=history == "pull")
+                           spec.offload_gib, spec, config,
+                           max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
+                           bidirectional=history == "pull")
 
     return build
+
+
+def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:
+    """The `max_model_len` a replica of `profile` is started with: None (the model's own
+    context) when its KV cache holds it, else what the cache holds, as an operator of a small
+    TP group sets `--max-model-len` (vLLM refuses to start otherwise: Llama-3.1-70B at TP2 on
+    H20 holds about 80k of its 131k tokens). A conversation longer than that is refused as
+    `ContextTooLong`, as before."""
+    if num_gpu_blocks is not None:
+        return None  # `context_limit` already caps it by the blocks
+    capacity = load_profile(profile).kv_capacity_tokens(0.9)
+    limit = context_limit(profile, None)
+    return None if capacity >= limit else capacity // BLOCK_SIZE * BLOCK_SIZE
 
 
 def attainment(programs: Sequence[Any], slo: SLO) -> float:
