@@ -191,9 +191,13 @@ def attainment(programs: Sequence[Any], slo: SLO) -> float:
 
 def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
             num_gpu_blocks: int | None = None, history: str = "pull",
-            progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[int], None] | None = None,
+            itl_slos: Sequence[float] = ()) -> dict[str, Any]:
     """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`). `history`
-    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks."""
+    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks.
+    `itl_slos`: ITL SLOs to score the same turns against as well (``slo_by_itl``, SLO
+    attainment with `slo`'s TTFT bound and each ITL bound): a strategy whose router and
+    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd_regime`)."""
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
@@ -220,6 +224,7 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     row["jct_p90_s"] = percentile([p.jct for p in programs], 90)
     row["ttft_slo_attainment"] = attainment(programs, SLO(slo.ttft_s, math.inf))
     row["itl_slo_attainment"] = attainment(programs, SLO(math.inf, slo.tpot_s))
+    row["slo_by_itl"] = {f"{x:g}": attainment(programs, SLO(slo.ttft_s, x)) for x in itl_slos}
     row["kv_bytes_to_prefill"] = sum(r["kv_bytes_in"] for r in metrics["replicas"]
                                      if r["role"] == "prefill")
     row["decisions"] = decisions
