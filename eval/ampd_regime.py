@@ -39,6 +39,7 @@ from common.atomic import write_text_atomic
 from common.metrics import SLO
 from eval.ampd_bench import GPUS_PER_NODE, STRATEGIES, AmpdBenchError, RunConfig, run_one
 from eval.workloads.registry import load_or_generate
+from server.engine import NoProgress
 from server.perf.registry import load_profile
 
 DEFAULT_ITL_SLOS = "0.03,0.05,0.1"
@@ -125,10 +126,16 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
                 trace = load_or_generate(name, programs, x, seed)
                 for kind, dep, slo_itl in runs:
                     slo = SLO(ttft_slo, slo_itl if slo_itl is not None else max(itl_slos))
-                    row = run_one(trace, RunConfig(STRATEGIES[KINDS[kind]], dep.layout),
-                                  replicas=dep.replicas, profile=dep.profile, slo=slo,
-                                  seed=seed, history=history,
-                                  itl_slos=itl_slos if slo_itl is None else (slo_itl,))
+                    try:
+                        row = run_one(trace, RunConfig(STRATEGIES[KINDS[kind]], dep.layout),
+                                      replicas=dep.replicas, profile=dep.profile, slo=slo,
+                                      seed=seed, history=history,
+                                      itl_slos=itl_slos if slo_itl is None else (slo_itl,))
+                    except (NoProgress, AmpdBenchError) as exc:
+                        # the deployment cannot run the trace (a conversation longer than
+                        # its KV cache; admission starved): not a candidate, said in the map
+                        row = {"slo_by_itl": {}, "wall_s": math.nan,
+                               "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
                     row.update(trace=name, jps=x, kind=kind, deployment=dep.label,
                                itl_slo=slo_itl)
                     rows.append(row)
@@ -136,7 +143,9 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
                     if console is not None and not console.is_terminal:
                         console.print(f"{name} @ {x:g} jobs/s: {kind} {dep.label}"
                                       + ("" if slo_itl is None else f" (ITL {slo_itl:g} s)")
-                                      + f": wall {row['wall_s']:.1f} s", soft_wrap=True)
+                                      + f": wall {row['wall_s']:.1f} s"
+                                      + (f", FAILED {row['failed']}" if "failed" in row
+                                         else ""), soft_wrap=True)
     summary = {
         "what": "AMPD's regime map (eval.ampd_regime), virtual time", "command": command,
         "traces": list(traces), "loads": {t: list(loads[t]) for t in traces},
@@ -174,7 +183,8 @@ def regime_map(rows: Sequence[dict[str, Any]], itl_slos: Sequence[float]
                 cell[f"{kind}_deployment"] = where
             baselines = {k: cell[k] for k in ("co-located", "disaggregated")}
             # a tie goes to a baseline: AMPD has to beat it
-            cell["winner"] = max(KINDS, key=lambda k: (cell[k], k != "ampd"))
+            cell["winner"] = max(KINDS, key=lambda k: (
+                -1.0 if math.isnan(cell[k]) else cell[k], k != "ampd"))
             for k, v in baselines.items():
                 cell[f"gain_over_{k}"] = (cell["ampd"] / v - 1) if v > 0 else math.inf
             cell["margin"] = cell["ampd"] - max(baselines.values())
@@ -206,6 +216,12 @@ def regime_markdown(summary: dict[str, Any]) -> str:
             f"({c['ampd_deployment']}) | {c['co-located']:.3f} ({c['co-located_deployment']}) | "
             f"{c['disaggregated']:.3f} ({c['disaggregated_deployment']}) | {c['winner']} | "
             f"{_pct(c['gain_over_co-located'])} | {_pct(c['gain_over_disaggregated'])} |")
+    failed = [r for r in summary.get("rows", []) if r.get("failed")]
+    if failed:
+        lines += ["", "Runs that could not finish (not candidates for their kind's best):"]
+        lines += [f"- {r['trace']} {r['jps']:g} jobs/s, {r['kind']} {r['deployment']}"
+                  + ("" if r["itl_slo"] is None else f" (ITL {r['itl_slo']:g} s)")
+                  + f": {r['failed'].split(' with ')[0]}" for r in failed]
     wins = [c for c in cells if c["margin"] > 0]
     lines += ["", f"AMPD beats every tuned baseline in {len(wins)} of {len(cells)} cells"
               + (": " + "; ".join(f"{c['trace']} {c['jps']:g} jobs/s ITL {c['itl_slo']:g} s "

@@ -117,3 +117,16 @@ def test_tiny_regime_sweep_end_to_end(tmp_path):
     written = json.loads((tmp_path / "regime.json").read_text())
     assert written["deployments"] == ["TP1 x2", "TP1 1P1D"]
     assert "| hotpotqa | 1 | 0.1 |" in (tmp_path / "regime.md").read_text()
+
+
+def test_a_run_that_could_not_finish_is_no_candidate_and_is_listed():
+    rows = [_row("co-located", "TP2 x4", {"0.1": 0.5}),
+            _row("disaggregated", "TP2 2P2D", {}) | {"failed": "NoProgress: stuck with 5"},
+            _row("ampd", "TP2 2P2D", {}, 0.1) | {"failed": "NoProgress: stuck"}]
+    (cell,) = regime_map(rows, [0.1])
+    assert math.isnan(cell["ampd"]) and cell["disaggregated_deployment"] == "-"
+    assert cell["winner"] == "co-located"
+    text = regime_markdown({"map": [cell], "rows": rows, "gpus": 8, "ttft_slo_s": 2.0,
+                            "programs": 4, "seed": 0, "deployments": [], "wall_s": 1.0})
+    assert "- t 1 jobs/s, disaggregated TP2 2P2D: NoProgress: stuck" in text
+    assert "- t 1 jobs/s, ampd TP2 2P2D (ITL 0.1 s): NoProgress: stuck" in text
