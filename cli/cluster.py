@@ -262,7 +262,7 @@ def run_regime(args: argparse.Namespace) -> int:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
     text = ampd_regime.regime_markdown(summary)
-    print(text[text.index("| trace"):].rstrip())
+    print(text[text.index("## ITL"):].rstrip())
     console.print(f"wall time {summary['wall_s']:.0f} s; wrote "
                   f"{Path(args.out) / 'regime.json'}, {Path(args.out) / 'regime.md'}",
                   soft_wrap=True)

@@ -37,7 +37,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.atomic import write_text_atomic
 from common.metrics import SLO
-from eval.ampd_bench import GPUS_PER_NODE, STRATEGIES, AmpdBenchError, RunConfig, run_one
+from eval.ampd_bench import (
+    GPUS_PER_NODE,
+    ITL_METRICS,
+    STRATEGIES,
+    AmpdBenchError,
+    RunConfig,
+    run_one,
+)
 from eval.workloads.registry import load_or_generate
 from server.engine import NoProgress
 from server.perf.registry import load_profile
@@ -154,7 +161,7 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
         "itl_slos": list(itl_slos), "seed": seed, "history": history,
         "wall_s": time.perf_counter() - started, "rows": rows,
     }
-    summary["map"] = regime_map(rows, itl_slos)
+    summary["maps"] = {m: regime_map(rows, itl_slos, m) for m in ITL_METRICS}
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "regime.json",
                       json.dumps(summary, indent=1, allow_nan=True, default=str) + "\n")
@@ -162,23 +169,24 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
     return summary
 
 
-def _best(rows: Sequence[dict[str, Any]], itl: float) -> tuple[float, str]:
-    key = f"{itl:g}"
-    scored = [(r["slo_by_itl"][key], r["deployment"]) for r in rows if key in r["slo_by_itl"]]
+def _best(rows: Sequence[dict[str, Any]], itl: float, metric: str) -> tuple[float, str]:
+    key, field = f"{itl:g}", "slo_by_itl" if metric == "mean" else f"slo_by_itl_{metric}"
+    scored = [(r[field][key], r["deployment"]) for r in rows if key in r.get(field, {})]
     return max(scored, key=lambda s: s[0]) if scored else (math.nan, "-")
 
 
-def regime_map(rows: Sequence[dict[str, Any]], itl_slos: Sequence[float]
-               ) -> list[dict[str, Any]]:
+def regime_map(rows: Sequence[dict[str, Any]], itl_slos: Sequence[float],
+               metric: str = "mean") -> list[dict[str, Any]]:
     """One cell per (trace, load, ITL SLO): each kind's best attainment and deployment, the
-    winner, and AMPD's relative gain over the best of each baseline kind."""
+    winner, and AMPD's relative gain over the best of each baseline kind. `metric`
+    (`ITL_METRICS`): which of a turn's inter-token latencies the ITL SLO bounds."""
     cells = []
     for trace, x in dict.fromkeys((r["trace"], r["jps"]) for r in rows):
         mine = [r for r in rows if r["trace"] == trace and r["jps"] == x]
         for itl in itl_slos:
             cell: dict[str, Any] = {"trace": trace, "jps": x, "itl_slo": itl}
             for kind in KINDS:
-                value, where = _best([r for r in mine if r["kind"] == kind], itl)
+                value, where = _best([r for r in mine if r["kind"] == kind], itl, metric)
                 cell[kind] = value
                 cell[f"{kind}_deployment"] = where
             baselines = {k: cell[k] for k in ("co-located", "disaggregated")}
@@ -198,30 +206,43 @@ def _pct(x: float) -> str:
     return "inf" if math.isinf(x) else f"{100 * x:+.0f}%"
 
 
+#: What each ITL metric's table says the SLO bounds.
+METRIC_WORDS = {"mean": "the turn's mean inter-token latency (the project's SLO)",
+                "p90": "the P90 of the turn's token gaps",
+                "max": "every token gap of the turn (its longest)"}
+
+
 def regime_markdown(summary: dict[str, Any]) -> str:
-    cells = summary["map"]
     lines = [
         f"# AMPD's regime map: {summary['gpus']} GPUs, TTFT SLO {summary['ttft_slo_s']:g} s",
         "", f"`{summary['command']}`" if summary.get("command") else "",
         "", f"{summary['programs']} programs per trace and load, seed {summary['seed']}; "
         f"deployments tried by every strategy: {', '.join(summary['deployments'])}. SLO "
-        "attainment = share of turns with TTFT and mean ITL within the SLO; each kind's best "
-        f"deployment per cell. Wall time {summary['wall_s']:.0f} s.", "",
-        "| trace | jobs/s | ITL SLO | AMPD (best) | co-located vLLM (best) | P/D Dynamo-like "
-        "(best) | winner | AMPD vs co-located | AMPD vs P/D |",
-        "|---|---:|---:|---|---|---|---|---:|---:|"]
-    for c in cells:
-        lines.append(
-            f"| {c['trace']} | {c['jps']:g} | {c['itl_slo']:g} | {c['ampd']:.3f} "
-            f"({c['ampd_deployment']}) | {c['co-located']:.3f} ({c['co-located_deployment']}) | "
-            f"{c['disaggregated']:.3f} ({c['disaggregated_deployment']}) | {c['winner']} | "
-            f"{_pct(c['gain_over_co-located'])} | {_pct(c['gain_over_disaggregated'])} |")
+        "attainment = share of turns with TTFT and ITL within the SLO; each kind's best "
+        f"deployment per cell. Wall time {summary['wall_s']:.0f} s."]
+    for metric, cells in summary["maps"].items():
+        lines += ["", f"## ITL SLO on {METRIC_WORDS[metric]}", ""]
+        lines += map_table(cells)
     failed = [r for r in summary.get("rows", []) if r.get("failed")]
     if failed:
         lines += ["", "Runs that could not finish (not candidates for their kind's best):"]
         lines += [f"- {r['trace']} {r['jps']:g} jobs/s, {r['kind']} {r['deployment']}"
                   + ("" if r["itl_slo"] is None else f" (ITL {r['itl_slo']:g} s)")
                   + f": {r['failed'].split(' with ')[0]}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def map_table(cells: Sequence[dict[str, Any]]) -> list[str]:
+    """One map as markdown lines: the table and the cells where AMPD wins."""
+    lines = ["| trace | jobs/s | ITL SLO | AMPD (best) | co-located vLLM (best) | P/D "
+             "Dynamo-like (best) | winner | AMPD vs co-located | AMPD vs P/D |",
+             "|---|---:|---:|---|---|---|---|---:|---:|"]
+    for c in cells:
+        lines.append(
+            f"| {c['trace']} | {c['jps']:g} | {c['itl_slo']:g} | {c['ampd']:.3f} "
+            f"({c['ampd_deployment']}) | {c['co-located']:.3f} ({c['co-located_deployment']}) | "
+            f"{c['disaggregated']:.3f} ({c['disaggregated_deployment']}) | {c['winner']} | "
+            f"{_pct(c['gain_over_co-located'])} | {_pct(c['gain_over_disaggregated'])} |")
     wins = [c for c in cells if c["margin"] > 0]
     lines += ["", f"AMPD beats every tuned baseline in {len(wins)} of {len(cells)} cells"
               + (": " + "; ".join(f"{c['trace']} {c['jps']:g} jobs/s ITL {c['itl_slo']:g} s "
@@ -229,4 +250,4 @@ def regime_markdown(summary: dict[str, Any]) -> str:
               + ". The paper's average gains: "
               f"{_pct(PAPER_GAIN['disaggregated'])} over Dynamo, "
               f"{_pct(PAPER_GAIN['co-located'])} over vLLM."]
-    return "\n".join(lines) + "\n"
+    return lines
