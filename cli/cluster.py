@@ -33,7 +33,7 @@ from cluster.launcher import (
     serve_cluster,
 )
 from common.metrics import SLO
-from eval import ampd_bench
+from eval import ampd_bench, ampd_regime
 from eval.ampd_bench import (
     AMPD_WORKLOADS,
     DEFAULT_JPS,
@@ -110,6 +110,17 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--history", choices=HISTORY, default="pull",
                    help="how a prefill replica gets the history it lacks: pull it from the "
                    "decode replica (vLLM's bidirectional_kv_xfer; default) or recompute it")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="regime map (eval.ampd_regime): tune every strategy over the "
+                   "deployments of this many GPUs (each TP in --tp, co-located and every P/D "
+                   "split) and sweep --itl-slo; replaces --strategies, --layouts, --replicas "
+                   "and the profile's TP")
+    p.add_argument("--tp", default=ampd_regime.DEFAULT_TP,
+                   help="with --gpus: TP degrees to deploy at (default %(default)s; those the "
+                   "model does not fit at are skipped)")
+    p.add_argument("--itl-slo", default=None,
+                   help="with --gpus: comma-separated ITL SLOs, seconds (default "
+                   f"{ampd_regime.DEFAULT_ITL_SLOS})")
     p.add_argument("--seed", type=int, default=0, help="trace and router seed (default 0)")
     p.add_argument("--out", default="runs/ampd-bench", help="output folder")
     p.add_argument("--no-plot", action="store_true", help="skip slo_vs_load.png")
@@ -201,6 +212,11 @@ def run_bench(args: argparse.Namespace) -> int:
         load_profile(args.profile)
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad profile name
         raise AmpdBenchError(f"--profile {args.profile!r}: {exc}") from None
+    if args.gpus is not None:
+        return run_regime(args)
+    if args.itl_slo is not None:
+        raise AmpdBenchError("--itl-slo sweeps the regime map: give --gpus too (or one "
+                             "--slo-itl for the plain bench)")
     strategies = parse_strategies(args.strategies)
     layouts = (parse_layouts(args.layouts, args.replicas)
                if any(s.disaggregated for s in strategies) else [])
@@ -223,6 +239,44 @@ def run_bench(args: argparse.Namespace) -> int:
     written = ["rows.json", "report.md"] + ([] if args.no_plot else ["slo_vs_load.png"])
     console.print("wrote " + ", ".join(str(Path(args.out) / w) for w in written), soft_wrap=True)
     return 0
+
+
+def run_regime(args: argparse.Namespace) -> int:
+    """`--gpus N`: the regime map (`eval.ampd_regime`) over `--itl-slo`, printed."""
+    if args.gpus < 2:
+        raise AmpdBenchError("--gpus must be at least 2 (a P/D deployment needs two replicas)")
+    degrees = [int(x) for x in _numbers(args.tp, "--tp")]
+    itl_slos = _numbers(args.itl_slo or ampd_regime.DEFAULT_ITL_SLOS, "--itl-slo")
+    traces = parse_traces(args.traces)
+    loads = parse_loads(args.jps)
+    console = Console(stderr=True)
+    previous = os.environ.get("VLLM_LOGGING_LEVEL")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        summary = ampd_regime.regime(
+            traces, {t: loads for t in traces}, gpus=args.gpus, profile=args.profile,
+            degrees=degrees, itl_slos=itl_slos, ttft_slo=args.slo_ttft,
+            programs=args.programs, seed=args.seed, out=Path(args.out), history=args.history,
+            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    text = ampd_regime.regime_markdown(summary)
+    print(text[text.index("## ITL"):].rstrip())
+    console.print(f"wall time {summary['wall_s']:.0f} s; wrote "
+                  f"{Path(args.out) / 'regime.json'}, {Path(args.out) / 'regime.md'}",
+                  soft_wrap=True)
+    return 0
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in _names(text, flag)]
+    except ValueError:
+        raise AmpdBenchError(f"{flag} {text!r}: give numbers separated by commas") from None
+    if any(not (v > 0 and math.isfinite(v)) for v in values):
+        raise AmpdBenchError(f"{flag} {text!r}: every value must be positive")
+    return values
 
 
 def _names(text: str, flag: str) -> list[str]:

@@ -27,6 +27,7 @@ from eval import (
     router_baseline,
     sched_overhead,
     served_vs_virtual,
+    step_interference,
 )
 from eval.fidelity import DEFAULT_TABLE, FidelityOptions
 from eval.load_bench import DEFAULT_MIX
@@ -55,6 +56,7 @@ def register(subparsers: Any) -> None:
     _add_langchain_example(experiments)
     _add_perf_table(experiments)
     _add_real_model(experiments)
+    _add_step_interference(experiments)
 
 
 def _options(cls: Any, args: argparse.Namespace, **given: Any) -> Any:
@@ -334,4 +336,34 @@ def _add_real_model(experiments: Any) -> None:
 
 def _real_model(args: argparse.Namespace) -> int:
     real_model.run_real_model(_options(RealModelOptions, args))
+
+
+# -- prefill-decode interference of the emulated step ------------------------------------------
+def _add_step_interference(experiments: Any) -> None:
+    p = experiments.add_parser(
+        "step-interference",
+        help="a prefill chunk's inflation of a decode step, emulated beside published figures",
+        description=step_interference.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("profiles", nargs="*", metavar="PROFILE",
+                   help="profiles of the chunk-size sweep (default: "
+                   f"{' '.join(step_interference.DEFAULT_PROFILES)})")
+    p.add_argument("--chunks", default=",".join(map(str, step_interference.DEFAULT_CHUNKS)),
+                   help="comma-separated prefill chunk sizes, tokens (default %(default)s)")
+    p.add_argument("--decodes", type=int, default=step_interference.DEFAULT_DECODES,
+                   help="decoding sequences in the step (default %(default)s)")
+    p.add_argument("--context", type=int, default=step_interference.DEFAULT_DECODE_CONTEXT,
+                   help="each decode's context, tokens (default %(default)s)")
+    p.set_defaults(func=_step_interference)
+
+
+def _step_interference(args: argparse.Namespace) -> int:
+    try:
+        chunks = [int(x) for x in args.chunks.split(",") if x.strip()]
+    except ValueError:
+        raise step_interference.StepInterferenceError(
+            f"--chunks {args.chunks!r}: give comma-separated token counts, e.g. 512,2048"
+        ) from None
+    print(step_interference.report(args.profiles or step_interference.DEFAULT_PROFILES,
+                                   chunks, args.decodes, args.context))
     return 0

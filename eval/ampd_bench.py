@@ -54,6 +54,7 @@ from eval.ampd_plot import plot_slo
 from eval.bench.specs import BenchError
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
+from server.max_model_len import BLOCK_SIZE, context_limit
 from server.perf.registry import load_profile
 from sim.engines import make_engine
 from sim.loop import replay_cluster
@@ -162,9 +163,24 @@ def _engine_factory(config: Any, seed: int,
     `router.ttft_slo_s`), as a served replica does."""
     def build(spec: Any) -> Any:
         return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                           spec.offload_gib, spec, config, bidirectional=history == "pull")
+                           spec.offload_gib, spec, config,
+                           max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
+                           bidirectional=history == "pull")
 
     return build
+
+
+def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:
+    """The `max_model_len` a replica of `profile` is started with: None (the model's own
+    context) when its KV cache holds it, else what the cache holds, as an operator of a small
+    TP group sets `--max-model-len` (vLLM refuses to start otherwise: Llama-3.1-70B at TP2 on
+    H20 holds about 80k of its 131k tokens). A conversation longer than that is refused as
+    `ContextTooLong`, as before."""
+    if num_gpu_blocks is not None:
+        return None  # `context_limit` already caps it by the blocks
+    capacity = load_profile(profile).kv_capacity_tokens(0.9)
+    limit = context_limit(profile, None)
+    return None if capacity >= limit else capacity // BLOCK_SIZE * BLOCK_SIZE
 
 
 def attainment(programs: Sequence[Any], slo: SLO) -> float:
@@ -173,11 +189,33 @@ def attainment(programs: Sequence[Any], slo: SLO) -> float:
     return sum(met) / len(met) if met else math.nan
 
 
+#: How a turn's inter-token latency is measured against the ITL SLO: ``mean`` (the project's
+#: SLO, `common.metrics.tpot_of`), or per token: ``p90`` / ``max`` of the turn's token gaps
+#: (`sim.records.TurnRecord.itl_p90` / ``itl_max``), which a prefill sharing a decode's step
+#: inflates where the mean averages it away.
+ITL_METRICS = ("mean", "p90", "max")
+
+
+def gap_attainment(programs: Sequence[Any], slo: SLO, metric: str) -> float:
+    """As `attainment`, the ITL bound checked on the turn's `metric` token gap (a turn without
+    gaps, one output token, meets it as `SLO.met` has it)."""
+    if metric == "mean":
+        return attainment(programs, slo)
+    turns = [t for p in programs for t in p.turns]
+    met = [SLO(slo.ttft_s, math.inf).met(t)
+           and (getattr(t, f"itl_{metric}") or 0.0) <= slo.tpot_s for t in turns]
+    return sum(met) / len(met) if met else math.nan
+
+
 def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
             num_gpu_blocks: int | None = None, history: str = "pull",
-            progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[int], None] | None = None,
+            itl_slos: Sequence[float] = ()) -> dict[str, Any]:
     """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`). `history`
-    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks."""
+    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks.
+    `itl_slos`: ITL SLOs to score the same turns against as well (``slo_by_itl``, SLO
+    attainment with `slo`'s TTFT bound and each ITL bound): a strategy whose router and
+    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd_regime`)."""
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
@@ -204,6 +242,10 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     row["jct_p90_s"] = percentile([p.jct for p in programs], 90)
     row["ttft_slo_attainment"] = attainment(programs, SLO(slo.ttft_s, math.inf))
     row["itl_slo_attainment"] = attainment(programs, SLO(math.inf, slo.tpot_s))
+    for metric in ITL_METRICS:  # slo_by_itl (mean), slo_by_itl_p90, slo_by_itl_max
+        key = "slo_by_itl" if metric == "mean" else f"slo_by_itl_{metric}"
+        row[key] = {f"{x:g}": gap_attainment(programs, SLO(slo.ttft_s, x), metric)
+                    for x in itl_slos}
     row["kv_bytes_to_prefill"] = sum(r["kv_bytes_in"] for r in metrics["replicas"]
                                      if r["role"] == "prefill")
     row["decisions"] = decisions

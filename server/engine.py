@@ -83,6 +83,9 @@ class Finished:
     #: P/D: what the connector returned (a prefill replica's blocks for the decode replica, or
     #: with bidirectional transfer a decode replica's export); None without P/D
     kv_transfer_params: dict[str, Any] | None = None
+    #: the engine-time gap before each output token after the first: a turn's worst token
+    #: gaps (a prefill chunk sharing its step) that its mean inter-token latency averages away
+    token_gaps: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +101,8 @@ class Pending:
     cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     external_tokens: int = 0
+    last_token: float | None = None  # when the latest output token came
+    token_gaps: list[float] = field(default_factory=list)  # see `Finished.token_gaps`
 
 
 def collect_finished(outputs: Any, pending: dict[str, Pending], now: float) -> list[Finished]:
@@ -109,8 +114,12 @@ def collect_finished(outputs: Any, pending: dict[str, Pending], now: float) -> l
             state = pending.get(out.request_id)
             if state is None:
                 continue
-            if out.new_token_ids and state.first_token is None:
-                state.first_token = now
+            if out.new_token_ids:
+                if state.first_token is None:
+                    state.first_token = now
+                elif state.last_token is not None:
+                    state.token_gaps.append(now - state.last_token)
+                state.last_token = now
             state.output_tokens += len(out.new_token_ids)
             state.token_ids.extend(out.new_token_ids)
             if out.prefill_stats is not None:
@@ -123,7 +132,8 @@ def collect_finished(outputs: Any, pending: dict[str, Pending], now: float) -> l
                                      state.output_tokens, state.cached_tokens,
                                      str(out.finish_reason), state.token_ids,
                                      state.external_tokens,
-                                     _copy_config(out.kv_transfer_params)))
+                                     _copy_config(out.kv_transfer_params),
+                                     state.token_gaps))
     return done
 
 

@@ -42,6 +42,7 @@ from typing import Any
 from cluster.pd import decode_params, prefill_params
 from cluster.placement import Placement
 from cluster.routing import Route, TurnInfo
+from common.metrics import percentile
 from common.trace import Program, Trace
 from server.clock import use_clock
 from server.engine import ContextTooLong
@@ -319,6 +320,10 @@ class Simulation:
         record.first_token = None if fin.first_token is None else fin.first_token + self.delivery_s
         record.finished = seen
         record.output_tokens = fin.output_tokens
+        gaps = getattr(fin, "token_gaps", None)
+        if gaps:
+            record.itl_p90 = percentile(gaps, 90)
+            record.itl_max = max(gaps)
         if record.admitted is None:  # engine times: the served path does not delay them
             record.admitted = fin.first_token if fin.first_token is not None else fin.finished
         if record.turn == state.program.n_turns - 1:

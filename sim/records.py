@@ -33,6 +33,10 @@ class TurnRecord:
     preemptions: int = 0
     replica: str | None = None  # in a cluster: the replica that decoded it
     prefill_replica: str | None = None  # in a cluster: where its prompt was computed, if remote
+    #: P90 and longest gap between its output tokens (engine time), None below two tokens or
+    #: where the engine does not report gaps: what a per-token ITL SLO is measured on
+    itl_p90: float | None = None
+    itl_max: float | None = None
 
 
 @dataclass

@@ -15,7 +15,8 @@ from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ("load", "fidelity", "served-vs-virtual", "sched-overhead", "event-overhead",
-               "bash-overhead", "router-baseline", "langchain-example", "perf-table")
+               "bash-overhead", "router-baseline", "langchain-example", "perf-table",
+               "step-interference")
 
 
 def test_eval_help_lists_every_experiment(capsys):
@@ -62,6 +63,18 @@ def test_perf_table_prints_the_tables(capsys):
     assert main(["eval", "perf-table", "h100-llama-3.1-8b"]) == 0
     out = capsys.readouterr().out
     assert "| batch shape | h100-llama-3.1-8b |" in out and "Coefficients" in out
+
+
+def test_step_interference_prints_published_and_emulated_inflation(capsys):
+    assert main(["eval", "step-interference", "h20x4-llama-3.1-70b", "--chunks", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "| GT lab week 8 (H100, vLLM) | h100-llama-3.1-8b | 30 x 1024 | 512 |" in out
+    assert "| h20x4-llama-3.1-70b |" in out and "+512 chunk" in out
+
+
+def test_step_interference_refuses_a_bad_chunk_list(capsys):
+    assert main(["eval", "step-interference", "--chunks", "512,lots"]) == 2
+    assert "--chunks '512,lots'" in capsys.readouterr().err
 
 
 def test_the_parser_does_not_import_langchain():

@@ -1,0 +1,253 @@
+"""`harness cluster bench --gpus N --itl-slo A,B,...`: AMPD's regime map. For each trace, load
+and ITL SLO, AMPD's SLO attainment against the best tuned co-located deployment (vLLM) and the
+best tuned disaggregated one (Dynamo-like `pd`), every strategy on the same N GPUs.
+
+Why a map and why tuned: AMPD reports its gains (+67 % over Dynamo, +340 % over vLLM, on
+average) where "disaggregated serving often outperforms co-located serving because its ITL
+advantage dominates", with each baseline deployed as well as it can be on the paper's GPU
+count. A comparison at one layout and one SLO (`eval.ampd_bench`'s table) cannot say whether
+that regime exists here; the map says, per cell, who wins and by how much.
+
+Tuning (the same for every strategy, chosen after the fact per cell): every deployment of the
+N GPUs at a uniform tensor-parallel degree d in `--tp` (those the model fits at and that divide
+N): co-located, N/d replicas; disaggregated, every split of the N/d replicas into p prefill
+and N/d - p decode replicas (p >= 1 each). Each strategy's attainment in a cell is its best
+over its deployments, and the map names that deployment. Mixed TP degrees within a deployment
+(e.g. a TP4 prefill and two TP2 decodes) are not tried: the bench builds replicas of one
+profile.
+
+Cost: `vllm` and `pd` read neither SLO (FCFS queues, session / least-loaded routing), so each
+runs once per deployment and its turns are scored against every ITL SLO (`run_one`'s
+``itl_slos``). `ampd` routes against the ITL SLO (Algorithm 1 step 2) and is run once per
+SLO. Rows, settings and the map are written to ``regime.json`` and ``regime.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from common.atomic import write_text_atomic
+from common.metrics import SLO
+from eval.ampd_bench import (
+    GPUS_PER_NODE,
+    ITL_METRICS,
+    STRATEGIES,
+    AmpdBenchError,
+    RunConfig,
+    run_one,
+)
+from eval.workloads.registry import load_or_generate
+from server.engine import NoProgress
+from server.perf.registry import load_profile
+
+DEFAULT_ITL_SLOS = "0.03,0.05,0.1"
+DEFAULT_TP = "2,4,8"
+#: AMPD's published average gains in SLO attainment (abstract and section 7): over Dynamo
+#: (disaggregated) and over vLLM (co-located).
+PAPER_GAIN = {"disaggregated": 0.67, "co-located": 3.40}
+#: The three kinds of the map and the strategy each runs.
+KINDS = {"co-located": "vllm", "disaggregated": "pd", "ampd": "ampd"}
+
+_PROFILE = re.compile(r"^(?P<gpu>[a-z][a-z0-9]*?)(?:x\d+)?-(?P<model>.+)$")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """N GPUs as replicas of one TP degree: co-located (`layout` None) or P/D."""
+
+    profile: str  # the replicas' profile, `{gpu}x{tp}-{model}`
+    tp: int
+    replicas: int
+    layout: tuple[int, int] | None
+
+    @property
+    def label(self) -> str:
+        if self.layout is None:
+            return f"TP{self.tp} x{self.replicas}"
+        return f"TP{self.tp} {self.layout[0]}P{self.layout[1]}D"
+
+
+def deployments(profile: str, gpus: int, degrees: Sequence[int]) -> list[Deployment]:
+    """Every deployment of `gpus` GPUs of `profile`'s GPU and model (its own TP is ignored) at
+    each degree in `degrees` that divides `gpus` and that the model fits at."""
+    m = _PROFILE.match(profile.lower())
+    if not m:
+        raise AmpdBenchError(f"--profile {profile!r}: expected GPU[xN]-MODEL")
+    out: list[Deployment] = []
+    for tp in sorted(set(degrees)):
+        if tp < 1 or gpus % tp:
+            continue
+        name = f"{m['gpu']}x{tp}-{m['model']}"
+        try:
+            load_profile(name).kv_capacity_tokens(0.9)
+        except ValueError:  # the model does not fit on tp GPUs
+            continue
+        n = gpus // tp
+        out.append(Deployment(name, tp, n, None))
+        out += [Deployment(name, tp, n, (p, n - p)) for p in range(1, n)]
+    if not out:
+        raise AmpdBenchError(f"no deployment of {gpus} GPUs at TP {sorted(set(degrees))} fits "
+                             f"{m['model']} on {m['gpu']}; give more GPUs or other --tp")
+    return out
+
+
+def _runs(deps: Sequence[Deployment], itl_slos: Sequence[float]
+          ) -> list[tuple[str, Deployment, float | None]]:
+    """(kind, deployment, the ITL SLO it runs against or None for all) of one cell group."""
+    runs: list[tuple[str, Deployment, float | None]] = []
+    for d in deps:
+        if d.layout is None:
+            runs.append(("co-located", d, None))
+        else:
+            runs.append(("disaggregated", d, None))
+            runs += [("ampd", d, x) for x in itl_slos]
+    return runs
+
+
+def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: int,
+           profile: str, degrees: Sequence[int], itl_slos: Sequence[float], ttft_slo: float,
+           programs: int, seed: int, out: Path, history: str = "pull", console: Any = None,
+           command: str = "") -> dict[str, Any]:
+    """Run the sweep; write ``regime.json`` and ``regime.md``. `loads`: jobs/s per trace."""
+    if not itl_slos or any(not (x > 0 and math.isfinite(x)) for x in itl_slos):
+        raise AmpdBenchError("--itl-slo: give positive seconds, e.g. 0.03,0.05,0.1")
+    deps = deployments(profile, gpus, degrees)
+    runs = _runs(deps, itl_slos)
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    total = sum(len(loads[t]) for t in traces) * len(runs)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, disable=console is None) as bar:
+        overall = bar.add_task("runs", total=total)
+        for name in traces:
+            for x in loads[name]:
+                trace = load_or_generate(name, programs, x, seed)
+                for kind, dep, slo_itl in runs:
+                    slo = SLO(ttft_slo, slo_itl if slo_itl is not None else max(itl_slos))
+                    try:
+                        row = run_one(trace, RunConfig(STRATEGIES[KINDS[kind]], dep.layout),
+                                      replicas=dep.replicas, profile=dep.profile, slo=slo,
+                                      seed=seed, history=history,
+                                      itl_slos=itl_slos if slo_itl is None else (slo_itl,))
+                    except (NoProgress, AmpdBenchError) as exc:
+                        # the deployment cannot run the trace (a conversation longer than
+                        # its KV cache; admission starved): not a candidate, said in the map
+                        row = {"slo_by_itl": {}, "wall_s": math.nan,
+                               "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                    row.update(trace=name, jps=x, kind=kind, deployment=dep.label,
+                               itl_slo=slo_itl)
+                    rows.append(row)
+                    bar.advance(overall)
+                    if console is not None and not console.is_terminal:
+                        console.print(f"{name} @ {x:g} jobs/s: {kind} {dep.label}"
+                                      + ("" if slo_itl is None else f" (ITL {slo_itl:g} s)")
+                                      + f": wall {row['wall_s']:.1f} s"
+                                      + (f", FAILED {row['failed']}" if "failed" in row
+                                         else ""), soft_wrap=True)
+    summary = {
+        "what": "AMPD's regime map (eval.ampd_regime), virtual time", "command": command,
+        "traces": list(traces), "loads": {t: list(loads[t]) for t in traces},
+        "programs": programs, "gpus": gpus, "gpus_per_node": GPUS_PER_NODE,
+        "deployments": [d.label for d in deps], "ttft_slo_s": ttft_slo,
+        "itl_slos": list(itl_slos), "seed": seed, "history": history,
+        "wall_s": time.perf_counter() - started, "rows": rows,
+    }
+    summary["maps"] = {m: regime_map(rows, itl_slos, m) for m in ITL_METRICS}
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "regime.json",
+                      json.dumps(summary, indent=1, allow_nan=True, default=str) + "\n")
+    write_text_atomic(out / "regime.md", regime_markdown(summary))
+    return summary
+
+
+def _best(rows: Sequence[dict[str, Any]], itl: float, metric: str) -> tuple[float, str]:
+    key, field = f"{itl:g}", "slo_by_itl" if metric == "mean" else f"slo_by_itl_{metric}"
+    scored = [(r[field][key], r["deployment"]) for r in rows if key in r.get(field, {})]
+    return max(scored, key=lambda s: s[0]) if scored else (math.nan, "-")
+
+
+def regime_map(rows: Sequence[dict[str, Any]], itl_slos: Sequence[float],
+               metric: str = "mean") -> list[dict[str, Any]]:
+    """One cell per (trace, load, ITL SLO): each kind's best attainment and deployment, the
+    winner, and AMPD's relative gain over the best of each baseline kind. `metric`
+    (`ITL_METRICS`): which of a turn's inter-token latencies the ITL SLO bounds."""
+    cells = []
+    for trace, x in dict.fromkeys((r["trace"], r["jps"]) for r in rows):
+        mine = [r for r in rows if r["trace"] == trace and r["jps"] == x]
+        for itl in itl_slos:
+            cell: dict[str, Any] = {"trace": trace, "jps": x, "itl_slo": itl}
+            for kind in KINDS:
+                value, where = _best([r for r in mine if r["kind"] == kind], itl, metric)
+                cell[kind] = value
+                cell[f"{kind}_deployment"] = where
+            baselines = {k: cell[k] for k in ("co-located", "disaggregated")}
+            # a tie goes to a baseline: AMPD has to beat it
+            cell["winner"] = max(KINDS, key=lambda k: (
+                -1.0 if math.isnan(cell[k]) else cell[k], k != "ampd"))
+            for k, v in baselines.items():
+                cell[f"gain_over_{k}"] = (cell["ampd"] / v - 1) if v > 0 else math.inf
+            cell["margin"] = cell["ampd"] - max(baselines.values())
+            cells.append(cell)
+    return cells
+
+
+def _pct(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    return "inf" if math.isinf(x) else f"{100 * x:+.0f}%"
+
+
+#: What each ITL metric's table says the SLO bounds.
+METRIC_WORDS = {"mean": "the turn's mean inter-token latency (the project's SLO)",
+                "p90": "the P90 of the turn's token gaps",
+                "max": "every token gap of the turn (its longest)"}
+
+
+def regime_markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        f"# AMPD's regime map: {summary['gpus']} GPUs, TTFT SLO {summary['ttft_slo_s']:g} s",
+        "", f"`{summary['command']}`" if summary.get("command") else "",
+        "", f"{summary['programs']} programs per trace and load, seed {summary['seed']}; "
+        f"deployments tried by every strategy: {', '.join(summary['deployments'])}. SLO "
+        "attainment = share of turns with TTFT and ITL within the SLO; each kind's best "
+        f"deployment per cell. Wall time {summary['wall_s']:.0f} s."]
+    for metric, cells in summary["maps"].items():
+        lines += ["", f"## ITL SLO on {METRIC_WORDS[metric]}", ""]
+        lines += map_table(cells)
+    failed = [r for r in summary.get("rows", []) if r.get("failed")]
+    if failed:
+        lines += ["", "Runs that could not finish (not candidates for their kind's best):"]
+        lines += [f"- {r['trace']} {r['jps']:g} jobs/s, {r['kind']} {r['deployment']}"
+                  + ("" if r["itl_slo"] is None else f" (ITL {r['itl_slo']:g} s)")
+                  + f": {r['failed'].split(' with ')[0]}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def map_table(cells: Sequence[dict[str, Any]]) -> list[str]:
+    """One map as markdown lines: the table and the cells where AMPD wins."""
+    lines = ["| trace | jobs/s | ITL SLO | AMPD (best) | co-located vLLM (best) | P/D "
+             "Dynamo-like (best) | winner | AMPD vs co-located | AMPD vs P/D |",
+             "|---|---:|---:|---|---|---|---|---:|---:|"]
+    for c in cells:
+        lines.append(
+            f"| {c['trace']} | {c['jps']:g} | {c['itl_slo']:g} | {c['ampd']:.3f} "
+            f"({c['ampd_deployment']}) | {c['co-located']:.3f} ({c['co-located_deployment']}) | "
+            f"{c['disaggregated']:.3f} ({c['disaggregated_deployment']}) | {c['winner']} | "
+            f"{_pct(c['gain_over_co-located'])} | {_pct(c['gain_over_disaggregated'])} |")
+    wins = [c for c in cells if c["margin"] > 0]
+    lines += ["", f"AMPD beats every tuned baseline in {len(wins)} of {len(cells)} cells"
+              + (": " + "; ".join(f"{c['trace']} {c['jps']:g} jobs/s ITL {c['itl_slo']:g} s "
+                                   f"(+{c['margin']:.3f})" for c in wins) if wins else "")
+              + ". The paper's average gains: "
+              f"{_pct(PAPER_GAIN['disaggregated'])} over Dynamo, "
+              f"{_pct(PAPER_GAIN['co-located'])} over vLLM."]
+    return lines
