@@ -336,6 +336,7 @@ def _add_real_model(experiments: Any) -> None:
 
 def _real_model(args: argparse.Namespace) -> int:
     real_model.run_real_model(_options(RealModelOptions, args))
+    return 0
 
 
 # -- prefill-decode interference of the emulated step ------------------------------------------
