@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--no-token-ids", action="store_true",
                         help="do not ask the server for token ids (`return_token_ids`, a vLLM "
                         "extension): for OpenAI-compatible servers that reject it")
+    parser.add_argument("--agentic-context", action="store_true",
+                        help="also send each request's hints as the canonical "
+                        "`vllm_xargs.agentic_context` (program_id, step_id, expected_resume, "
+                        "...), which vllm-router's program scheduling reads; `harness serve` "
+                        "accepts it, a stock vLLM server rejects it (400)")
 
 
 def spec_of(args: argparse.Namespace) -> RunSpec:
@@ -49,7 +54,8 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    model=args.model, server=args.server, profile=args.profile,
                    limit=args.limit, concurrency=args.concurrency, tasks=args.tasks,
                    out=args.out, resume=args.resume, max_steps=args.max_steps,
-                   predictor=args.predictor, token_ids=not args.no_token_ids)
+                   predictor=args.predictor, token_ids=not args.no_token_ids,
+                   agentic_context=args.agentic_context)
 
 
 def run(args: argparse.Namespace) -> int:

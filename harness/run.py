@@ -72,6 +72,8 @@ class RunSpec:
     max_steps: int = 30
     predictor: str | None = None  # a `harness predictor train` model directory
     token_ids: bool = True  # ask the server for token ids (`return_token_ids`)
+    #: also send the hints as the canonical `vllm_xargs.agentic_context` (for vllm-router)
+    agentic_context: bool = False
 
 
 @dataclass
@@ -211,10 +213,11 @@ def load_text_model(directory: str | None) -> Any:
 async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
                   console: Console, text_model: Any = None, token_ids: bool = True,
-                  diagnose: Callable[[], str | None] | None = None) -> dict[str, int]:
+                  diagnose: Callable[[], str | None] | None = None,
+                  agentic_context: bool = False) -> dict[str, int]:
     """Run the tasks (once the model server is gone no new program starts); returns the
     events sent / dropped."""
-    client = ChatClient(base_url, model, token_ids=token_ids)
+    client = ChatClient(base_url, model, token_ids=token_ids, agentic_context=agentic_context)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
@@ -386,7 +389,7 @@ def run_benchmark(spec: RunSpec) -> int:
                 model = Path(model_spec.value).name
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
                                      spec.concurrency, limits, console, text_model,
-                                     spec.token_ids, diagnose)) \
+                                     spec.token_ids, diagnose, spec.agentic_context)) \
             if todo else {"sent": 0, "dropped": 0}
         received = server_events_received(base_url)
     summary = build_summary(bench, spec.policy, tasks, out, events, model,
