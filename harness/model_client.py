@@ -234,12 +234,17 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 
 async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
-    """`iter_sse` over an async line iterator."""
+    """`iter_sse` over an async line iterator. After `data: [DONE]` the rest of the stream is
+    read to its end, so that the response is complete before the caller closes it: a proxy
+    in between (vllm-router) otherwise sees the client go away and counts a failed request."""
+    done = False
     async for line in lines:
+        if done:
+            continue
         chunk = _sse_json(line)
         if chunk is _DONE:
-            return
-        if chunk is not None:
+            done = True
+        elif chunk is not None:
             yield chunk
 
 
