@@ -277,6 +277,9 @@ def _add_served_comparison(experiments: Any) -> None:
                    help=f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)} or "
                    f"session:POLICY (our router in front of POLICY replicas); default "
                    f"{DEFAULT_SYSTEMS}")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="run every system this many times (program ids, hence placement, "
+                   "differ per run) and print the means too")
     p.add_argument("--replicas", type=int, default=d.replicas)
     p.add_argument("--profile", default=d.profile, help="the replicas' emulated GPU-MODEL "
                    "(vllm-router's cost models are calibrated on it)")

@@ -9,9 +9,10 @@ Program semantics are those of `sim.loop`: a program arrives at ``arrival_s`` (w
 from the start), sends ``program_start`` and turn 0's request; when a turn finishes it sends
 ``tool_start``, sleeps ``tool_seconds``, sends ``tool_end`` (seconds, return tokens) and the next
 turn's request; after the last turn, ``program_end``. Requests carry ``session_id`` (the program
-id, made unique per replay: ``ID@RUN``) and the same hints (`sim.client.turn_hints`). Events
-go through the harness's own non-blocking `EventClient`, as an agent's do: they are never
-waited for, and if the server lags they are dropped and counted (``events_dropped``).
+id, made unique per replay: ``ID@RUN``) and the same hints (`sim.client.turn_hints`; with
+``agentic_context=True`` also as the canonical ``vllm_xargs.agentic_context``). Events go
+through the harness's own non-blocking `EventClient`, as an agent's do: they are never waited
+for, and if the server lags they are dropped and counted (``events_dropped``).
 
 Prompts are token ids (`prompt` as a list of ints), built by `sim.conversation.ProgramState`: the
 previous prompt, the ids the model answered (``return_token_ids``), then seeded stand-in ids.

@@ -144,6 +144,7 @@ class ServedComparisonOptions:
     seed: int = 3
     time_scale: float = 0.2
     systems: str = DEFAULT_SYSTEMS
+    repeats: int = 1
     replicas: int = 2
     profile: str = "h100-llama-3.1-8b"
     num_gpu_blocks: int = 1024
@@ -209,17 +210,53 @@ def decisions_text(router_metrics: dict[str, float]) -> str:
 
 
 def format_table(results: Sequence[ModeResult], policies: dict[str, str]) -> str:
-    """The comparison as a markdown table, one row per system."""
+    """The comparison as a markdown table, one row per system and repeat."""
+    repeated = any(r.repeat for r in results)
     rows = ["| system | replicas' policy | JCT mean | JCT P95 | prefix hit rate | "
-            "programs on >1 replica | preemptions | vllm-router decisions |",
-            "|---|---|---:|---:|---:|---:|---:|---|"]
+            "programs on >1 replica | turns per replica | preemptions | vllm-router decisions |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         m = r.metrics
-        rows.append(f"| {r.mode} | {policies.get(r.mode, '?')} | {_seconds(m.get('jct_mean_s'))} "
+        label = f"{r.mode} #{r.repeat + 1}" if repeated else r.mode
+        rows.append(f"| {label} | {policies.get(r.mode, '?')} | {_seconds(m.get('jct_mean_s'))} "
                     f"| {_seconds(m.get('jct_p95_s'))} | "
                     f"{m.get('prefix_hit_rate', math.nan):.3f} | "
-                    f"{r.split_programs}/{r.programs} | {m.get('preemptions')} | "
+                    f"{r.split_programs}/{r.programs} | "
+                    f"{'/'.join(str(t) for t in r.turns_per_replica)} | {m.get('preemptions')} | "
                     f"{decisions_text(r.router_metrics)} |")
+    return "\n".join(rows)
+
+
+MEANS = ("jct_mean_s", "jct_p95_s", "prefix_hit_rate")
+
+
+def aggregate(results: Sequence[ModeResult]) -> dict[str, dict[str, float]]:
+    """Per system, the mean over its repeats of JCT mean, JCT P95 and prefix hit rate, with
+    the spread of the JCT means (max - min) and the number of repeats: with few programs on
+    few replicas, where the hash places programs (different ids each repeat) moves a run's
+    JCT as much as the router does."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        runs.setdefault(r.mode, []).append(r.metrics)
+    out: dict[str, dict[str, float]] = {}
+    for system, metrics in runs.items():
+        row = {key: sum(float(m.get(key, math.nan)) for m in metrics) / len(metrics)
+               for key in MEANS}
+        jcts = [float(m.get("jct_mean_s", math.nan)) for m in metrics]
+        row["jct_mean_spread_s"] = max(jcts) - min(jcts)
+        row["repeats"] = len(metrics)
+        out[system] = row
+    return out
+
+
+def format_means(means: dict[str, dict[str, float]], policies: dict[str, str]) -> str:
+    """`aggregate`'s means as a markdown table."""
+    rows = ["| system | replicas' policy | repeats | JCT mean | (spread) | JCT P95 | "
+            "prefix hit rate |", "|---|---|---:|---:|---:|---:|---:|"]
+    for system, m in means.items():
+        rows.append(f"| {system} | {policies.get(system, '?')} | {int(m['repeats'])} | "
+                    f"{_seconds(m['jct_mean_s'])} | {_seconds(m['jct_mean_spread_s'])} | "
+                    f"{_seconds(m['jct_p95_s'])} | {m['prefix_hit_rate']:.3f} |")
     return "\n".join(rows)
 
 
@@ -232,8 +269,9 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     if any(not s.ours for s in systems) and importlib.util.find_spec("vllm_router") is None:
         raise ServedComparisonInputError("the `vllm-router` package is not installed; run "
                                          "`.venv/bin/pip install vllm-router==0.1.17`")
-    if options.replicas < 1 or options.num_gpu_blocks < 16:
-        raise ServedComparisonInputError("--replicas must be >= 1, --num-gpu-blocks >= 16")
+    if options.replicas < 1 or options.repeats < 1 or options.num_gpu_blocks < 16:
+        raise ServedComparisonInputError("--replicas and --repeats must be >= 1, "
+                                         "--num-gpu-blocks >= 16")
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         http_replay.scale_trace(trace, options.time_scale)  # validates the scale
@@ -253,11 +291,14 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
             replicas = start_replicas(options.replicas, policy, options.profile,
                                       options.num_gpu_blocks, out / policy)
             workers = [r.base_url for r in replicas]
-            for system in group:
-                print(f"{system.name}: {system.about} ...", flush=True)
-                front = front_for(system, workers, out, calibration, capacity)
-                results.append(run_front(system.name, system.about, front, trace, replicas,
-                                         options.time_scale, agentic_context=True))
+            for repeat in range(options.repeats):
+                for system in group:
+                    print(f"{system.name}: {system.about} ...", flush=True)
+                    front = front_for(system, workers, out, calibration, capacity)
+                    result = run_front(system.name, system.about, front, trace, replicas,
+                                       options.time_scale, agentic_context=True)
+                    result.repeat = repeat
+                    results.append(result)
             for r in replicas:
                 r.stop()
             replicas = []
@@ -273,7 +314,8 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
         signal.signal(signal.SIGTERM, previous)
 
     policies = {s.name: s.policy for s in systems}
-    summary = {"options": asdict(options), "trace": trace.name,
+    means = aggregate(results)
+    summary = {"options": asdict(options), "trace": trace.name, "means": means,
                "programs": len(trace.programs), "calibration": asdict(calibration),
                "token_capacity_per_replica": capacity,
                "results": [{**r.__dict__, "policy": policies[r.mode],
@@ -286,6 +328,9 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
           f"scale {options.time_scale:g}, {options.replicas} x {options.profile}, "
           f"{options.num_gpu_blocks} blocks ({capacity} tokens) each")
     print(format_table(results, policies))
+    if options.repeats > 1:
+        print(f"\nmeans over {options.repeats} repeats:")
+        print(format_means(means, policies))
     print(f"\nvllm-router calibration (from {options.profile}): "
           f"{json.dumps(calibration.router_models())}")
     print(f"summary and logs in {out}/")

@@ -18,8 +18,10 @@ from eval.program_scheduling import (
 from eval.router_baseline import ModeResult, router_argv
 from eval.served_comparison import (
     ServedComparisonInputError,
+    aggregate,
     by_policy,
     decisions_text,
+    format_means,
     format_table,
     our_router_argv,
     parse_systems,
@@ -109,22 +111,45 @@ def test_systems_are_parsed_and_grouped_by_replica_policy() -> None:
             parse_systems(bad)
 
 
-def test_table_has_a_row_per_system() -> None:
-    results = [
-        ModeResult(mode="vr-programs", about="", router_argv=[], cache_reset=True,
-                   metrics={"jct_mean_s": 12.34, "jct_p95_s": 20.0, "prefix_hit_rate": 0.8,
-                            "preemptions": 0},
-                   router_metrics=metric_totals(ROUTER_METRICS), programs=4, split_programs=1),
-        ModeResult(mode="session:continuum", about="", router_argv=[], cache_reset=True,
-                   metrics={"jct_mean_s": 10.0, "jct_p95_s": 15.5, "prefix_hit_rate": 0.9,
-                            "preemptions": 2}, programs=4),
-    ]
-    table = format_table(results, {"vr-programs": "vllm", "session:continuum": "continuum"})
-    lines = table.splitlines()
+def _result(system: str, jct: float, p95: float, hit: float, repeat: int = 0,
+            router_metrics: dict[str, float] | None = None) -> ModeResult:
+    return ModeResult(mode=system, about="", router_argv=[], cache_reset=True,
+                      metrics={"jct_mean_s": jct, "jct_p95_s": p95, "prefix_hit_rate": hit,
+                               "preemptions": 0},
+                      router_metrics=router_metrics or {}, programs=4, split_programs=0,
+                      turns_per_replica=[20, 24], repeat=repeat)
+
+
+def test_table_has_a_row_per_system_and_repeat() -> None:
+    results = [_result("vr-programs", 12.34, 20.0, 0.8,
+                       router_metrics=metric_totals(ROUTER_METRICS)),
+               _result("session:continuum", 10.0, 15.5, 0.9)]
+    policies = {"vr-programs": "vllm", "session:continuum": "continuum"}
+    lines = format_table(results, policies).splitlines()
     assert len(lines) == 4
-    assert lines[2].startswith("| vr-programs | vllm | 12.3 s | 20.0 s | 0.800 | 1/4 | 0 | "
-                               "program_admit 8")
-    assert lines[3] == "| session:continuum | continuum | 10.0 s | 15.5 s | 0.900 | 0/4 | 2 |  |"
+    assert lines[2].startswith("| vr-programs | vllm | 12.3 s | 20.0 s | 0.800 | 0/4 | 20/24 | "
+                               "0 | program_admit 8")
+    assert lines[3] == ("| session:continuum | continuum | 10.0 s | 15.5 s | 0.900 | 0/4 | "
+                        "20/24 | 0 |  |")
+    again = [*results, _result("session:continuum", 14.0, 16.5, 0.7, repeat=1)]
+    assert "| session:continuum #2 |" in format_table(again, policies)
+
+
+def test_repeats_are_averaged_per_system() -> None:
+    results = [_result("vr-hash", 10.0, 20.0, 0.5), _result("session:vllm", 9.0, 15.0, 0.6),
+               _result("vr-hash", 14.0, 22.0, 0.7, repeat=1),
+               _result("session:vllm", 10.0, 17.0, 0.8, repeat=1)]
+    means = aggregate(results)
+    assert list(means) == ["vr-hash", "session:vllm"]
+    assert means["vr-hash"] == pytest.approx({"jct_mean_s": 12.0, "jct_p95_s": 21.0,
+                                              "prefix_hit_rate": 0.6, "jct_mean_spread_s": 4.0,
+                                              "repeats": 2})
+    assert means["session:vllm"]["jct_mean_s"] == pytest.approx(9.5)
+    table = format_means(means, {"vr-hash": "vllm", "session:vllm": "vllm"}).splitlines()
+    assert table[2] == "| vr-hash | vllm | 2 | 12.0 s | 4.0 s | 21.0 s | 0.600 |"
+
+
+def test_our_router_runs_as_a_process_of_its_own() -> None:
     argv = our_router_argv(["http://a:1", "http://b:2"], 9100)
     assert argv[1:6] == ["-m", "eval.served_comparison", "route", "session", "9100"]
     assert argv[6:] == ["http://a:1", "http://b:2"]
