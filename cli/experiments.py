@@ -286,6 +286,10 @@ def _add_served_comparison(experiments: Any) -> None:
     p.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks,
                    help=f"KV cache per replica in 16-token blocks, for every system (default "
                    f"{d.num_gpu_blocks}: 16k tokens)")
+    p.add_argument("--vr-stats-window", type=int, default=d.vr_stats_window,
+                   help="vllm-router's stats_window_size: observed requests before its growth "
+                   "reserve and Progress-TTL turn on (its own default, 100, is more than a "
+                   f"short run makes, so its TTLs stay 0; default here {d.vr_stats_window})")
     p.add_argument("--out", default=d.out,
                    help="folder for summary.json and the replicas' and routers' logs")
     p.set_defaults(func=_served_comparison)

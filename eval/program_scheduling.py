@@ -176,16 +176,17 @@ def decision_counts(after: dict[str, float],
     window of observed tool-call intervals is full)."""
     before = before or {}
 
-    def delta(key: str) -> float:
-        return after.get(key, 0.0) - before.get(key, 0.0)
+    def delta(name: str) -> float:  # summed over the series' labels (`{source=fitted}`)
+        return sum(after[k] - before.get(k, 0.0) for k in after
+                   if k == name or k.startswith(name + "{"))
 
     transitions: dict[str, int] = {}
     for key in after:
         if key.startswith(TRANSITIONS + "{") or key == TRANSITIONS:
-            labels = key[len(TRANSITIONS):].strip("{}")
-            count = int(round(delta(key)))
+            labels = key[len(TRANSITIONS):].strip("{}") or "all"
+            count = int(round(after[key] - before.get(key, 0.0)))
             if count:
-                transitions[labels or "all"] = transitions.get(labels or "all", 0) + count
+                transitions[labels] = transitions.get(labels, 0) + count
     pooled = delta(QUEUE_WAIT + "_count")
     armed = delta(ARMED_TTL + "_count")
     return {"transitions": dict(sorted(transitions.items())), "pooled": int(round(pooled)),

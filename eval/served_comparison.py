@@ -148,6 +148,9 @@ class ServedComparisonOptions:
     replicas: int = 2
     profile: str = "h100-llama-3.1-8b"
     num_gpu_blocks: int = 1024
+    #: vllm-router's `stats_window_size`: samples before its growth reserve and Progress-TTL
+    #: turn on (its default, 100, is more requests than a short run makes: TTLs stay 0)
+    vr_stats_window: int = 20
     out: str = "runs/served-comparison"
 
 
@@ -174,16 +177,19 @@ def serve_our_router(strategy: str, port: int, workers: Sequence[str]) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def front_for(system: System, workers: Sequence[str], out: Path,
-              calibration: Calibration, capacity_tokens: int) -> RouterProcess:
-    """The router process of ``system`` (not started)."""
+def front_for(system: System, workers: Sequence[str], out: Path, calibration: Calibration,
+              capacity_tokens: int, stats_window: int | None = None) -> RouterProcess:
+    """The router process of ``system`` (not started); ``stats_window``: vllm-router's
+    `stats_window_size` (None: its default)."""
     log = out / f"router-{system.name.replace(':', '-')}.log"
     if system.ours:
         port = free_port()
         return RouterProcess(our_router_argv(workers, port), port, log, name="our router")
     if system.name == "vr-hash":
         return VllmRouter("consistent_hash", workers, log)
-    overrides = {"binding_only": True} if system.name == "vr-binding" else None
+    overrides: dict[str, Any] = {"binding_only": True} if system.name == "vr-binding" else {}
+    if stats_window is not None:
+        overrides["stats_window_size"] = stats_window
     config = scheduling_config(calibration, capacity_tokens, overrides=overrides)
     return VllmRouter("consistent_hash", workers, log, extra=config_argument(config))
 
@@ -269,9 +275,10 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     if any(not s.ours for s in systems) and importlib.util.find_spec("vllm_router") is None:
         raise ServedComparisonInputError("the `vllm-router` package is not installed; run "
                                          "`.venv/bin/pip install vllm-router==0.1.17`")
-    if options.replicas < 1 or options.repeats < 1 or options.num_gpu_blocks < 16:
-        raise ServedComparisonInputError("--replicas and --repeats must be >= 1, "
-                                         "--num-gpu-blocks >= 16")
+    if (options.replicas < 1 or options.repeats < 1 or options.num_gpu_blocks < 16
+            or options.vr_stats_window < 1):
+        raise ServedComparisonInputError("--replicas, --repeats and --vr-stats-window must be "
+                                         ">= 1, --num-gpu-blocks >= 16")
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         http_replay.scale_trace(trace, options.time_scale)  # validates the scale
@@ -294,7 +301,8 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
             for repeat in range(options.repeats):
                 for system in group:
                     print(f"{system.name}: {system.about} ...", flush=True)
-                    front = front_for(system, workers, out, calibration, capacity)
+                    front = front_for(system, workers, out, calibration, capacity,
+                                      options.vr_stats_window)
                     result = run_front(system.name, system.about, front, trace, replicas,
                                        options.time_scale, agentic_context=True)
                     result.repeat = repeat

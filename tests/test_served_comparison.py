@@ -40,8 +40,9 @@ vllm_router_agent_aware_queue_wait_seconds_count{target="http://a:1"} 2
 vllm_router_agent_aware_queue_wait_seconds_sum{target="http://b:2"} 0.25
 vllm_router_agent_aware_queue_wait_seconds_count{target="http://b:2"} 1
 vllm_router_agent_aware_rank_queue_size{target="http://a:1"} 0
-vllm_router_agent_aware_armed_ttl_seconds_sum{target="http://a:1"} 3
-vllm_router_agent_aware_armed_ttl_seconds_count{target="http://a:1"} 4
+vllm_router_agent_aware_armed_ttl_seconds_sum{target="http://a:1",source="fitted"} 3
+vllm_router_agent_aware_armed_ttl_seconds_count{target="http://a:1",source="fitted"} 3
+vllm_router_agent_aware_armed_ttl_seconds_count{target="http://a:1",source="request"} 1
 vllm_router_requests_total{route="/v1/completions"} 12
 """
 
