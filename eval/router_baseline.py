@@ -415,8 +415,9 @@ def run_front(name: str, about: str, front: Any, trace: Trace,
 
 # -- replicas ---------------------------------------------------------------------------------
 def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
-                   out: Path) -> list[ServerProcess]:
-    """``n`` emulated replicas started side by side; all stopped again if one fails."""
+                   out: Path, startup_timeout_s: float = 240.0) -> list[ServerProcess]:
+    """``n`` emulated replicas started side by side; all stopped again if one fails (or is
+    not up within ``startup_timeout_s``)."""
     replicas = [ServerProcess(policy=policy, profile=profile,
                               serve_args=["--max-model-len",
                                           str(served_max_model_len(num_gpu_blocks))],
@@ -425,7 +426,8 @@ def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
                               log_path=out / f"replica-{i}.log",
                               # INFO: the request log says which replica served a turn (a
                               # caller's VLLM_LOGGING_LEVEL=ERROR would hide it)
-                              env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"})
+                              env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"},
+                              startup_timeout_s=startup_timeout_s)
                 for i in range(n)]
     out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=n) as pool:

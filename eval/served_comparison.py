@@ -295,8 +295,10 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
         for policy, group in by_policy(systems):
             print(f"starting {options.replicas} replicas ({policy}, {options.profile}, "
                   f"{options.num_gpu_blocks} blocks each) ...", flush=True)
+            # a busy machine takes minutes to start several vLLM servers side by side
             replicas = start_replicas(options.replicas, policy, options.profile,
-                                      options.num_gpu_blocks, out / policy)
+                                      options.num_gpu_blocks, out / policy,
+                                      startup_timeout_s=600.0)
             workers = [r.base_url for r in replicas]
             for repeat in range(options.repeats):
                 for system in group:
