@@ -26,6 +26,7 @@ from eval import (
     real_model,
     router_baseline,
     sched_overhead,
+    served_comparison,
     served_vs_virtual,
     step_interference,
 )
@@ -33,6 +34,7 @@ from eval.fidelity import DEFAULT_TABLE, FidelityOptions
 from eval.load_bench import DEFAULT_MIX
 from eval.real_model import RealModelOptions
 from eval.router_baseline import DEFAULT_MODES, MODES, RouterBaselineOptions
+from eval.served_comparison import DEFAULT_SYSTEMS, VLLM_ROUTER_SYSTEMS, ServedComparisonOptions
 from eval.served_vs_virtual import ServedVsVirtualOptions
 from harness.tools.sandbox_image import DEFAULT_IMAGE
 
@@ -53,6 +55,7 @@ def register(subparsers: Any) -> None:
     _add_event_overhead(experiments)
     _add_bash_overhead(experiments)
     _add_router_baseline(experiments)
+    _add_served_comparison(experiments)
     _add_langchain_example(experiments)
     _add_perf_table(experiments)
     _add_real_model(experiments)
@@ -259,6 +262,46 @@ def _router_baseline(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--replicas and --repeats must be >= 1, --num-gpu-blocks >= 16")
     return router_baseline.run_router_baseline(
         _options(RouterBaselineOptions, args, modes=tuple(modes)))
+
+
+# -- served comparison ----------------------------------------------------------------------
+def _add_served_comparison(experiments: Any) -> None:
+    p = experiments.add_parser(
+        "served-comparison",
+        help="vllm-router program scheduling vs session-routed vllm vs our policies, served",
+        description=served_comparison.__doc__.split("\n\n")[0])
+    d = ServedComparisonOptions
+    p.add_argument("--trace", default=d.trace,
+                   help="trace name (swe, swe-long, bfcl, mix, merge) or file")
+    p.add_argument("--programs", type=int, default=d.programs)
+    p.add_argument("--jps", type=float, default=d.jps, help="arrival rate, jobs/s")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--time-scale", type=float, default=d.time_scale,
+                   help=f"multiply arrival gaps and tool durations (default {d.time_scale})")
+    p.add_argument("--systems", default=d.systems,
+                   help=f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)} or "
+                   f"session:POLICY (our router in front of POLICY replicas); default "
+                   f"{DEFAULT_SYSTEMS}")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="run every system this many times (program ids, hence placement, "
+                   "differ per run) and print the means too")
+    p.add_argument("--replicas", type=int, default=d.replicas)
+    p.add_argument("--profile", default=d.profile, help="the replicas' emulated GPU-MODEL "
+                   "(vllm-router's cost models are calibrated on it)")
+    p.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks,
+                   help=f"KV cache per replica in 16-token blocks, for every system (default "
+                   f"{d.num_gpu_blocks}: 16k tokens)")
+    p.add_argument("--vr-stats-window", type=int, default=d.vr_stats_window,
+                   help="vllm-router's stats_window_size: observed requests before its growth "
+                   "reserve and Progress-TTL turn on (its own default, 100, is more than a "
+                   f"short run makes, so its TTLs stay 0; default here {d.vr_stats_window})")
+    p.add_argument("--out", default=d.out,
+                   help="folder for summary.json and the replicas' and routers' logs")
+    p.set_defaults(func=_served_comparison)
+
+
+def _served_comparison(args: argparse.Namespace) -> int:
+    return served_comparison.run_served_comparison(_options(ServedComparisonOptions, args))
 
 
 # -- the LangChain example ----------------------------------------------------------------------

@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("--no-token-ids", action="store_true",
                         help="do not ask the server for token ids (`return_token_ids`, a vLLM "
                         "extension): for OpenAI-compatible servers that reject it")
+    parser.add_argument("--agentic-context", action="store_true",
+                        help="also send each request's hints as the canonical "
+                        "`vllm_xargs.agentic_context` (program_id, step_id, expected_resume, "
+                        "...), which vllm-router's program scheduling reads; `harness serve` "
+                        "accepts it, a stock vLLM server rejects it (400)")
 
 
 def spec_of(args: argparse.Namespace) -> RunSpec:
@@ -69,7 +74,7 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    predictor=args.predictor, token_ids=not args.no_token_ids,
                    device=args.device, max_tokens=args.max_tokens,
                    temperature=args.temperature, exemplars=False if args.no_exemplars else None,
-                   tool_calls=args.tool_calls)
+                   tool_calls=args.tool_calls, agentic_context=args.agentic_context)
 
 
 def run(args: argparse.Namespace) -> int:

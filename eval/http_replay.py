@@ -9,9 +9,10 @@ Program semantics are those of `sim.loop`: a program arrives at ``arrival_s`` (w
 from the start), sends ``program_start`` and turn 0's request; when a turn finishes it sends
 ``tool_start``, sleeps ``tool_seconds``, sends ``tool_end`` (seconds, return tokens) and the next
 turn's request; after the last turn, ``program_end``. Requests carry ``session_id`` (the program
-id, made unique per replay: ``ID@RUN``) and the same hints (`sim.client.turn_hints`). Events
-go through the harness's own non-blocking `EventClient`, as an agent's do: they are never
-waited for, and if the server lags they are dropped and counted (``events_dropped``).
+id, made unique per replay: ``ID@RUN``) and the same hints (`sim.client.turn_hints`; with
+``agentic_context=True`` also as the canonical ``vllm_xargs.agentic_context``). Events go
+through the harness's own non-blocking `EventClient`, as an agent's do: they are never waited
+for, and if the server lags they are dropped and counted (``events_dropped``).
 
 Prompts are token ids (`prompt` as a list of ints), built by `sim.conversation.ProgramState`: the
 previous prompt, the ids the model answered (``return_token_ids``), then seeded stand-in ids.
@@ -81,7 +82,13 @@ import httpx
 from common.metrics import replay_metrics
 from common.trace import Trace
 from harness.events_client import EventClient
-from harness.model_client import aiter_sse, api_root, session_headers, usage_counts
+from harness.model_client import (
+    aiter_sse,
+    api_root,
+    session_headers,
+    usage_counts,
+    with_agentic_context,
+)
 from sim.client import turn_hints
 from sim.conversation import ProgramState
 from sim.records import ProgramRecord, ReplayResult, TurnRecord
@@ -122,16 +129,18 @@ class HttpReplayResult(ReplayResult):
 
 def replay_over_http(trace: Trace, url: str, *, model: str | None = None,
                      time_scale: float = 1.0, progress: Callable[[int], None] | None = None,
-                     request_timeout_s: float = 600.0,
-                     run_id: str | None = None) -> HttpReplayResult:
+                     request_timeout_s: float = 600.0, run_id: str | None = None,
+                     agentic_context: bool = False) -> HttpReplayResult:
     """Replay ``trace`` against the OpenAI server at ``url`` (``http://host:port``, with or
     without ``/v1``) in wall-clock time and return its records. ``model``: the served model
     name (default: the server's first). ``progress(n_done)`` is called as programs end.
-    ``run_id`` (default: random) salts the prefix cache and suffixes the session ids. Raises
+    ``run_id`` (default: random) salts the prefix cache and suffixes the session ids.
+    ``agentic_context``: every request also carries its hints as the canonical
+    ``vllm_xargs.agentic_context`` (what vllm-router's program scheduling reads). Raises
     `HttpReplayError` at once if nothing usable answers at ``url``."""
     return asyncio.run(areplay_over_http(trace, url, model=model, time_scale=time_scale,
                                          progress=progress, request_timeout_s=request_timeout_s,
-                                         run_id=run_id))
+                                         run_id=run_id, agentic_context=agentic_context))
 
 
 def scale_trace(trace: Trace, time_scale: float) -> Trace:
@@ -199,7 +208,8 @@ async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
                             time_scale: float = 1.0,
                             progress: Callable[[int], None] | None = None,
                             request_timeout_s: float = 600.0,
-                            run_id: str | None = None) -> HttpReplayResult:
+                            run_id: str | None = None,
+                            agentic_context: bool = False) -> HttpReplayResult:
     """`replay_over_http` for a caller that has an event loop."""
     trace = scale_trace(trace, time_scale)
     run_id = run_id or new_run_id()
@@ -213,6 +223,7 @@ async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
         model = await _probe(client, base, model)
         before = await _scrape(client, base)
         driver = _Driver(trace, client, base, model, run_id, progress)
+        driver.agentic_context = agentic_context
         async with EventClient(base) as events:
             driver.events = events
             await driver.run()
@@ -312,6 +323,7 @@ class _Driver:
         self.run_id = run_id
         self.progress = progress
         self.events: EventClient | None = None
+        self.agentic_context = False  # send the canonical vllm_xargs.agentic_context too
         self.records = {p.id: ProgramRecord(p.id, p.arrival_s)
                         for p in trace.programs}
         self.done = 0
@@ -403,7 +415,8 @@ class _Driver:
                 "ignore_eos": True, "return_token_ids": True, "stream": True,
                 "stream_options": {"include_usage": True},
                 "session_id": self.session(program.id), "cache_salt": self.run_id,
-                "vllm_xargs": hints}
+                "vllm_xargs": with_agentic_context(
+                    hints, self.session(program.id) if self.agentic_context else None)}
         got = _Turn()
         where = f"program {program.id!r} turn {i} ({len(state.tokens)} prompt tokens)"
         try:

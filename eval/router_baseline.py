@@ -89,6 +89,7 @@ from eval import http_replay
 from eval.bench.specs import BenchError
 from eval.bench.traces import make_trace
 from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
+from eval.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port
 from server.max_model_len import served_max_model_len
@@ -141,24 +142,29 @@ class RouterBaselineOptions:
 
 
 # -- vllm-router ---------------------------------------------------------------------------------
-def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int) -> list[str]:
-    """The `vllm-router` command for ``policy`` in front of ``workers``. P/D would instead be
-    ``--vllm-pd-disaggregation --prefill URL [BOOTSTRAP_PORT] ... --decode URL ...
+def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int,
+                extra: Sequence[str] = ()) -> list[str]:
+    """The `vllm-router` command for ``policy`` in front of ``workers``, plus ``extra``
+    options (program scheduling: `eval.program_scheduling.config_argument`). P/D would
+    instead be ``--vllm-pd-disaggregation --prefill URL [BOOTSTRAP_PORT] ... --decode URL ...
     [--prefill-policy P] [--decode-policy P] [--kv-connector nixl|mooncake|moriio]``."""
     return [sys.executable, "-m", "vllm_router.launch_router",
             "--worker-urls", *workers, "--policy", policy,
             "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--log-level", "info"]
+            "--log-level", "info", *extra]
 
 
-class VllmRouter:
-    """`vllm-router` as a child in its own process group; `with VllmRouter(...) as r: r.url`."""
+class RouterProcess:
+    """A router as a child in its own process group, ready once ``GET /v1/models`` answers
+    (routers proxy it to a replica); `with RouterProcess(...) as r: r.url`. ``argv`` is its
+    command, ``port`` the one it listens on, ``name`` what messages call it."""
 
-    def __init__(self, policy: str, workers: Sequence[str], log_path: Path,
-                 startup_timeout_s: float = 60.0) -> None:
-        self.port = free_port()
-        self.argv = router_argv(policy, workers, self.port, free_port())
+    def __init__(self, argv: Sequence[str], port: int, log_path: Path, *,
+                 name: str = "router", startup_timeout_s: float = 60.0) -> None:
+        self.argv = list(argv)
+        self.port = port
+        self.name = name
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
@@ -174,10 +180,7 @@ class VllmRouter:
             return "(no log)"
         return "\n".join(re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()[-lines:])
 
-    def start(self) -> VllmRouter:
-        if importlib.util.find_spec("vllm_router") is None:
-            raise RouterBaselineError("the `vllm-router` package is not installed; run "
-                                      "`.venv/bin/pip install vllm-router==0.1.17`")
+    def start(self) -> RouterProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
@@ -185,16 +188,16 @@ class VllmRouter:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RouterBaselineError(f"vllm-router exited with {self.process.returncode} "
+                raise RouterBaselineError(f"{self.name} exited with {self.process.returncode} "
                                           f"(log {self.log_path}):\n{self._tail()}")
-            try:  # /v1/models is proxied to a worker: answers once the router routes
+            try:
                 if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RouterBaselineError(f"vllm-router did not answer within "
+        raise RouterBaselineError(f"{self.name} did not answer within "
                                   f"{self.startup_timeout_s:.0f} s (log {self.log_path}):\n"
                                   f"{self._tail()}")
 
@@ -211,11 +214,37 @@ class VllmRouter:
             except subprocess.TimeoutExpired:
                 continue
 
-    def __enter__(self) -> VllmRouter:
+    def __enter__(self) -> RouterProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class VllmRouter(RouterProcess):
+    """`vllm-router` with ``policy`` in front of ``workers`` (``extra``: more options)."""
+
+    def __init__(self, policy: str, workers: Sequence[str], log_path: Path,
+                 startup_timeout_s: float = 60.0, extra: Sequence[str] = ()) -> None:
+        port = free_port()
+        self.metrics_port = free_port()
+        super().__init__(router_argv(policy, workers, port, self.metrics_port, extra), port,
+                         log_path, name="vllm-router", startup_timeout_s=startup_timeout_s)
+
+    def start(self) -> RouterProcess:
+        if importlib.util.find_spec("vllm_router") is None:
+            raise RouterBaselineError("the `vllm-router` package is not installed; run "
+                                      "`.venv/bin/pip install vllm-router==0.1.17`")
+        return super().start()
+
+    def router_metrics(self) -> dict[str, float]:
+        """Its own `vllm_router_agent_aware_*` metrics now (`metric_totals`); {} if its
+        Prometheus port does not answer."""
+        try:
+            response = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5)
+        except httpx.HTTPError:
+            return {}
+        return metric_totals(response.text) if response.status_code == 200 else {}
 
 
 # -- the client: tag requests (and optionally add X-Session-ID) --------------------------------
@@ -246,7 +275,7 @@ mode measures the body alone. Everything else is
 
 
 @contextlib.contextmanager
-def _tagged_requests(session_header: bool) -> Iterator[None]:
+def tagged_requests(session_header: bool) -> Iterator[None]:
     """While open, `eval.http_replay` drives its requests through `_TaggingClient`."""
     original = http_replay._Driver
 
@@ -311,6 +340,8 @@ class ModeResult:
     router_argv: list[str]
     metrics: dict[str, Any]
     cache_reset: bool
+    #: the router's own metrics over the replay (`metric_totals`; vllm-router only)
+    router_metrics: dict[str, float] = field(default_factory=dict)
     programs: int = 0
     split_programs: int = 0  # programs with turns on more than one replica
     turns_per_replica: list[int] = field(default_factory=list)
@@ -321,15 +352,31 @@ class ModeResult:
 
 def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: Path,
              time_scale: float) -> ModeResult:
+    router = VllmRouter(mode.policy, [r.base_url for r in replicas],
+                        out / f"router-{mode.name}.log")
+    return run_front(mode.name, mode.about, router, trace, replicas, time_scale,
+                     session_header=mode.session_header)
+
+
+def run_front(name: str, about: str, front: Any, trace: Trace,
+              replicas: Sequence[ServerProcess], time_scale: float, *,
+              session_header: bool = True, agentic_context: bool = False) -> ModeResult:
+    """One replay of ``trace`` through ``front`` (a router in front of ``replicas``: a context
+    manager whose entered value has ``url``, and ``argv`` saying what it runs; with a
+    ``router_metrics()`` method, the router's own metrics are taken before and after), with
+    the replicas' prefix caches reset first and their counters and logs read around it.
+    ``agentic_context``: requests also carry the canonical ``vllm_xargs.agentic_context``."""
     urls = [r.base_url for r in replicas]
     reset = all(reset_prefix_cache(u) for u in urls)
     before = [_scrape(u) for u in urls]
     events_before = [_events_received(u) for u in urls]
     offsets = [r.log_path.stat().st_size for r in replicas]
-    router = VllmRouter(mode.policy, urls, out / f"router-{mode.name}.log")
-    with router, _tagged_requests(mode.session_header):
+    observe = getattr(front, "router_metrics", None)
+    with front as entered, tagged_requests(session_header):
+        router_before = observe() if observe else {}
         result: HttpReplayResult = http_replay.replay_over_http(
-            trace, router.url, time_scale=time_scale)
+            trace, entered.url, time_scale=time_scale, agentic_context=agentic_context)
+        router_after = observe() if observe else {}
     time.sleep(0.5)  # the last step's statistics reach /metrics (and the logs) just after
     after = [_scrape(u) for u in urls]
     events_after = [_events_received(u) for u in urls]
@@ -355,8 +402,10 @@ def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: P
             placed[session].add(index)
     client_turns = sum(len(p.turns) for p in result.programs.values())
     return ModeResult(
-        mode=mode.name, about=mode.about, router_argv=router.argv, metrics=metrics,
+        mode=name, about=about, router_argv=list(front.argv), metrics=metrics,
         cache_reset=reset, programs=len(result.programs),
+        router_metrics={k: router_after.get(k, 0.0) - router_before.get(k, 0.0)
+                        for k in router_after},
         split_programs=sum(1 for where in placed.values() if len(where) > 1),
         turns_per_replica=turns_per_replica,
         events_per_replica=[None if b is None or a is None else a - b
@@ -366,8 +415,9 @@ def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: P
 
 # -- replicas ---------------------------------------------------------------------------------
 def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
-                   out: Path) -> list[ServerProcess]:
-    """``n`` emulated replicas started side by side; all stopped again if one fails."""
+                   out: Path, startup_timeout_s: float = 240.0) -> list[ServerProcess]:
+    """``n`` emulated replicas started side by side; all stopped again if one fails (or is
+    not up within ``startup_timeout_s``)."""
     replicas = [ServerProcess(policy=policy, profile=profile,
                               serve_args=["--max-model-len",
                                           str(served_max_model_len(num_gpu_blocks))],
@@ -376,7 +426,8 @@ def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
                               log_path=out / f"replica-{i}.log",
                               # INFO: the request log says which replica served a turn (a
                               # caller's VLLM_LOGGING_LEVEL=ERROR would hide it)
-                              env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"})
+                              env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"},
+                              startup_timeout_s=startup_timeout_s)
                 for i in range(n)]
     out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=n) as pool:
@@ -462,7 +513,7 @@ def run_router_baseline(options: RouterBaselineOptions) -> int:
                "seed": options.seed, "time_scale": options.time_scale, "policy": options.policy,
                "profile": options.profile, "num_gpu_blocks": options.num_gpu_blocks,
                "replicas": options.replicas,
-               "results": [{**r.__dict__, "metrics": _jsonable(r.metrics)} for r in results]}
+               "results": [{**r.__dict__, "metrics": jsonable(r.metrics)} for r in results]}
     write_json_atomic(out / "summary.json", summary)
     print()
     print(f"{len(trace.programs)} programs of {trace.name} at {options.jps:g} jobs/s, time scale "
@@ -477,11 +528,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value

@@ -1,9 +1,12 @@
 """Chat-completions client for any OpenAI-compatible endpoint, carrying program ids and hints.
 
 The program id travels as vLLM's `session_id` and the hints as `vllm_xargs`, which is how the
-scheduler learns which turns belong together. Connection errors and 5xx answers are retried
-with exponential backoff; a 4xx is the caller's mistake and raised at once with the server's
-message.
+scheduler learns which turns belong together. With `agentic_context=True` the hints also travel
+in the ecosystem's canonical shape, `vllm_xargs.agentic_context` (`common.agentic_context`), which
+`vllm-router`'s program scheduling reads; our server accepts it (`server.agentic_context`), a
+stock vLLM server answers it with a 400, so it is off by default. Connection errors and 5xx
+answers are retried with exponential backoff; a 4xx is the caller's mistake and raised at once
+with the server's message.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+
+from common.agentic_context import AGENTIC_CONTEXT_KEY
+from common.agentic_context import agentic_context as canonical_context
 
 
 class ModelError(RuntimeError):
@@ -63,13 +69,18 @@ class Completion:
 class ChatClient:
     def __init__(self, base_url: str, model: str, *, api_key: str = "unused",
                  timeout_s: float = 600.0, max_retries: int = 4,
-                 backoff_s: float = 0.5, stream: bool = True, token_ids: bool = False) -> None:
+                 backoff_s: float = 0.5, stream: bool = True, token_ids: bool = False,
+                 agentic_context: bool = False) -> None:
         """`token_ids`: ask for the prompt and output token ids (`return_token_ids`, a vLLM
         extension other OpenAI servers may reject), and with stop strings for the stop string
         in the reply (`include_stop_str_in_output`, vLLM too): the output token ids hold the
-        stop string's tokens, so the text kept in the history must hold it as well."""
+        stop string's tokens, so the text kept in the history must hold it as well.
+        `agentic_context`: send the hints in the canonical `vllm_xargs.agentic_context` too
+        (for `vllm-router`'s program scheduling; our server accepts it, a stock vLLM server
+        does not)."""
         self.url = api_root(base_url) + "/v1/chat/completions"
         self.token_ids = token_ids
+        self.agentic_context = agentic_context
         self.model = model
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -82,7 +93,7 @@ class ChatClient:
                        hints: dict[str, Any] | None = None, **extra: Any) -> Completion:
         body = chat_body(self.model, messages, program_id=program_id, hints=hints,
                          stream=self.stream, max_tokens=max_tokens, temperature=temperature,
-                         **extra)
+                         agentic_context=self.agentic_context, **extra)
         if self.token_ids:
             body["return_token_ids"] = True
             if body.get("stop"):
@@ -172,18 +183,29 @@ def session_headers(body: dict[str, Any]) -> dict[str, str]:
 
 def chat_body(model: str, messages: list[dict[str, Any]], *, program_id: str | None = None,
               hints: dict[str, Any] | None = None, stream: bool = False,
-              **params: Any) -> dict[str, Any]:
+              agentic_context: bool = False, **params: Any) -> dict[str, Any]:
     """A chat-completions body carrying the program id (`session_id`) and the hints
-    (`vllm_xargs`, None values left out); a streamed body asks for the usage chunk."""
+    (`vllm_xargs`, None values left out; with `agentic_context` and a program id, also as
+    the canonical `vllm_xargs.agentic_context`); a streamed body asks for the usage chunk."""
     body: dict[str, Any] = {"model": model, "messages": messages, **params}
     if program_id is not None:
         body["session_id"] = program_id
-    if hints:
-        body["vllm_xargs"] = {k: v for k, v in hints.items() if v is not None}
+    if hints or (agentic_context and program_id is not None):
+        body["vllm_xargs"] = with_agentic_context(
+            {k: v for k, v in (hints or {}).items() if v is not None},
+            program_id if agentic_context else None)
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def with_agentic_context(xargs: dict[str, Any], program_id: str | None) -> dict[str, Any]:
+    """`xargs` plus the canonical `agentic_context` of `program_id` built from them (`xargs`
+    unchanged when `program_id` is None)."""
+    if program_id is None:
+        return xargs
+    return {**xargs, AGENTIC_CONTEXT_KEY: canonical_context(program_id, xargs)}
 
 
 def status_error(status_code: int, text: str) -> ModelError:
@@ -231,12 +253,17 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 
 async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
-    """`iter_sse` over an async line iterator."""
+    """`iter_sse` over an async line iterator. After `data: [DONE]` the rest of the stream is
+    read to its end, so that the response is complete before the caller closes it: a proxy
+    in between (vllm-router) otherwise sees the client go away and counts a failed request."""
+    done = False
     async for line in lines:
+        if done:
+            continue
         chunk = _sse_json(line)
         if chunk is _DONE:
-            return
-        if chunk is not None:
+            done = True
+        elif chunk is not None:
             yield chunk
 
 

@@ -86,6 +86,8 @@ class RunSpec:
     #: replaying recordings (they were made without them, so their prompts stay as recorded)
     exemplars: bool | None = None
     tool_calls: bool = False  # send the actions as OpenAI `tools` (needs a tool parser)
+    #: also send the hints as the canonical `vllm_xargs.agentic_context` (for vllm-router)
+    agentic_context: bool = False
 
 
 @dataclass
@@ -236,10 +238,10 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
                   replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
                   console: Console, text_model: Any = None, token_ids: bool = True,
                   diagnose: Callable[[], str | None] | None = None,
-                  tool_calls: bool = False) -> dict[str, int]:
+                  tool_calls: bool = False, agentic_context: bool = False) -> dict[str, int]:
     """Run the tasks (once the model server is gone no new program starts); returns the
     events sent / dropped."""
-    client = ChatClient(base_url, model, token_ids=token_ids)
+    client = ChatClient(base_url, model, token_ids=token_ids, agentic_context=agentic_context)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
@@ -440,7 +442,8 @@ def run_benchmark(spec: RunSpec) -> int:
         before = server_events_received(base_url)
         events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
                                      spec.concurrency, limits, console, text_model,
-                                     spec.token_ids, diagnose, spec.tool_calls)) \
+                                     spec.token_ids, diagnose, spec.tool_calls,
+                                     spec.agentic_context)) \
             if todo else {"sent": 0, "dropped": 0}
         received = received_during(before, server_events_received(base_url))
     summary = build_summary(bench, spec.policy, tasks, out, events, model,

@@ -51,6 +51,8 @@ DEVICES = ("auto", "gpu", "cpu", "emulated")
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
+#: Accepts the ecosystem's nested `vllm_xargs.agentic_context` (see `server.agentic_context`).
+MIDDLEWARE = "server.agentic_context.AgenticContextMiddleware"
 #: A user mistake in `harness serve` options; printed without a traceback. The server-side
 #: checks (`server.settings`: offload size, the emulated model's folder) raise it too.
 ServeError = ServeOptionsError
@@ -150,6 +152,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+            "--middleware", MIDDLEWARE,
             *offload_args(offload_gib(policy, offload))]
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
@@ -206,6 +209,7 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
+            "--middleware", MIDDLEWARE,
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     notes = []
     if not MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []}:

@@ -15,8 +15,8 @@ from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ("load", "fidelity", "served-vs-virtual", "sched-overhead", "event-overhead",
-               "bash-overhead", "router-baseline", "langchain-example", "perf-table",
-               "step-interference")
+               "bash-overhead", "router-baseline", "served-comparison", "langchain-example",
+               "perf-table", "step-interference", "real-model")
 
 
 def test_eval_help_lists_every_experiment(capsys):
@@ -50,6 +50,15 @@ def test_an_unknown_router_mode_exits_2_naming_the_choices(capsys):
     assert exit_.value.code == 2
     assert ("error: --modes: unknown nope; choose from vr-hash, vr-hash-body, vr-rr"
             in capsys.readouterr().err)
+
+
+def test_an_unknown_served_system_is_a_user_error_naming_the_choices(capsys):
+    assert main(["eval", "served-comparison", "--systems", "vr-programs,session:nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("harness: error: --systems session:nope: unknown policy 'nope'")
+    assert main(["eval", "served-comparison", "--systems", "vr-fast"]) == 2
+    assert "choose from vr-programs, vr-binding, vr-hash or session:POLICY" in (
+        capsys.readouterr().err)
 
 
 def test_a_user_error_is_one_line_and_exit_2(capsys):

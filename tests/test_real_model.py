@@ -1,0 +1,45 @@
+"""A real model decides: SmolLM2-135M-Instruct on the CPU engine, end to end through
+`harness run`, under two policies (`harness eval real-model`'s code path).
+
+Skipped where the CPU engine's virtualenv is absent; CI makes it (`scripts/setup.sh
+--cpu-engine`, which also adds the model).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from real_models import smollm2_folder
+
+from eval.real_model import RealModelOptions, measure
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+
+def test_two_gsm8k_programs_under_two_policies_say_the_same(tmp_path: Path) -> None:
+    folder = smollm2_folder()
+    if folder is None:
+        pytest.skip("no CPU engine here (bash scripts/setup.sh --cpu-engine)")
+    options = RealModelOptions(bench="gsm8k", model=str(folder), policies="vllm,continuum",
+                               limit=2, concurrency=2, kv_tokens=4096, max_model_len=4096,
+                               max_tokens=96, max_steps=3, repeat=False, out=tmp_path)
+    summary = measure(options)
+    first, second = summary["runs"]
+    for run in (first, second):
+        assert run["tasks"] == 2 and run["status"] == 0
+        assert run["token_id_turns"] >= 2 and run["prefix_broken_turns"] == 0
+        # every program ended with a stated reason, none of them the infrastructure's
+        assert set(run["statuses"]) <= {"submitted", "format_error", "step_limit"}
+        run_dir = tmp_path / run["label"] / "run"
+        run_summary = json.loads((run_dir / "summary.json").read_text())
+        assert run_summary["events_sent"] > 0
+        assert run_summary["events_received_by_server"] == run_summary["events_sent"]
+        assert run_summary["model"] == folder.name
+        for path in (run_dir / "trajectories").glob("*.traj.json"):
+            steps = json.loads(path.read_text())["steps"]
+            assert steps and all(s["output_token_ids"] for s in steps)  # real replies
+    # greedy decoding, no memory pressure: the policy changes nothing the model says
+    agreement = second["agreement"]
+    assert agreement["identical_turns"] == agreement["turns"] > 0, agreement["divergences"]
