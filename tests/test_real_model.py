@@ -23,7 +23,7 @@ def test_two_gsm8k_programs_under_two_policies_say_the_same(tmp_path: Path) -> N
     if folder is None:
         pytest.skip("no CPU engine here (bash scripts/setup.sh --cpu-engine)")
     options = RealModelOptions(bench="gsm8k", model=str(folder), policies="vllm,continuum",
-                               limit=2, concurrency=2, kv_tokens=4096, max_model_len=4096,
+                               limit=2, concurrency=1, kv_tokens=4096, max_model_len=4096,
                                max_tokens=96, max_steps=3, repeat=False, out=tmp_path)
     summary = measure(options)
     first, second = summary["runs"]
@@ -40,6 +40,7 @@ def test_two_gsm8k_programs_under_two_policies_say_the_same(tmp_path: Path) -> N
         for path in (run_dir / "trajectories").glob("*.traj.json"):
             steps = json.loads(path.read_text())["steps"]
             assert steps and all(s["output_token_ids"] for s in steps)  # real replies
-    # greedy decoding, no memory pressure: the policy changes nothing the model says
+    # greedy decoding, one program at a time (every batch the same under both policies, so a
+    # float near-tie cannot flip differently): the policy changes nothing the model says
     agreement = second["agreement"]
     assert agreement["identical_turns"] == agreement["turns"] > 0, agreement["divergences"]
