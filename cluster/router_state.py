@@ -68,6 +68,9 @@ class ReplicaState:
         self.poll_failures = 0
         self.metrics_at: float | None = None
         self.last_error: str | None = None
+        self.pid = endpoint.pid
+        self.node: str | None = None  # on Ray: the node it runs on (id, address)
+        self.node_ip: str | None = None
 
     @property
     def address(self) -> str:
@@ -89,7 +92,9 @@ class ReplicaState:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "url": self.url,
-                "pid": self.endpoint.pid, "alive": self.alive, "exit_code": self.exited,
+                "pid": self.pid, "alive": self.alive,
+                **({"node": self.node, "node_ip": self.node_ip} if self.node else {}),
+                "exit_code": self.exited,
                 "in_flight": self.in_flight, "kv_usage": round(self.kv_usage, 4),
                 "engine_running": self.engine_running, "engine_waiting": self.engine_waiting,
                 "routed": self.routed, "prefills": self.prefills, "errors": self.errors,
