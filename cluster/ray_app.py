@@ -125,8 +125,9 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
     started_ray = address is None and not ray.is_initialized()
     if not ray.is_initialized():
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            # "local": a new Ray for this cluster, never one that happens to run here
+            ray.init(address=address or "local", include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise LauncherError(f"cannot reach the Ray cluster at {address}: {exc}") from None
     stop = until or threading.Event()

@@ -128,6 +128,7 @@ class ReplicaProcess:
     def record_replica_metadata(self) -> dict[str, Any]:
         return {"name": self.spec.name, "role": self.spec.role, "node_id": self.node_id,
                 "node_ip": self.node_ip, "actor_pid": os.getpid(), "pid": self.process.pid,
+                "engine_url": self.url,
                 "log": str(self.log_path)}
 
     async def record_routing_stats(self) -> dict[str, Any]:

@@ -67,8 +67,9 @@ class RayReplica:
     replica_id: str
     node_id: str
     node_ip: str
-    pid: int | None
-    actor_pid: int | None
+    pid: int | None  # its engine's (`harness serve`'s) process group
+    actor_pid: int | None  # the Serve replica's actor process
+    engine_url: str  # the engine on its node's loopback
     stats: dict[str, Any]
 
 
@@ -103,7 +104,8 @@ class ReplicaView:
                 name=name, role=meta.get("role", "colocated"),
                 replica_id=r.replica_id.unique_id, node_id=r.node_id or meta.get("node_id", ""),
                 node_ip=meta.get("node_ip", ""), pid=meta.get("pid"),
-                actor_pid=meta.get("actor_pid"), stats=dict(r.routing_stats or {}))
+                actor_pid=meta.get("actor_pid"), engine_url=meta.get("engine_url", ""),
+                stats=dict(r.routing_stats or {}))
         with self._lock:
             for name, replica in running.items():
                 if replica.replica_id not in self._seen:
@@ -124,9 +126,11 @@ class ReplicaView:
                 if replica.alive:
                     replica.mark_dead(self.gone_message(name))
                 continue
-            replica.node = ray_replica.node_id
-            replica.node_ip = ray_replica.node_ip
             replica.pid = ray_replica.pid
+            replica.extra = {"node": ray_replica.node_id, "node_ip": ray_replica.node_ip,
+                             "engine_url": ray_replica.engine_url,
+                             "actor_pid": ray_replica.actor_pid,
+                             "restarts": self.restarts.get(name, 0)}
             stats = ray_replica.stats
             replica.kv_usage = float(stats.get("kv_usage", replica.kv_usage))
             replica.engine_running = int(stats.get("running", 0))

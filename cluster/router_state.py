@@ -69,8 +69,8 @@ class ReplicaState:
         self.metrics_at: float | None = None
         self.last_error: str | None = None
         self.pid = endpoint.pid
-        self.node: str | None = None  # on Ray: the node it runs on (id, address)
-        self.node_ip: str | None = None
+        #: what its host adds to `GET /v1/cluster` (on Ray: node, engine URL, restarts)
+        self.extra: dict[str, Any] = {}
 
     @property
     def address(self) -> str:
@@ -93,14 +93,13 @@ class ReplicaState:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "url": self.url,
                 "pid": self.pid, "alive": self.alive,
-                **({"node": self.node, "node_ip": self.node_ip} if self.node else {}),
                 "exit_code": self.exited,
                 "in_flight": self.in_flight, "kv_usage": round(self.kv_usage, 4),
                 "engine_running": self.engine_running, "engine_waiting": self.engine_waiting,
                 "routed": self.routed, "prefills": self.prefills, "errors": self.errors,
                 "metrics_age_s": (None if self.metrics_at is None
                                   else round(time.monotonic() - self.metrics_at, 2)),
-                "last_error": self.last_error}
+                "last_error": self.last_error, **self.extra}
 
 
 class ClusterState:
