@@ -18,6 +18,8 @@ SIGINT / SIGTERM, then deletes the application (and stops the Ray it started).
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import threading
 import time
@@ -125,9 +127,12 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
     started_ray = address is None and not ray.is_initialized()
     if not ray.is_initialized():
         try:
-            # "local": a new Ray for this cluster, never one that happens to run here
+            # "local": a new Ray for this cluster, never one that happens to run here; with
+            # as many logical CPUs as its replicas ask for (they share this machine anyway)
+            wanted = (resources or RayResources()).cpus * len(config.replicas)
+            local = {} if address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(wanted))}
             ray.init(address=address or "local", include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+                     log_to_driver=False, configure_logging=False, **local)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise LauncherError(f"cannot reach the Ray cluster at {address}: {exc}") from None
     stop = until or threading.Event()
@@ -141,6 +146,12 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
             f"Ray ({len(nodes)} node(s)"
             + (", started here" if started_ray else f", at {address}") + f"); logs in {log_dir}")
         serve.start(http_options={"host": host, "port": port})
+        # Serve's HTTP options belong to the Ray cluster: its first `serve.start` set them
+        http = serve.context._get_global_client().http_config
+        if (http.host, http.port) != (host, port):
+            say(f"harness cluster: Serve already runs on this Ray cluster with its HTTP proxy on "
+                f"{http.host}:{http.port}; the router answers there, not on {host}:{port}")
+            host, port = http.host, http.port
         began = time.monotonic()
         app = build_app(config, log_dir=log_dir, resources=resources,
                         startup_timeout_s=startup_timeout_s)

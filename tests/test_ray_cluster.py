@@ -40,6 +40,9 @@ def ray_nodes() -> Iterator[Any]:
     # ray: start-up cost (~2 s), paid only by this module's tests
     from ray.cluster_utils import Cluster
 
+    # this machine is shared: Ray's memory monitor would kill Serve's actors when another
+    # process fills the memory (it looks at the whole machine's use)
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"node_a": 1}, "include_dashboard": False})
     cluster.add_node(num_cpus=2, resources={"node_b": 1})
@@ -151,8 +154,9 @@ class TestColocated:
                     if isinstance(v, int) and isinstance(counted.get(k), int)}
         assert counters["rebinds"] == 0 and counters["failed"] == 0, counters
         assert counters["events_dropped"] == 0 and counters["programs_ended"] >= 1, counters
-        # every event forwarded reached exactly one replica
-        assert sum(gained.values()) == counters["events_forwarded"] > 0, (gained, counters)
+        # every event reached exactly one replica: those forwarded as they came, and each
+        # program's kept program_start, delivered with its first turn
+        assert sum(gained.values()) == counters["events_forwarded"] + 4 > 4, (gained, counters)
         assert sum(1 for g in gained.values() if g) >= 2  # programs spread over replicas
         later = [s for p in out.rglob("*.traj.json")
                  for s in json.loads(p.read_text())["steps"][1:]]
