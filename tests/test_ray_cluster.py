@@ -154,9 +154,9 @@ class TestColocated:
                     if isinstance(v, int) and isinstance(counted.get(k), int)}
         assert counters["rebinds"] == 0 and counters["failed"] == 0, counters
         assert counters["events_dropped"] == 0 and counters["programs_ended"] >= 1, counters
-        # every event reached exactly one replica: those forwarded as they came, and each
-        # program's kept program_start, delivered with its first turn
-        assert sum(gained.values()) == counters["events_forwarded"] + 4 > 4, (gained, counters)
+        # every event the router received reached exactly one replica (a program_start that
+        # came before the program's first turn was kept and delivered with that turn)
+        assert sum(gained.values()) == counters["events_received"] > 4, (gained, counters)
         assert sum(1 for g in gained.values() if g) >= 2  # programs spread over replicas
         later = [s for p in out.rglob("*.traj.json")
                  for s in json.loads(p.read_text())["steps"][1:]]
@@ -181,6 +181,8 @@ class TestColocated:
         first = results(out)
         finished = {n for n, r in first.items() if not r.get("retryable")}
         stamps = {n: (out / "results" / f"{n}.json").stat().st_mtime_ns for n in finished}
+        print(f"killed {victim['name']}: the run ended with {run.returncode}, "
+              f"{len(first) - len(finished)} program(s) to resume")
         if run.returncode != 0:
             assert "--resume" in output, output
             rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
@@ -194,10 +196,13 @@ class TestColocated:
         state = colocated.state()
         assert state["counters"]["rebinds"] >= 1 or state["counters"]["failed"] >= 1
         deadline = time.monotonic() + 600  # Ray starts the replica again
-        again = colocated.replicas()[victim["name"]]
+        again: dict[str, Any] = {"alive": False, "restarts": 0}
         while not (again["alive"] and again["restarts"] >= 1) and time.monotonic() < deadline:
             time.sleep(2)
-            again = colocated.replicas()[victim["name"]]
+            try:
+                again = colocated.replicas()[victim["name"]]
+            except httpx.HTTPError:  # a slow answer on a loaded machine: ask again
+                continue
         assert again["alive"] and again["restarts"] >= 1, again
         assert again["actor_pid"] != victim["actor_pid"]
 
