@@ -10,6 +10,7 @@ live here.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -22,7 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from cli import options
-from cluster.config import EXAMPLES_DIR, ClusterConfig, load_cluster
+from cluster.config import EXAMPLES_DIR, ClusterConfig, ClusterConfigError, load_cluster
 from cluster.launcher import (
     DEFAULT_BASE_PORT,
     DEFAULT_ROUTER_PORT,
@@ -73,6 +74,19 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
                        help="seconds to wait for every replica to answer (default "
                        f"{DEFAULT_STARTUP_TIMEOUT_S:.0f})")
+    serve.add_argument("--ray", action="store_true",
+                       help="run the replicas on Ray Serve (a local Ray started and stopped "
+                       "here, unless --address names a running Ray cluster)")
+    serve.add_argument("--address", default=None,
+                       help="a running Ray cluster (HEAD:6379, from `ray start --head`); implies "
+                       "--ray")
+    serve.add_argument("--replica-cpus", type=float, default=1.0,
+                       help="--ray: CPUs each replica asks Ray for (default 1)")
+    serve.add_argument("--replica-gpus", type=float, default=0.0,
+                       help="--ray: GPUs each replica asks Ray for (default 0: the emulated "
+                       "GPU; 1 per replica on real GPUs)")
+    serve.add_argument("--replica-resources", default=None, metavar="JSON",
+                       help='--ray: custom Ray resources per replica, e.g. \'{"node_a": 0.5}\'')
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
@@ -192,11 +206,36 @@ def run(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else (
         Path("runs") / "cluster" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
+        if args.ray or args.address:
+            return serve_ray(args, config, log_dir)
         return serve_cluster(config, host=args.host, port=args.port, base_port=args.base_port,
                              log_dir=log_dir, startup_timeout_s=args.startup_timeout)
     except LauncherError as exc:  # the cluster did not start: exit 1
         print(f"harness: error: {exc}", file=sys.stderr)
         return 1
+
+
+def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) -> int:
+    """`harness cluster serve --ray` / `--address`: the cluster on Ray Serve."""
+    # ray (cluster.ray_app): start-up cost (~2 s), paid only when serving on Ray
+    from cluster.ray_app import RayResources, serve_on_ray
+
+    custom: dict[str, float] = {}
+    if args.replica_resources:
+        try:
+            custom = {str(k): float(v) for k, v in json.loads(args.replica_resources).items()}
+        except (ValueError, AttributeError, TypeError):
+            raise ClusterConfigError(
+                f"--replica-resources {args.replica_resources!r}: give a JSON object of "
+                'resource names and amounts, e.g. \'{"node_a": 0.5}\'') from None
+    for flag, value in (("--replica-cpus", args.replica_cpus),
+                        ("--replica-gpus", args.replica_gpus)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise ClusterConfigError(f"{flag} must be 0 or more, not {value}")
+    resources = RayResources(cpus=args.replica_cpus, gpus=args.replica_gpus, custom=custom)
+    return serve_on_ray(config, address=args.address, host=args.host, port=args.port,
+                        log_dir=log_dir, resources=resources,
+                        startup_timeout_s=args.startup_timeout)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from eval import (
     perf_table,
     real_model,
     router_baseline,
+    router_overhead,
     sched_overhead,
     served_comparison,
     served_vs_virtual,
@@ -34,6 +35,7 @@ from eval.fidelity import DEFAULT_TABLE, FidelityOptions
 from eval.load_bench import DEFAULT_MIX
 from eval.real_model import RealModelOptions
 from eval.router_baseline import DEFAULT_MODES, MODES, RouterBaselineOptions
+from eval.router_overhead import RouterOverheadOptions
 from eval.served_comparison import DEFAULT_SYSTEMS, VLLM_ROUTER_SYSTEMS, ServedComparisonOptions
 from eval.served_vs_virtual import ServedVsVirtualOptions
 from harness.tools.sandbox_image import DEFAULT_IMAGE
@@ -56,6 +58,7 @@ def register(subparsers: Any) -> None:
     _add_bash_overhead(experiments)
     _add_router_baseline(experiments)
     _add_served_comparison(experiments)
+    _add_router_overhead(experiments)
     _add_langchain_example(experiments)
     _add_perf_table(experiments)
     _add_real_model(experiments)
@@ -161,6 +164,10 @@ def _add_served_vs_virtual(experiments: Any) -> None:
                    help="the replicas' first port")
     p.add_argument("--startup-timeout", type=float, default=d.startup_timeout)
     p.add_argument("--out", default=d.out)
+    p.add_argument("--ray", action="store_true",
+                   help="serve the cluster on Ray Serve (a local Ray), not local processes")
+    p.add_argument("--ray-address", default=None,
+                   help="serve the cluster on the running Ray cluster at this address")
     p.set_defaults(func=_served_vs_virtual)
 
 
@@ -302,6 +309,21 @@ def _add_served_comparison(experiments: Any) -> None:
 
 def _served_comparison(args: argparse.Namespace) -> int:
     return served_comparison.run_served_comparison(_options(ServedComparisonOptions, args))
+
+
+# -- router-overhead ----------------------------------------------------------------------------
+def _add_router_overhead(experiments: Any) -> None:
+    p = experiments.add_parser(
+        "router-overhead", help="what a served cluster's router adds per request",
+        description=router_overhead.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = RouterOverheadOptions
+    p.add_argument("--url", required=True, help="the running `harness cluster serve` router")
+    p.add_argument("--programs", type=int, default=d.programs, help="programs at once")
+    p.add_argument("--turns", type=int, default=d.turns, help="one-token turns per program")
+    p.add_argument("--prompt-words", type=int, default=d.prompt_words)
+    p.set_defaults(func=lambda args: router_overhead.run_router_overhead(
+        _options(RouterOverheadOptions, args)))
 
 
 # -- the LangChain example ----------------------------------------------------------------------

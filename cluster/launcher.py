@@ -83,10 +83,12 @@ def replica_ports(config: ClusterConfig, base_port: int = DEFAULT_BASE_PORT) -> 
 
 def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                     host: str = "127.0.0.1", side_channel_port: int | None = None,
-                    events_ipc: str | None = None) -> tuple[list[str], dict[str, str]]:
+                    events_ipc: str | None = None,
+                    side_channel_host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
     builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
-    the virtual-time cluster's engines do (`sim.engines.make_engine`)."""
+    the virtual-time cluster's engines do (`sim.engines.make_engine`). A P/D replica advertises
+    `side_channel_host:side_channel_port` to its peers (on Ray: its node's address)."""
     # server.launch, server.events (pydantic): start-up cost (~0.5 s), paid only when replicas
     # are built; the reaper (`python -m cluster.launcher reap`) runs this module too
     from server.events import ENV_EVENTS_IPC, default_ipc_path
@@ -113,7 +115,7 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
         extra += pd.serve_args(kv)
         if side_channel_port is None:
             raise LauncherError(f"replica {spec.name}: a P/D replica needs a side-channel port")
-        env.update(pd.side_channel_env(side_channel_port))
+        env.update(pd.side_channel_env(side_channel_port, side_channel_host))
     try:
         command = build_command(policy=spec.policy, profile=spec.profile, host=host, port=port,
                                 seed=config.router.seed,
@@ -136,7 +138,7 @@ def check_commands(config: ClusterConfig, base_port: int = DEFAULT_BASE_PORT) ->
                         events_ipc="ipc:///dev/null")
 
 
-def _death_signal_preexec() -> Callable[[], None] | None:
+def death_signal_preexec() -> Callable[[], None] | None:
     """A preexec_fn asking for SIGTERM when the launcher dies (Linux), or None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
@@ -170,12 +172,12 @@ def reap(grace_s: float, lines: Any = None) -> int:
             groups.append(int(line))
     if not sys.platform.startswith("linux"):
         for g in groups:
-            _killpg(g, signal.SIGINT)
+            killpg(g, signal.SIGINT)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(group_alive(g) for g in groups):
         time.sleep(0.5)
     for g in groups:
-        _killpg(g, signal.SIGKILL)
+        killpg(g, signal.SIGKILL)
     return 0
 
 
@@ -271,7 +273,7 @@ class Launcher:
             raise LauncherError(f"port(s) already in use: {', '.join(taken)}; stop what holds "
                                 "them, or pick another --base-port")
         for r in self.replicas:
-            side = _free_port() if r.spec.role in ("prefill", "decode") else None
+            side = free_port() if r.spec.role in ("prefill", "decode") else None
             r.argv, r.env = replica_command(self.config, r.spec, r.port, side_channel_port=side)
 
     def start(self) -> Launcher:
@@ -281,7 +283,7 @@ class Launcher:
             self.prepare()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._start_reaper()
-        preexec = _death_signal_preexec()
+        preexec = death_signal_preexec()
         self.out(f"harness cluster: starting {len(self.replicas)} replica(s) of "
                  f"{self.config.name!r} (logs in {self.log_dir})")
         try:
@@ -395,7 +397,7 @@ class Launcher:
                             break
                         # what is left of its group (an engine core whose API server was
                         # killed keeps running, and holds its GPU) goes too
-                        _killpg(r.process.pid, signal.SIGKILL)
+                        killpg(r.process.pid, signal.SIGKILL)
                         on_exit(r, r.process.returncode)
                 time.sleep(interval_s)
 
@@ -417,7 +419,7 @@ class Launcher:
         started = [r for r in self.replicas if r.process is not None]
         for r in started:
             if r.running():
-                _killpg(r.process.pid, signal.SIGINT)  # type: ignore[union-attr]
+                killpg(r.process.pid, signal.SIGINT)  # type: ignore[union-attr]
         deadline = time.monotonic() + grace_s
         for r in started:
             assert r.process is not None
@@ -427,7 +429,7 @@ class Launcher:
                 pass
         for r in started:
             assert r.process is not None
-            _killpg(r.process.pid, signal.SIGKILL)  # stragglers of the group (engine core)
+            killpg(r.process.pid, signal.SIGKILL)  # stragglers of the group (engine core)
             try:
                 r.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -449,14 +451,14 @@ def _hold_signals() -> dict[int, Any]:
     return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _killpg(pgid: int, sig: int) -> None:
+def killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -47,7 +47,7 @@ from cluster.routing import Router
 
 
 def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
-               name: str = "cluster", poll_interval_s: float = 0.5,
+               name: str = "cluster", poll_interval_s: float | None = 0.5,
                transport: httpx.AsyncBaseTransport | None = None,
                connect_timeout_s: float = 5.0, cluster: Any = None) -> FastAPI:
     """The router app over a `RouterProxy` (see it for the arguments); `app.state.cluster` is

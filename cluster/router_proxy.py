@@ -64,7 +64,7 @@ class RouterProxy:
     (tests use a mock one)."""
 
     def __init__(self, replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
-                 name: str = "cluster", poll_interval_s: float = 0.5,
+                 name: str = "cluster", poll_interval_s: float | None = 0.5,
                  transport: httpx.AsyncBaseTransport | None = None,
                  connect_timeout_s: float = 5.0, cluster: Any = None) -> None:
         if not isinstance(router, Router):
@@ -92,8 +92,9 @@ class RouterProxy:
             timeout=httpx.Timeout(connect=self._connect_timeout_s, read=None, write=60.0,
                                   pool=None),
             limits=httpx.Limits(max_connections=4096, max_keepalive_connections=256))
-        self._poll = asyncio.create_task(poll_forever(self._client, self.state,
-                                                      self.poll_interval_s))
+        if self.poll_interval_s is not None:  # None: something else keeps the gauges (Ray)
+            self._poll = asyncio.create_task(poll_forever(self._client, self.state,
+                                                          self.poll_interval_s))
 
     async def close(self) -> None:
         """Stop the poll and close the upstream client."""

@@ -68,6 +68,9 @@ class ReplicaState:
         self.poll_failures = 0
         self.metrics_at: float | None = None
         self.last_error: str | None = None
+        self.pid = endpoint.pid
+        #: what its host adds to `GET /v1/cluster` (on Ray: node, engine URL, restarts)
+        self.extra: dict[str, Any] = {}
 
     @property
     def address(self) -> str:
@@ -89,13 +92,14 @@ class ReplicaState:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "url": self.url,
-                "pid": self.endpoint.pid, "alive": self.alive, "exit_code": self.exited,
+                "pid": self.pid, "alive": self.alive,
+                "exit_code": self.exited,
                 "in_flight": self.in_flight, "kv_usage": round(self.kv_usage, 4),
                 "engine_running": self.engine_running, "engine_waiting": self.engine_waiting,
                 "routed": self.routed, "prefills": self.prefills, "errors": self.errors,
                 "metrics_age_s": (None if self.metrics_at is None
                                   else round(time.monotonic() - self.metrics_at, 2)),
-                "last_error": self.last_error}
+                "last_error": self.last_error, **self.extra}
 
 
 class ClusterState:

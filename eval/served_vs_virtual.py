@@ -53,6 +53,9 @@ class ServedVsVirtualOptions:
     base_port: int = 8400
     startup_timeout: float = 600.0
     out: str = "runs/served-vs-virtual"
+    #: serve on Ray (`harness cluster serve --ray`): a local Ray, or the cluster at `ray_address`
+    ray: bool = False
+    ray_address: str | None = None
 
 
 def _served_file(config: Any, strategy: str, out: Path) -> Path:
@@ -64,10 +67,11 @@ def _served_file(config: Any, strategy: str, out: Path) -> Path:
     return path
 
 
-def _serve(path: Path, port: int, base_port: int, logs: Path) -> subprocess.Popen[bytes]:
+def _serve(path: Path, port: int, base_port: int, logs: Path,
+           ray: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "cli", "cluster", "serve", str(path), "--port", str(port),
-         "--base-port", str(base_port), "--log-dir", str(logs)],
+         "--base-port", str(base_port), "--log-dir", str(logs), *ray],
         stdout=(logs.parent / f"{logs.name}.out").open("w"), stderr=subprocess.STDOUT,
         start_new_session=True)
 
@@ -77,10 +81,11 @@ def _wait(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise BenchError(f"`harness cluster serve` exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+        try:  # every replica up (on Ray the router answers before its replicas do)
+            state = httpx.get(url + "/v1/cluster", timeout=2).json()
+            if all(r["alive"] for r in state["replicas"]):
                 return
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError, KeyError):
             pass
         time.sleep(1)
     raise BenchError(f"the served cluster did not answer in {timeout_s:.0f} s")
@@ -146,7 +151,9 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
     for strategy in strategies:
         path = _served_file(config, strategy, out)
         url = f"http://127.0.0.1:{options.port}"
-        process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}")
+        ray = (["--address", options.ray_address] if options.ray_address
+               else ["--ray"] if options.ray else [])
+        process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}", ray)
         try:
             _wait(url, process, options.startup_timeout)
             served = bench(options.trace, [strategy], out=out / f"served-{strategy}", **common,

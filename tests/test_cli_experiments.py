@@ -16,7 +16,7 @@ from cli.main import main
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ("load", "fidelity", "served-vs-virtual", "sched-overhead", "event-overhead",
                "bash-overhead", "router-baseline", "served-comparison", "langchain-example",
-               "perf-table", "step-interference", "real-model")
+               "perf-table", "step-interference", "real-model", "router-overhead")
 
 
 def test_eval_help_lists_every_experiment(capsys):

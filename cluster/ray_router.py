@@ -1,0 +1,241 @@
+"""Our routing on Ray Serve: the Serve request router of the replicas' deployment, the view of
+the replicas it keeps for the cluster's router, and the httpx transport that sends the router
+proxy's upstream requests through Serve.
+
+Who decides what (no second copy of any decision): the placement decision is the cluster's
+`cluster.routing` / `cluster.ampd` object, called by the router proxy (`ClusterState.route`,
+`cluster.router_turns`) exactly as behind the local launcher; P/D hand-off, the SSE relay and
+the event fan-out are the proxy's too. Ray supplies what the proxy used to do itself:
+
+* which replicas run, where, and what they hold: `HarnessRequestRouter.update_replicas`
+  (`cluster.ray_request_router`) (Serve's
+  controller pushes the running replicas with each one's `replica_metadata` and
+  `routing_stats`) feeds `ReplicaView`, which marks each named replica alive or gone in the
+  proxy's `ClusterState` at once and copies its KV-usage and queue gauges (instead of the
+  proxy's own `/metrics` poll); a replica that leaves the running set, or whose call fails with
+  a dead actor, takes no new turn and its programs rebind (the proxy's rule);
+* the transport: `ServeTransport` sends each upstream request to the replica the proxy chose
+  (`HttpCall.target`) through a `DeploymentHandle`; the request router's `choose_replicas`
+  ranks exactly that replica (our decision) and nothing else, so Serve never moves a turn away
+  from its KV cache;
+* restarts: a replica whose engine dies fails its health check and Ray starts another with the
+  same Serve rank, hence the same name; it rejoins the view when it is running.
+
+Where the routing state lives: in the one ingress replica (`cluster.ray_app`), in the same
+process as its request router: the bindings, the placement of each program, AMPD's windowed
+TTFT/ITL and the queued prefill tokens are the proxy's `ClusterState`; the replicas' gauges come
+from Serve (`routing_stats`). The ingress therefore runs as a single replica (state is not
+shared between ingress replicas); `session` is a consistent hash, so a restarted ingress binds
+programs where they were (unless the KV guard moved them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.handle import DeploymentHandle
+from ray.serve.request_router import RunningReplica
+
+from cluster.ray_replica import HttpCall
+from cluster.router_state import ClusterState
+
+log = logging.getLogger("harness.cluster.router")
+
+#: Ray errors that mean the replica (its actor, or its node) is gone.
+REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class ReplicaGoneError(RuntimeError):
+    """The replica a request was meant for is not running (Ray is restarting it)."""
+
+
+@dataclass
+class RayReplica:
+    """A running Serve replica as the view knows it."""
+
+    name: str
+    role: str
+    replica_id: str
+    node_id: str
+    node_ip: str
+    pid: int | None  # its engine's (`harness serve`'s) process group
+    actor_pid: int | None  # the Serve replica's actor process
+    engine_url: str  # the engine on its node's loopback
+    stats: dict[str, Any]
+
+
+class ReplicaView:
+    """The replicas Serve runs now, by cluster-file name, and the `ClusterState` they update.
+
+    Written by the request router (on Serve's router loop), read by the ingress (its own
+    loop); both in the ingress replica's process, so one lock suffices."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, RayReplica] = {}
+        self.state: ClusterState | None = None
+        self.restarts: dict[str, int] = {}
+        self._seen: set[str] = set()  # Serve replica ids seen, to count restarts
+        self._nodes: dict[str, str] = {}  # last node each name ran on
+        self._lock = threading.Lock()
+        self.ready = threading.Event()  # set once every named replica has run
+
+    def attach(self, state: ClusterState) -> None:
+        with self._lock:
+            self.state = state
+            self._apply()
+
+    def update(self, replicas: list[RunningReplica]) -> None:
+        running: dict[str, RayReplica] = {}
+        for r in replicas:
+            meta = r.replica_metadata
+            name = meta.get("name")
+            if name is None:
+                continue
+            running[name] = RayReplica(
+                name=name, role=meta.get("role", "colocated"),
+                replica_id=r.replica_id.unique_id, node_id=r.node_id or meta.get("node_id", ""),
+                node_ip=meta.get("node_ip", ""), pid=meta.get("pid"),
+                actor_pid=meta.get("actor_pid"), engine_url=meta.get("engine_url", ""),
+                stats=dict(r.routing_stats or {}))
+        with self._lock:
+            for name, replica in running.items():
+                if replica.replica_id not in self._seen:
+                    if name in self._nodes:
+                        self.restarts[name] = self.restarts.get(name, 0) + 1
+                    self._seen.add(replica.replica_id)
+                self._nodes[name] = replica.node_id
+            self.running = running
+            self._apply()
+
+    def _apply(self) -> None:
+        state = self.state
+        if state is None:
+            return
+        for name, replica in state.replicas.items():
+            ray_replica = self.running.get(name)
+            if ray_replica is None:
+                if replica.alive:
+                    replica.mark_dead(self.gone_message(name))
+                continue
+            replica.pid = ray_replica.pid
+            replica.extra = {"node": ray_replica.node_id, "node_ip": ray_replica.node_ip,
+                             "engine_url": ray_replica.engine_url,
+                             "actor_pid": ray_replica.actor_pid,
+                             "restarts": self.restarts.get(name, 0)}
+            stats = ray_replica.stats
+            replica.kv_usage = float(stats.get("kv_usage", replica.kv_usage))
+            replica.engine_running = int(stats.get("running", 0))
+            replica.engine_waiting = int(stats.get("waiting", 0))
+            replica.metrics_at = time.monotonic()
+            if not replica.alive:
+                if replica.routed or replica.prefills:
+                    log.warning("replica %s runs again (Ray node %s)", name,
+                                ray_replica.node_id[:12])
+                replica.alive = True
+                replica.last_error = None
+        if all(name in self.running for name in state.replicas):
+            self.ready.set()
+
+    def gone_message(self, name: str) -> str:
+        """Why `name` takes no request: its node is gone (named), or Ray restarts it."""
+        node = self._nodes.get(name)
+        if node is None:
+            return f"replica {name} is not running yet"
+        if not node_alive(node):
+            return (f"replica {name}: its Ray node {node} is gone (lost or stopped); Ray "
+                    "places the replica on another node when one has the resources")
+        return f"replica {name} (Ray node {node[:12]}) is not running; Ray is restarting it"
+
+    def find(self, name: str) -> RayReplica | None:
+        return self.running.get(name)
+
+
+def node_alive(node_id: str) -> bool:
+    """Is the Ray node alive (asks the GCS; only on a replica set change or a failure)?"""
+    try:
+        return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - the GCS itself unreachable: say the node is not alive
+        return False
+
+
+#: One view per (app, deployment), shared by the request router and the ingress of a process.
+_VIEWS: dict[tuple[str, str], ReplicaView] = {}
+_VIEWS_LOCK = threading.Lock()
+
+
+def view_for(app_name: str, deployment: str) -> ReplicaView:
+    with _VIEWS_LOCK:
+        return _VIEWS.setdefault((app_name, deployment), ReplicaView())
+
+
+class _ServeStream(httpx.AsyncByteStream):
+    """A replica's answer body, chunk by chunk, from a Serve response generator."""
+
+    def __init__(self, generator: Any, name: str, gone: Callable[[BaseException], Exception]):
+        self.generator = generator
+        self.name = name
+        self.gone = gone
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.generator:
+                yield chunk
+        except REPLICA_GONE as exc:
+            raise httpx.ReadError(str(self.gone(exc))) from None
+
+    async def aclose(self) -> None:
+        self.generator.cancel()
+
+
+class ServeTransport(httpx.AsyncBaseTransport):
+    """The router proxy's upstream transport on Ray: `http://ray/NAME/path` goes to the Serve
+    replica named NAME through `handle` (in the path, a name keeps its case); a replica that
+    is not running, or whose actor died,
+    is a `httpx.ConnectError` naming it (the proxy then marks it dead and answers 502, as for a
+    local replica that stopped answering)."""
+
+    def __init__(self, handle: DeploymentHandle, view: ReplicaView) -> None:
+        self.handle = handle
+        self.view = view
+
+    def _gone(self, name: str, exc: BaseException | None = None) -> httpx.ConnectError:
+        detail = self.view.gone_message(name)
+        if exc is not None and self.view.find(name) is not None:
+            detail = f"replica {name}'s Ray actor died ({type(exc).__name__})"
+        return httpx.ConnectError(detail)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        name, _, path = request.url.raw_path.decode().lstrip("/").partition("/")
+        if self.view.find(name) is None:
+            raise self._gone(name)
+        headers = {k.decode(): v.decode() for k, v in request.headers.raw
+                   if k.lower() not in (b"host", b"content-length")}
+        call = HttpCall(target=name, method=request.method, path="/" + path,
+                        headers=headers, body=await request.aread())
+        generator = self.handle.options(stream=True).remote(call)
+        try:
+            head = await generator.__anext__()
+        except (ReplicaGoneError, *REPLICA_GONE) as exc:
+            raise self._gone(name, exc) from None
+        except asyncio.CancelledError:
+            generator.cancel()
+            raise
+        except StopAsyncIteration:
+            raise httpx.RemoteProtocolError(f"replica {name} closed the answer") from None
+        except Exception as exc:  # noqa: BLE001 - the replica failed to reach its engine
+            raise httpx.ConnectError(f"replica {name}: {exc}") from None
+        head_headers = {k: v for k, v in head["headers"].items()
+                        if k.lower() != "transfer-encoding"}
+        return httpx.Response(head["status"], headers=head_headers,
+                              stream=_ServeStream(generator, name,
+                                                  lambda exc: self._gone(name, exc)),
+                              request=request)

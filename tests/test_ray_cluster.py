@@ -1,0 +1,257 @@
+"""`harness cluster serve --address` on a two-node Ray cluster on this machine.
+
+One Ray cluster for the module (`ray.cluster_utils.Cluster`: a head with the custom resource
+`node_a`, a second node with `node_b`, 2 logical CPUs each, so four replicas asking 1 CPU each
+land two per node). On it, one served cluster at a time, started as a user would, through the
+command line: a 4-replica colocated cluster (emulated GPU, 512 KV blocks each, `session`
+routing) for a real `harness run`, then a replica killed under a run, then a 1P1D cluster for
+the P/D hand-off. What the tests read: the router's `GET /v1/cluster` (nodes, counters,
+restarts) and each engine's own endpoints on its node's loopback (`engine_url`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.server_process import free_port
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "llama-3.1-8b"
+#: Serve's HTTP port is the Ray cluster's (its first `serve.start`): one for the module.
+PORT = free_port()
+
+
+@pytest.fixture(scope="module")
+def ray_nodes() -> Iterator[Any]:
+    # ray: start-up cost (~2 s), paid only by this module's tests
+    from ray.cluster_utils import Cluster
+
+    # this machine is shared: Ray's memory monitor would kill Serve's actors when another
+    # process fills the memory (it looks at the whole machine's use)
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"node_a": 1}, "include_dashboard": False})
+    cluster.add_node(num_cpus=2, resources={"node_b": 1})
+    yield cluster
+    cluster.shutdown()
+
+
+class RayServed:
+    """`python -m cli cluster serve FILE --address ADDR` in a subprocess (its own session)."""
+
+    def __init__(self, tmp: Path, address: str, name: str, strategy: str,
+                 replicas: list[dict[str, Any]]) -> None:
+        self.file = tmp / f"{name}.json"
+        self.file.write_text(json.dumps({"name": name, "router": {"strategy": strategy},
+                                         "replicas": replicas}))
+        self.url = f"http://127.0.0.1:{PORT}"
+        self.out = tmp / f"{name}.out"
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli", "cluster", "serve", str(self.file), "--address",
+             address, "--port", str(PORT), "--log-dir", str(tmp / f"{name}-logs")],
+            stdout=self.out.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
+            start_new_session=True)
+
+    def wait_ready(self, timeout_s: float = 900.0) -> RayServed:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"`harness cluster serve` exited with {self.process.returncode}:\n"
+                            f"{self.out.read_text()}")
+            try:
+                if all(r["alive"] for r in self.state()["replicas"]):
+                    self.ready_s = time.monotonic() - self.started
+                    return self
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(2)
+        self.stop()
+        pytest.fail(f"the cluster did not come up in {timeout_s:.0f} s:\n{self.out.read_text()}")
+
+    def state(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/v1/cluster", timeout=10).json()
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in self.state()["replicas"]}
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def received(served: RayServed) -> dict[str, int]:
+    """Events each replica's engine received (its own `GET /v1/agent/events`)."""
+    return {name: httpx.get(r["engine_url"] + "/v1/agent/events", timeout=10).json()["received"]
+            for name, r in served.replicas().items()}
+
+
+def harness_run(served: RayServed, out: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "run", "gsm8k", "--server", served.url, "--out", str(out),
+         *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(run: subprocess.Popen[str], timeout: float = 600) -> str:
+    try:
+        output, _ = run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        raise
+    return output
+
+
+def results(out: Path) -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text()) for p in (out / "results").glob("*.json")}
+
+
+@pytest.fixture(scope="class")
+def colocated(ray_nodes, tmp_path_factory) -> Iterator[RayServed]:
+    spec = {"role": "colocated", "policy": "continuum", "num_gpu_blocks": 512}
+    served = RayServed(tmp_path_factory.mktemp("ray-colocated"), ray_nodes.address, "four",
+                       "session", [{"name": f"c{i}", **spec} for i in range(4)]).wait_ready()
+    print(f"4 replicas on Ray ready after {served.ready_s:.0f} s")
+    yield served
+    served.stop()
+
+
+class TestColocated:
+    def test_session_run_keeps_each_program_on_one_replica(self, colocated, tmp_path):
+        """A `harness run` through the Ray cluster: the replicas run on both nodes; each
+        program's turns stay on its replica (no rebind, and each event reached exactly one
+        replica: a program on two would have its `program_end` sent to both); its later turns
+        hit that replica's prefix cache."""
+        replicas = colocated.replicas()
+        assert len({r["node"] for r in replicas.values()}) == 2, replicas
+        before, counted = received(colocated), colocated.state()["counters"]
+        out = tmp_path / "run"
+        run = harness_run(colocated, out, "--limit", "4", "--concurrency", "4")
+        output = finish(run)
+        assert run.returncode == 0, output
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["tasks"] == 4 and summary["retryable"] == 0
+        gained = {n: a - before[n] for n, a in received(colocated).items()}
+        counters = {k: v - counted[k] for k, v in colocated.state()["counters"].items()
+                    if isinstance(v, int) and isinstance(counted.get(k), int)}
+        assert counters["rebinds"] == 0 and counters["failed"] == 0, counters
+        assert counters["events_dropped"] == 0 and counters["programs_ended"] >= 1, counters
+        # every event the router received reached exactly one replica (a program_start that
+        # came before the program's first turn was kept and delivered with that turn)
+        assert sum(gained.values()) == counters["events_received"] > 4, (gained, counters)
+        assert sum(1 for g in gained.values() if g) >= 2  # programs spread over replicas
+        later = [s for p in out.rglob("*.traj.json")
+                 for s in json.loads(p.read_text())["steps"][1:]]
+        assert later and all(s["cached_tokens"] > 0 for s in later), later
+
+    def test_a_killed_replica_is_restarted_and_resume_grades_each_task_once(self, colocated,
+                                                                            tmp_path):
+        """SIGKILL one replica's actor under a run: Ray starts it again (same name), the
+        router sends nothing to it meanwhile and rebinds its programs; the run, resumed if it
+        left any program unfinished, grades every task exactly once."""
+        out = tmp_path / "run"
+        run = harness_run(colocated, out, "--concurrency", "4")
+        deadline = time.monotonic() + 300
+        victim = None
+        while victim is None and time.monotonic() < deadline and run.poll() is None:
+            busy = [r for r in colocated.replicas().values() if r["in_flight"] > 0]
+            victim = busy[0] if busy else None
+            time.sleep(0.2)
+        assert victim is not None, "no replica was ever busy"
+        os.kill(victim["actor_pid"], signal.SIGKILL)
+        output = finish(run)
+        first = results(out)
+        finished = {n for n, r in first.items() if not r.get("retryable")}
+        stamps = {n: (out / "results" / f"{n}.json").stat().st_mtime_ns for n in finished}
+        print(f"killed {victim['name']}: the run ended with {run.returncode}, "
+              f"{len(first) - len(finished)} program(s) to resume")
+        if run.returncode != 0:
+            assert "--resume" in output, output
+            rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
+            output = finish(rest)
+            assert rest.returncode == 0, output
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["tasks"] == 10 and summary["retryable"] == 0, summary
+        assert len(results(out)) == 10
+        assert {n: (out / "results" / f"{n}.json").stat().st_mtime_ns
+                for n in finished} == stamps  # nothing graded twice
+        state = colocated.state()
+        assert state["counters"]["rebinds"] >= 1 or state["counters"]["failed"] >= 1
+        deadline = time.monotonic() + 600  # Ray starts the replica again
+        again: dict[str, Any] = {"alive": False, "restarts": 0}
+        while not (again["alive"] and again["restarts"] >= 1) and time.monotonic() < deadline:
+            time.sleep(2)
+            try:
+                again = colocated.replicas()[victim["name"]]
+            except httpx.HTTPError:  # a slow answer on a loaded machine: ask again
+                continue
+        assert again["alive"] and again["restarts"] >= 1, again
+        assert again["actor_pid"] != victim["actor_pid"]
+
+
+def nixl_bytes(url: str) -> tuple[float, float]:
+    """(bytes, reads) vLLM's NIXL connector metrics report on an engine (`/metrics`)."""
+    total = count = 0.0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "vllm:nixl_bytes_transferred_sum":
+                total += sample.value
+            elif sample.name == "vllm:nixl_bytes_transferred_count":
+                count += sample.value
+    return total, count
+
+
+@pytest.fixture(scope="class")
+def pd_cluster(ray_nodes, tmp_path_factory) -> Iterator[RayServed]:
+    spec = {"profile": "h100-llama-3.1-8b", "policy": "vllm", "num_gpu_blocks": 64}
+    served = RayServed(tmp_path_factory.mktemp("ray-pd"), ray_nodes.address, "pd", "pd",
+                       [{"name": "p", "role": "prefill", **spec},
+                        {"name": "d", "role": "decode", **spec}]).wait_ready()
+    yield served
+    served.stop()
+
+
+class TestPD:
+    def test_second_turn_pulls_only_its_new_blocks(self, pd_cluster):
+        """tests/test_cluster_serve.py's two-turn P/D program, on Ray: turn 1 prefills 64
+        tokens on P and D pulls its 4 blocks (4 x 16 tokens x 131,072 bytes); turn 2 (192
+        tokens) pulls only the last 4 of P's 12 blocks."""
+        c = pd_cluster
+        d_url = c.replicas()["d"]["engine_url"]
+
+        def turn(prompt: list[int], i: int, answer: int) -> tuple[httpx.Response, list[int]]:
+            reply = httpx.post(c.url + "/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
+                "return_token_ids": True,
+                "vllm_xargs": {"turn": i, "emulate_output_tokens": answer}})
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["x-harness-prefill"] == "p"
+            assert reply.headers["x-harness-replica"] == "d"
+            return reply, reply.json()["choices"][0]["token_ids"]
+
+        prompt1 = list(range(100, 164))
+        _, answer1 = turn(prompt1, 0, 80)
+        assert nixl_bytes(d_url) == (4 * 16 * 131_072, 1)
+        prompt2 = prompt1 + answer1 + list(range(300, 348))
+        reply2, _ = turn(prompt2, 1, 5)
+        assert reply2.json()["usage"]["prompt_tokens"] == 192
+        assert nixl_bytes(d_url) == (2 * 4 * 16 * 131_072, 2)
+        assert c.state()["counters"]["pd_prefills"] == 2

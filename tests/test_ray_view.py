@@ -1,0 +1,61 @@
+"""The Ray cluster's view of its replicas (`cluster.ray_router.ReplicaView`), without Ray
+running: what Serve reports (the running replicas with their metadata and routing stats)
+turns the router's replicas alive or dead at once, a dead one's programs rebind by the
+strategy's own rule, a restarted one (a new Serve replica id under the same name) is alive
+again and counted, and the transport refuses a replica that is not running with the
+connection error the router proxy treats as a dead replica."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from cluster.ray_router import ReplicaView, ServeTransport
+from cluster.router_state import ClusterState, ReplicaEndpoint
+from cluster.routing import SessionRouter
+
+
+def running(name: str, replica_id: str, node: str, **stats: Any) -> SimpleNamespace:
+    """A running Serve replica as the request router sees it (`RunningReplica`'s fields)."""
+    return SimpleNamespace(
+        replica_id=SimpleNamespace(unique_id=replica_id), node_id=node, routing_stats=stats,
+        replica_metadata={"name": name, "role": "colocated", "node_ip": "10.0.0.1",
+                          "pid": 100, "actor_pid": 99, "engine_url": "http://127.0.0.1:1"})
+
+
+def test_serve_reports_make_replicas_alive_dead_and_restarted():
+    state = ClusterState([ReplicaEndpoint("c0", "colocated", "http://ray/c0"),
+                          ReplicaEndpoint("c1", "colocated", "http://ray/c1")], SessionRouter())
+    view = ReplicaView()
+    view.attach(state)
+    assert not any(r.alive for r in state.replicas.values()) and not view.ready.is_set()
+    view.update([running("c0", "a", "node-1", kv_usage=0.5, running=2),
+                 running("c1", "b", "node-2")])
+    assert all(r.alive for r in state.replicas.values()) and view.ready.is_set()
+    assert state.replicas["c0"].kv_usage == 0.5 and state.replicas["c0"].engine_running == 2
+    assert state.replicas["c0"].to_json()["node"] == "node-1"
+    home = state.route("p", 0).decode
+    other = "c1" if home == "c0" else "c0"
+    node = "node-1" if home == "c0" else "node-2"
+    view.update([running(other, "b" if other == "c1" else "a", "node-2")])
+    assert not state.replicas[home].alive
+    # no Ray here, so its node is not alive either: the message names the node
+    assert f"its Ray node {node} is gone" in state.replicas[home].last_error
+    assert state.route("p", 1).decode == other and state.counters["rebinds"] == 1
+    view.update([running(home, "c", "node-3"), running(other, "b" if other == "c1" else "a",
+                                                      "node-2")])
+    assert state.replicas[home].alive and state.replicas[home].last_error is None
+    assert state.replicas[home].to_json()["restarts"] == 1
+    assert state.replicas[home].to_json()["node"] == "node-3"
+
+
+def test_the_transport_refuses_a_replica_that_is_not_running():
+    view = ReplicaView()
+    transport = ServeTransport(handle=None, view=view)  # type: ignore[arg-type]
+    request = httpx.Request("POST", "http://ray/c9/v1/chat/completions", content=b"{}")
+    with pytest.raises(httpx.ConnectError, match="replica c9 is not running"):
+        asyncio.run(transport.handle_async_request(request))
