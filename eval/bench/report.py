@@ -115,8 +115,10 @@ def bounds_section(summary: dict[str, Any]) -> list[str]:
                      f"{floor['offered_load']:.2f} | {floor['throughput_jct_mean_s']:.2f} | "
                      f"{floor['throughput_makespan_s']:.1f} | "
                      f"{max(floor['throughput_jct_mean_s'], summary['isolated_jct_mean_s']):.2f} |")
+    steady = (" The throughput bound counts every program, also those `--steady` leaves out "
+              "of the policies' means." if summary.get("steady") else "")
     return lines + ["", "Offered load: the work over the arrival window (above 1 the engine "
-                    "cannot keep up even at its most efficient batching).", ""]
+                    f"cannot keep up even at its most efficient batching).{steady}", ""]
 
 
 def _isolated_cost_text(summary: dict[str, Any]) -> str:
