@@ -20,7 +20,14 @@ from rich.console import Console
 from cli.options import add_offload_copy_model_argument, parse_loads
 from common.metrics import SLO
 from eval.bench.report import print_table
-from eval.bench.specs import BenchError, ClusterRuns, EngineSettings, HttpTarget, check_policies
+from eval.bench.specs import (
+    BenchError,
+    ClusterRuns,
+    EngineSettings,
+    HttpTarget,
+    check_policies,
+    with_references,
+)
 from eval.bench.sweep import bench
 from eval.bench.traces import TRACE_NAMES
 from eval.workloads.registry import TRACES
@@ -101,6 +108,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{SLO.ttft_s:g} s)")
     p.add_argument("--slo-tpot", type=float, default=SLO.tpot_s,
                    help=f"time-per-output-token bound (default {SLO.tpot_s:g} s)")
+    p.add_argument("--no-bounds", action="store_true",
+                   help="leave out the reference runs every virtual single-engine report has "
+                   "beside the policies: `vllm` and `oracle` (oracle-SRPT, a clairvoyant "
+                   "schedule) for the share of the gap each policy closes")
     p.add_argument("--isolated-over-http", action="store_true",
                    help="with --url: measure isolated JCTs on the server (costs their sum in "
                    "wall time) instead of on the emulated profile")
@@ -133,6 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.routers:
             raise BenchError("--routers compares routing strategies of a --cluster FILE")
         policies = check_policies(_names(args.policies or "vllm,continuum"))
+        if not args.no_bounds and not args.url:
+            policies = with_references(policies)
     http = None
     if args.url:
         if len(policies) != 1:

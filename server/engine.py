@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from server.clock import VirtualClock, use_clock
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.policies import AgentEvent
 from server.policies.ampd import TTFT_SLO_S
+from server.policies.oracle import TurnFuture
 from server.settings import (
     OFFLOAD_CONNECTOR_OPTIONS,
     ServeSettings,
@@ -190,6 +191,9 @@ class VirtualEngine:
     offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
     #: the deployment's TTFT SLO (s), for policies that take it (`ServeSettings.ttft_slo_s`)
     ttft_slo_s: float = TTFT_SLO_S
+    #: program id -> its turns' future (`server.policies.oracle.TurnFuture`), for a
+    #: clairvoyant policy (`oracle`) only; a policy that is not clairvoyant never sees it
+    future: Mapping[str, Sequence[TurnFuture]] | None = None
 
     def __post_init__(self) -> None:
         check_offload_copy_model(self.offload_copy_model)
@@ -237,6 +241,12 @@ class VirtualEngine:
         self._pending: dict[str, Pending] = {}
         self._idle_steps = 0  # consecutive steps computing nothing while requests wait
         self.nixl = getattr(self.core.model_executor, "_nixl", None)  # P/D worker side, or None
+        policy = self.scheduler.agent_policy
+        if getattr(policy, "clairvoyant", False):
+            if self.future is None:
+                raise ValueError(f"policy {self.policy!r} schedules with every program's "
+                                 "future: build its engine with the trace (`future`)")
+            policy.foresee(self.future)
         if self.nixl is not None:
             self.nixl.set_wake(self._wake)
 

@@ -109,10 +109,13 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
     deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
     try:
-        policy_class(policy)
+        cls = policy_class(policy)
         check_offload_copy_model(offload_copy_model)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
+    if getattr(cls, "clairvoyant", False):
+        raise ServeError(f"policy {policy!r} schedules with every program's future, which only "
+                         "a replayed trace knows: it runs in `harness bench`, not served")
     if device not in DEVICES:
         raise ServeError(f"--device {device}: pick one of {', '.join(DEVICES)}")
     if not (ttft_slo_s > 0 and math.isfinite(ttft_slo_s)):

@@ -5,7 +5,8 @@ Why one factory: a comparison is only fair when every engine of it is built the 
 the rules for that (a policy name's `+offload` suffix, the longest conversation an engine
 takes, a P/D replica's KV-transfer connector, the cluster's TTFT SLO) were written in several
 places before and had begun to disagree. The longest conversation is `server.max_model_len`'s
-rule, beside the served replicas' own.
+rule, beside the served replicas' own. A clairvoyant policy (`oracle`) also gets every
+program's future from the trace here (`futures`), and only it: the others are built without.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.pd import virtual_engine_options
+from common.trace import Trace
 from server.engine import VirtualEngine
 from server.max_model_len import context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.policies import policy_class
+from server.policies.oracle import TurnFuture
 from server.settings import DEFAULT_OFFLOAD_GIB
 
 
@@ -33,13 +37,15 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                 cluster: Any = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None,
                 bidirectional: bool = False,
-                offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> Any:
+                offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
+                trace: Trace | None = None) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `server.max_model_len.context_limit` says. `replica` and `cluster` (a cluster file's
     replica and the file): a prefill or decode replica also gets its KV-transfer connector
     (`bidirectional`: a prefill replica may read a program's history from its decode replica,
     `cluster.pd`), and every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`)
-    for its policy."""
+    for its policy. `trace`: what a clairvoyant policy (`oracle`) is told of the future
+    (`futures`); other policies never get it."""
     max_len = context_limit(profile, num_gpu_blocks, max_model_len)
     name, offload = base_policy(policy)
     if offload and offload_gib is None:
@@ -49,7 +55,20 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
         options["ttft_slo_s"] = cluster.router.ttft_slo_s
     if replica is not None and replica.role != "colocated":
         options.update(virtual_engine_options(replica, cluster, bidirectional=bidirectional))
+    if getattr(policy_class(name), "clairvoyant", False):
+        if trace is None:
+            raise ValueError(f"policy {name!r} knows every program's future: give the trace")
+        options["future"] = futures(trace)
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
                          num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
                          max_num_batched_tokens=max_num_batched_tokens,
                          offload_copy_model=offload_copy_model, **options)
+
+
+def futures(trace: Trace) -> dict[str, tuple[TurnFuture, ...]]:
+    """Each program's turns as the trace says they will be: prompt, what a kept previous turn
+    leaves to compute, output, and the tool time after it."""
+    return {p.id: tuple(TurnFuture(prompt_tokens=p.prompt_tokens(i), new_tokens=p.new_tokens(i),
+                                   output_tokens=t.output_tokens, tool_seconds=t.tool_seconds)
+                        for i, t in enumerate(p.turns))
+            for p in trace.programs}

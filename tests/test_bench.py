@@ -94,8 +94,13 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
             "--jps", "3", "--out", str(out), "--num-gpu-blocks", str(BLOCKS)]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
+    # every report has the clairvoyant schedule beside the policies, and the floor
     assert [(r["policy"], r["jps"]) for r in summary["results"]] == [
-        ("vllm", 3.0), ("continuum", 3.0)]
+        ("vllm", 3.0), ("continuum", 3.0), ("oracle", 3.0)]
+    assert summary["floors"][0]["jps"] == 3.0
+    for row in summary["results"]:
+        assert row["floor_jct_mean_s"] >= summary["isolated_jct_mean_s"]
+        assert row["jct_mean_s"] >= row["floor_jct_mean_s"] - 1e-6
     for row in summary["results"]:
         for key in ("jct_mean_s", "jct_p95_s", "throughput_programs_per_min", "ttft_mean_s",
                     "queue_mean_s", "prefix_hit_tokens", "recomputed_tokens", "preemptions",
@@ -104,6 +109,7 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
             assert key in row
     report = (out / "report.md").read_text()
     assert "| vllm |" in report and "fastest" in report
+    assert "gap closed" in report and "## Bounds" in report
     for name in ("jct_vs_load.png", "jct_cdf.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # isolated JCTs are cached: a second sweep reuses them and gives the same JCTs
@@ -281,3 +287,17 @@ def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "7")  # the user's own seed is kept
     cli._pin_hash_seed(["bench"])
     assert len(calls) == 2
+
+
+@pytest.mark.engine
+def test_the_oracle_is_told_the_future_by_the_engine_factory(trace):
+    """`oracle` needs the trace (it is refused without), replays every program to the end,
+    and no other policy is given the future."""
+    with pytest.raises(ValueError, match="future"):
+        make_engine("oracle", PROFILE, 0, BLOCKS)
+    with closing(make_engine("oracle", PROFILE, 0, BLOCKS, trace=trace)) as engine:
+        result = replay(trace, engine)
+        assert engine.scheduler.agent_policy.pins_made > 0
+    assert all(p.finished is not None for p in result.programs.values())
+    with closing(make_engine("continuum", PROFILE, 0, BLOCKS, trace=trace)) as engine:
+        assert engine.future is None

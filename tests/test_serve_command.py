@@ -28,6 +28,7 @@ def test_emulated_command_uses_our_scheduler_executor_and_events():
     ({"policy": "fifo"}, "choose one of"),
     ({"profile": "h100-llama-3.1-8b", "model": "/models/x"}, "not both"),
     ({"profile": "tpu-llama-3.1-8b"}, "h100"),
+    ({"policy": "oracle"}, "harness bench"),  # it needs the trace's future
 ])
 def test_mistakes_are_refused_with_a_reason(kwargs, message):
     with pytest.raises(ServeError, match=message):

@@ -42,7 +42,7 @@ def replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: En
         engines = VirtualCluster(config, seed=seed, make_engine=lambda spec: make_engine(
             spec.policy, spec.profile, seed, spec.num_gpu_blocks, spec.offload_gib, spec, config,
             settings.max_model_len, settings.max_num_batched_tokens,
-            offload_copy_model=settings.offload_copy_model))
+            offload_copy_model=settings.offload_copy_model, trace=trace))
         try:
             result = replay_cluster(trace, engines, progress=progress, concurrency=concurrency)
         finally:
@@ -56,7 +56,7 @@ def replay_once(trace: Trace, policy: str, profile: str, seed: int, settings: En
         except HttpReplayError as exc:
             raise BenchError(str(exc)) from None
     else:
-        engine = settings_engine(name, profile, seed, settings)
+        engine = settings_engine(name, profile, seed, settings, trace)
         try:
             result = replay(trace, engine, progress=progress, hints=hints,
                             concurrency=concurrency)

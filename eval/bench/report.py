@@ -23,6 +23,8 @@ _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),
             ("jct_mean_s", "JCT mean s", "{:.2f}"), ("jct_p50_s", "P50", "{:.2f}"),
             ("jct_p95_s", "P95", "{:.2f}"), ("jct_p99_s", "P99", "{:.2f}"),
             ("normalised_latency_mean", "JCT/isolated", "{:.2f}"),
+            ("gap_closed", "gap closed", "{:.2f}"),
+            ("floor_jct_mean_s", "floor s", "{:.2f}"),
             ("makespan_s", "makespan s", "{:.1f}"),
             ("throughput_programs_per_min", "programs/min", "{:.2f}"),
             ("ttft_mean_s", "TTFT mean s", "{:.3f}"), ("tpot_mean_s", "TPOT mean s", "{:.4f}"),
@@ -81,10 +83,42 @@ def report_markdown(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(_cell(row, k, f) for k, _, f in _COLUMNS) + " |")
     if summary.get("cluster"):
         lines += ["", *_cluster_section(summary)]
+    lines += ["", *bounds_section(summary)]
     lines += ["", "## Which is fastest, and why", "", *reading(summary["results"]), ""]
     lines += _replayed_section(summary)
     lines += ["![JCT against load](jct_vs_load.png)", "", "![JCT CDF](jct_cdf.png)", ""]
     return "\n".join(lines)
+
+
+def bounds_section(summary: dict[str, Any]) -> list[str]:
+    """The floor and the clairvoyant schedule, in words (`eval.bench.floor`)."""
+    lines = ["## Bounds: the floor and the clairvoyant schedule", "",
+             "`oracle` is oracle-SRPT, a clairvoyant schedule: it is told every program's "
+             "future (turns, their lengths and tool times) and runs shortest remaining work "
+             "first at the program level, pinning exactly the KV cache that will be reused; "
+             "it is not a proven optimum (a batching engine is not one machine), so a policy "
+             "may beat it (gap closed > 1). *gap closed*: a policy's share of the gap from "
+             "`vllm` to `oracle` in mean JCT at the same load. *floor*: the larger of the "
+             f"isolated JCT mean ({summary['isolated_jct_mean_s']:.2f} s) and the throughput "
+             "bound (every program's work at the engine's most efficient batching, released "
+             "at its arrival, served shortest-remaining-first on one machine: no schedule's "
+             "mean JCT is below it)."]
+    floors = summary.get("floors") or []
+    if not floors:
+        return lines + ["", "No throughput bound for this run (a cluster, a served engine or a "
+                        "closed loop): the floor is the isolated JCT mean.", ""]
+    lines += ["", "| jobs/s | work per program s | offered load | throughput bound: mean JCT "
+              "s | makespan s | floor: mean JCT s |", "|---|---:|---:|---:|---:|---:|"]
+    n = max(1, summary.get("programs") or 1)
+    for floor in floors:
+        lines.append(f"| {load_text(floor['jps'], None)} | {floor['work_s'] / n:.2f} | "
+                     f"{floor['offered_load']:.2f} | {floor['throughput_jct_mean_s']:.2f} | "
+                     f"{floor['throughput_makespan_s']:.1f} | "
+                     f"{max(floor['throughput_jct_mean_s'], summary['isolated_jct_mean_s']):.2f} |")
+    steady = (" The throughput bound counts every program, also those `--steady` leaves out "
+              "of the policies' means." if summary.get("steady") else "")
+    return lines + ["", "Offered load: the work over the arrival window (above 1 the engine "
+                    f"cannot keep up even at its most efficient batching).{steady}", ""]
 
 
 def _isolated_cost_text(summary: dict[str, Any]) -> str:
@@ -188,6 +222,7 @@ def reading(rows: Sequence[dict[str, Any]]) -> list[str]:
 def print_table(summary: dict[str, Any], console: Any) -> None:
     table = Table(title=f"{summary['trace_name']} on {summary['profile']}")
     wanted = ("policy", "jps", "jct_mean_s", "jct_p95_s", "normalised_latency_mean",
+              "gap_closed", "floor_jct_mean_s",
               "throughput_programs_per_min", "prefix_hit_rate", "preemptions",
               "pin_memory_share", "wall_s", "engine_steps_per_s")
     keys = [c for c in _COLUMNS if c[0] in wanted]

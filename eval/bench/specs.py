@@ -15,6 +15,7 @@ from typing import Any
 
 from cluster.config import ClusterConfig, ClusterConfigError, load_cluster, parse_cluster
 from common.errors import UserError
+from common.trace import Trace
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.policies import POLICIES
 from sim.client import HINT_MODES
@@ -50,6 +51,21 @@ def check_policies(names: Sequence[str]) -> list[str]:
         raise BenchError(f"unknown hints in {', '.join(map(repr, bad))}; after @ give one of: "
                          f"{', '.join(HINT_MODES)}")
     return list(dict.fromkeys(names))
+
+
+#: The reference runs of every virtual single-engine report: the baseline and the clairvoyant
+#: schedule, so each policy's share of the gap between them can be given (`eval.bench.floor`).
+REFERENCES = ("vllm", "oracle")
+
+
+def with_references(policies: Sequence[str]) -> list[str]:
+    """`policies` with `vllm` first and `oracle` last where they are not already named."""
+    out = list(policies)
+    if REFERENCES[0] not in out:
+        out.insert(0, REFERENCES[0])
+    if REFERENCES[1] not in out:
+        out.append(REFERENCES[1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,12 +163,14 @@ class EngineSettings:
             raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
 
 
-def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings) -> Any:
-    """`make_engine` for a single-engine run under the run's `EngineSettings`."""
+def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings,
+                    trace: Trace | None = None) -> Any:
+    """`make_engine` for a single-engine run under the run's `EngineSettings`; `trace`: the
+    programs it will replay (only a clairvoyant policy, `oracle`, is told them)."""
     return make_engine(policy, profile, seed, settings.num_gpu_blocks, settings.offload_gib,
                        max_model_len=settings.max_model_len,
                        max_num_batched_tokens=settings.max_num_batched_tokens,
-                       offload_copy_model=settings.offload_copy_model)
+                       offload_copy_model=settings.offload_copy_model, trace=trace)
 
 
 @dataclass(frozen=True)

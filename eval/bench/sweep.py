@@ -20,6 +20,7 @@ from common.atomic import write_text_atomic
 from common.metrics import SLO
 from common.trace import Trace, summarize
 from eval.bench.backends import replay_once
+from eval.bench.floor import add_bounds, throughput_floor
 from eval.bench.isolated import IsolatedCost, isolated_timed, log_isolated
 from eval.bench.parallel import parallel_rows
 from eval.bench.plots import plot
@@ -99,6 +100,12 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
             progress.update(task, completed=n)
             rows.append(row)
             log_run(console, label, row, n)
+    floors = {}
+    if http is None and cluster is None and not concurrency:  # arrivals at a rate: bounds
+        floors = {x: throughput_floor(traces[x], profile, settings.offload_copy_model,
+                                      settings.max_num_batched_tokens) for x in jps}
+    isolated_mean = sum(isolated.values()) / len(isolated)
+    add_bounds(rows, floors, isolated_mean)
     summary = {
         "trace": trace_name,
         "trace_name": first.name,
@@ -121,7 +128,9 @@ def bench(trace_name: str, policies: Sequence[str], *, programs: int | None,
         "concurrency": list(concurrency) if concurrency else None,
         "steady": steady,
         "jobs": jobs,
-        "isolated_jct_mean_s": sum(isolated.values()) / len(isolated),
+        "isolated_jct_mean_s": isolated_mean,
+        # the throughput bound per load (`eval.bench.floor`): mean JCT, makespan, work
+        "floors": [{"jps": x, **floor} for x, floor in floors.items()],
         # measuring the isolated JCTs (None: read from this folder's cache)
         "isolated_wall_s": None if iso_timing is None else iso_timing.wall_s,
         "isolated_cpu_s": None if iso_timing is None else iso_timing.cpu_s,

@@ -23,6 +23,8 @@ POLICIES: dict[str, str] = {
     "infercept": "server.policies.infercept:InferCeptPolicy",
     "augserve": "server.policies.augserve:AugServePolicy",
     "ampd": "server.policies.ampd:AMPDPolicy",
+    "oracle": "server.policies.oracle:OraclePolicy",
+    "remaining-work": "server.policies.remaining_work:RemainingWorkPolicy",
 }
 
 
