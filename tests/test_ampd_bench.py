@@ -3,11 +3,11 @@ real virtual-time cluster, the layouts it builds, and the errors a user mistake 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import pytest
+from cluster_helpers import bench_args
 
 from cli import cluster as cluster_cli
 from common.metrics import SLO
@@ -103,15 +103,6 @@ def test_layouts_fill_nodes_and_carry_the_slo():
     assert [r.node for r in co.replicas] == [0, 0, 0, 0]  # TP1: all four on one node
 
 
-def _args(**over):
-    parser = argparse.ArgumentParser()
-    cluster_cli.add_bench_arguments(parser)
-    args = parser.parse_args([])
-    for key, value in over.items():
-        setattr(args, key, value)
-    return args
-
-
 @pytest.mark.parametrize(("over", "message"), [
     ({"layouts": "1p2d"}, "1p2d has 3 replicas but --replicas is 4"),
     ({"layouts": "3x1"}, "write prefill and decode replica counts as e.g. 1p3d"),
@@ -125,7 +116,7 @@ def _args(**over):
 ])
 def test_bad_input_is_a_clear_error(over, message):
     with pytest.raises(AmpdBenchError, match=message.replace("(", r"\(")):
-        cluster_cli.run_bench(_args(**over))
+        cluster_cli.run_bench(bench_args(**over))
 
 
 def test_cli_prints_the_error_without_a_traceback(capsys):

@@ -4,11 +4,11 @@ errors a user mistake gets, and one tiny sweep end to end on the virtual-time cl
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import pytest
+from cluster_helpers import bench_args
 
 from cli import cluster as cluster_cli
 from eval import ampd_regime
@@ -87,15 +87,6 @@ def test_a_baseline_with_zero_attainment_gives_an_infinite_gain():
     assert math.isinf(cell["gain_over_co-located"]) and cell["winner"] == "ampd"
 
 
-def _args(**over):
-    parser = argparse.ArgumentParser()
-    cluster_cli.add_bench_arguments(parser)
-    args = parser.parse_args([])
-    for key, value in over.items():
-        setattr(args, key, value)
-    return args
-
-
 @pytest.mark.parametrize(("over", "message"), [
     ({"gpus": 1}, "--gpus must be at least 2"),
     ({"gpus": 8, "itl_slo": "0.03,fast"}, "--itl-slo '0.03,fast': give numbers"),
@@ -105,7 +96,7 @@ def _args(**over):
 ])
 def test_bad_regime_input_is_a_clear_error(over, message):
     with pytest.raises(AmpdBenchError, match=message.replace("(", r"\(")):
-        cluster_cli.run_bench(_args(**over))
+        cluster_cli.run_bench(bench_args(**over))
 
 
 @pytest.mark.engine

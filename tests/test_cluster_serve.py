@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from cluster_helpers import nixl_bytes
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import served_turns
 from cluster.config import RouterSpec, load_cluster, parse_cluster
@@ -703,18 +703,6 @@ def test_sigkill_of_the_launcher_leaves_no_replica(tmp_path):
         assert c.members() == []
     finally:
         c.kill()
-
-
-def nixl_bytes(url: str) -> tuple[float, float]:
-    """(bytes, reads) vLLM's NIXL connector metrics report on a replica (`/metrics`)."""
-    total = count = 0.0
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name == "vllm:nixl_bytes_transferred_sum":
-                total += sample.value
-            elif sample.name == "vllm:nixl_bytes_transferred_count":
-                count += sample.value
-    return total, count
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from typing import Any
 import docker
 import psutil
 import pytest
+from subprocess_helpers import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,15 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def start_run(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "cli", "run", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(run: subprocess.Popen[str], timeout: float = 300) -> str:
-    try:
-        output, _ = run.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        raise
-    return output
 
 
 def wait_for(predicate: Any, what: str, run: subprocess.Popen[str], timeout: float = 400) -> Any:

@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from cluster_helpers import nixl_bytes
+from subprocess_helpers import finish
 
 from harness.server_process import free_port
 
@@ -111,15 +112,6 @@ def harness_run(served: RayServed, out: Path, *args: str) -> subprocess.Popen[st
          *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(run: subprocess.Popen[str], timeout: float = 600) -> str:
-    try:
-        output, _ = run.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        raise
-    return output
-
-
 def results(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in (out / "results").glob("*.json")}
 
@@ -145,7 +137,7 @@ class TestColocated:
         before, counted = received(colocated), colocated.state()["counters"]
         out = tmp_path / "run"
         run = harness_run(colocated, out, "--limit", "4", "--concurrency", "4")
-        output = finish(run)
+        output = finish(run, 600)
         assert run.returncode == 0, output
         summary = json.loads((out / "summary.json").read_text())
         assert summary["tasks"] == 4 and summary["retryable"] == 0
@@ -177,7 +169,7 @@ class TestColocated:
             time.sleep(0.2)
         assert victim is not None, "no replica was ever busy"
         os.kill(victim["actor_pid"], signal.SIGKILL)
-        output = finish(run)
+        output = finish(run, 600)
         first = results(out)
         finished = {n for n, r in first.items() if not r.get("retryable")}
         stamps = {n: (out / "results" / f"{n}.json").stat().st_mtime_ns for n in finished}
@@ -186,7 +178,7 @@ class TestColocated:
         if run.returncode != 0:
             assert "--resume" in output, output
             rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
-            output = finish(rest)
+            output = finish(rest, 600)
             assert rest.returncode == 0, output
         summary = json.loads((out / "summary.json").read_text())
         assert summary["tasks"] == 10 and summary["retryable"] == 0, summary
@@ -205,18 +197,6 @@ class TestColocated:
                 continue
         assert again["alive"] and again["restarts"] >= 1, again
         assert again["actor_pid"] != victim["actor_pid"]
-
-
-def nixl_bytes(url: str) -> tuple[float, float]:
-    """(bytes, reads) vLLM's NIXL connector metrics report on an engine (`/metrics`)."""
-    total = count = 0.0
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            if sample.name == "vllm:nixl_bytes_transferred_sum":
-                total += sample.value
-            elif sample.name == "vllm:nixl_bytes_transferred_count":
-                count += sample.value
-    return total, count
 
 
 @pytest.fixture(scope="class")
