@@ -1,5 +1,6 @@
 """What the cluster tests share (not a test module): the NIXL transfer counters a served
-engine reports, and `harness cluster bench` options parsed as the command line would."""
+engine reports, one turn of a P/D program through a router, and `harness cluster bench`
+options parsed as the command line would."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def bench_args(**over: Any) -> argparse.Namespace:
     for key, value in over.items():
         setattr(args, key, value)
     return args
+
+
+def pd_turn(router_url: str, model: str, prompt: list[int], turn: int, answer: int
+            ) -> tuple[httpx.Response, list[int]]:
+    """Turn `turn` of program `pd-2` through a 1P1D router: prefilled on `p`, decoded on `d`
+    (its `answer` tokens emulated); the reply and the output token ids."""
+    reply = httpx.post(router_url + "/v1/completions", timeout=60, json={
+        "model": model, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
+        "return_token_ids": True,
+        "vllm_xargs": {"turn": turn, "emulate_output_tokens": answer}})
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-harness-prefill"] == "p"
+    assert reply.headers["x-harness-replica"] == "d"
+    return reply, reply.json()["choices"][0]["token_ids"]

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from cluster_helpers import nixl_bytes
+from cluster_helpers import nixl_bytes, pd_turn
 from fastapi.testclient import TestClient
 
 from cluster import served_turns
@@ -727,22 +727,12 @@ def test_pd_over_http_second_turn_pulls_only_its_new_blocks(pd_cluster):
     c = pd_cluster
     d_url = c.replica("d")["url"]
 
-    def turn(prompt: list[int], i: int, answer: int) -> tuple[httpx.Response, list[int]]:
-        reply = httpx.post(c.url + "/v1/completions", timeout=60, json={
-            "model": MODEL, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
-            "return_token_ids": True,
-            "vllm_xargs": {"turn": i, "emulate_output_tokens": answer}})
-        assert reply.status_code == 200, reply.text
-        assert reply.headers["x-harness-prefill"] == "p"
-        assert reply.headers["x-harness-replica"] == "d"
-        return reply, reply.json()["choices"][0]["token_ids"]
-
     prompt1 = list(range(100, 164))
-    _, answer1 = turn(prompt1, 0, 80)
+    _, answer1 = pd_turn(c.url, MODEL, prompt1, 0, 80)
     assert len(answer1) == 80
     assert nixl_bytes(d_url) == (4 * 16 * 131_072, 1)
     prompt2 = prompt1 + answer1 + list(range(300, 348))
-    reply2, _ = turn(prompt2, 1, 5)
+    reply2, _ = pd_turn(c.url, MODEL, prompt2, 1, 5)
     assert reply2.json()["usage"]["prompt_tokens"] == 192
     assert nixl_bytes(d_url) == (2 * 4 * 16 * 131_072, 2)
     assert nixl_bytes(c.replica("p")["url"]) == (0, 0)  # P only serves reads

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cluster_helpers import nixl_bytes
+from cluster_helpers import nixl_bytes, pd_turn
 from subprocess_helpers import finish
 
 from harness.server_process import free_port
@@ -217,21 +217,11 @@ class TestPD:
         c = pd_cluster
         d_url = c.replicas()["d"]["engine_url"]
 
-        def turn(prompt: list[int], i: int, answer: int) -> tuple[httpx.Response, list[int]]:
-            reply = httpx.post(c.url + "/v1/completions", timeout=60, json={
-                "model": MODEL, "prompt": prompt, "max_tokens": answer, "session_id": "pd-2",
-                "return_token_ids": True,
-                "vllm_xargs": {"turn": i, "emulate_output_tokens": answer}})
-            assert reply.status_code == 200, reply.text
-            assert reply.headers["x-harness-prefill"] == "p"
-            assert reply.headers["x-harness-replica"] == "d"
-            return reply, reply.json()["choices"][0]["token_ids"]
-
         prompt1 = list(range(100, 164))
-        _, answer1 = turn(prompt1, 0, 80)
+        _, answer1 = pd_turn(c.url, MODEL, prompt1, 0, 80)
         assert nixl_bytes(d_url) == (4 * 16 * 131_072, 1)
         prompt2 = prompt1 + answer1 + list(range(300, 348))
-        reply2, _ = turn(prompt2, 1, 5)
+        reply2, _ = pd_turn(c.url, MODEL, prompt2, 1, 5)
         assert reply2.json()["usage"]["prompt_tokens"] == 192
         assert nixl_bytes(d_url) == (2 * 4 * 16 * 131_072, 2)
         assert c.state()["counters"]["pd_prefills"] == 2
