@@ -62,7 +62,7 @@ def test_steady_programs_trims_both_ends_by_start_time() -> None:
 def test_bench_closed_loop_and_steady_state(tmp_path, capsys) -> None:
     out = tmp_path / "o"
     argv = ["bench", "--trace", "swe", "--programs", "5", "--policies", "vllm",
-            "--concurrency", "1,3", "--steady", "0.2", "--out", str(out)]
+            "--concurrency", "1,3", "--steady", "0.2", "--no-bounds", "--out", str(out)]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["results"]
