@@ -28,16 +28,10 @@ better than vLLM, negative = worse (NaN when either row is missing or they tie).
 from __future__ import annotations
 
 import heapq
-import json
 import math
-from pathlib import Path
 from typing import Any
 
-from common.atomic import write_text_atomic
 from common.trace import Trace
-from eval.bench.report import report_markdown
-from eval.bench.rows import write_json
-from eval.bench.traces import make_trace
 from server.perf.registry import load_profile
 
 BASE_SEQS = 512
@@ -159,23 +153,3 @@ def gap_share(vllm: dict[str, Any] | None, oracle: dict[str, Any] | None,
     if not abs(gap) > TIE_SHARE * abs(vllm["jct_mean_s"]):
         return math.nan
     return (vllm["jct_mean_s"] - row["jct_mean_s"]) / gap
-
-
-def refresh_bounds(out: Path) -> dict[str, Any]:
-    """Add the floor and the gap column to a sweep's ``summary.json`` written before they
-    existed (or recompute them), and write its ``report.md`` again: the trace is made again
-    from the summary's name, programs, seed and loads, as the sweep made it."""
-    summary = json.loads((out / "summary.json").read_text())
-    floors = {}
-    if not summary.get("cluster") and summary.get("mode", "virtual") == "virtual" \
-            and not summary.get("concurrency"):
-        for x in summary["jps"]:
-            trace = make_trace(summary["trace"], summary["programs"], x, summary["seed"])
-            floors[x] = throughput_floor(trace, summary["profile"],
-                                         summary.get("offload_copy_model", "peak80"),
-                                         summary.get("max_num_batched_tokens"))
-    add_bounds(summary["results"], floors, summary["isolated_jct_mean_s"])
-    summary["floors"] = [{"jps": x, **floor} for x, floor in floors.items()]
-    write_json(out / "summary.json", summary)
-    write_text_atomic(out / "report.md", report_markdown(summary))
-    return summary
