@@ -87,11 +87,11 @@ def run_policy(options: RealModelOptions, policy: str, label: str) -> dict[str, 
     step_log.unlink(missing_ok=True)
     server = model_server(
         options.model, device="cpu", policy=policy,
+        serve_args=["--max-model-len", str(options.max_model_len),
+                    "--step-log", str(step_log.resolve())],
         vllm_args=["--num-gpu-blocks-override", str(options.kv_tokens // CPU_BLOCK_SIZE + 1),
                    "--enforce-eager"],
         log_path=out / "server.log")
-    server.serve_args += ["--max-model-len", str(options.max_model_len),
-                          "--step-log", str(step_log.resolve())]
     with server:
         spec = RunSpec(benchmark=options.bench, policy=policy, model=server.served_model,
                        server=server.base_url, limit=options.limit,
@@ -157,8 +157,8 @@ def explain(options: RealModelOptions, reference: Path, runs: list[dict[str, Any
     if not pending:
         return
     server = model_server(options.model, device="cpu", policy=runs[0]["policy"],
+                          serve_args=["--max-model-len", str(options.max_model_len)],
                           vllm_args=["--enforce-eager"], log_path=options.out / "explain.log")
-    server.serve_args += ["--max-model-len", str(options.max_model_len)]
     with server:
         for d in pending:
             data = json.loads((reference / "trajectories" / f"{d['task_id']}.traj.json")

@@ -153,13 +153,14 @@ class ServerProcess:
 
 
 def model_server(model: str, device: str = "cpu", policy: str = "continuum",
-                 **options: object) -> ServerProcess:
+                 serve_args: list[str] | None = None, **options: object) -> ServerProcess:
     """A `harness serve --device DEVICE --model MODEL` (not started yet: use it in a `with`),
     its `served_model` the name to send requests to. On the CPU engine the model is resolved
     first (`server.model_store`: a known name such as smollm2-135m-instruct is added now,
-    saying so), so the server only finds it."""
+    saying so), so the server only finds it. `serve_args`: more `harness serve` options."""
     name = resolve_model(model).name if device == "cpu" else Path(model).name
-    server = ServerProcess(policy=policy, serve_args=["--device", device, "--model", model],
+    server = ServerProcess(policy=policy,
+                           serve_args=["--device", device, "--model", model, *(serve_args or [])],
                            startup_timeout_s=CPU_STARTUP_TIMEOUT_S if device == "cpu" else 240.0,
                            **options)  # type: ignore[arg-type]
     server.served_model = name
