@@ -8,7 +8,12 @@ ZeroMQ PUSH/PULL pair on an IPC socket, and the scheduler drains it without bloc
 of every `schedule()`: an event takes effect within one scheduling step.
 
 The socket path travels in `HARNESS_EVENTS_IPC`, set by `harness serve` before vLLM starts so
-both processes inherit it. No vLLM import here.
+both processes inherit it.
+
+The way back (scheduler -> API server) is a status file beside the socket (`StatusFile`): the
+scheduler rewrites it whenever its event or pin counters change, and the API server reads it
+when asked (`GET /v1/agent/events`, `/metrics`), so the pins a policy makes are visible on the
+replica's own port without a request reaching the engine core. No vLLM import here.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import os
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import zmq
@@ -138,3 +144,46 @@ class EventReceiver:
                 os.unlink(self.address[len("ipc://"):])
             except OSError:
                 pass
+
+
+class StatusFile:
+    """The scheduler's counters (events received, pins made and released, programs pinned
+    now) for the API server: a JSON file beside the events socket, replaced atomically, and
+    only when a counter changed (a scheduling step without events or pins writes nothing)."""
+
+    def __init__(self, address: str) -> None:
+        self.path = status_path(address)
+        self._last: dict[str, Any] | None = None
+
+    def write(self, status: dict[str, Any]) -> None:
+        if self.path is None or status == self._last:
+            return
+        partial = self.path.with_name(self.path.name + ".partial")
+        try:
+            partial.write_text(json.dumps(status))
+            os.replace(partial, self.path)
+        except OSError:
+            return  # the temporary directory went away: the counters are informational
+        self._last = status
+
+    def remove(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def status_path(address: str) -> Path | None:
+    """Where the scheduler of the events socket `address` leaves its counters (IPC only)."""
+    if not address.startswith("ipc://"):
+        return None
+    return Path(address[len("ipc://"):] + ".status.json")
+
+
+def read_status(address: str | None) -> dict[str, Any] | None:
+    """The scheduler's latest counters, or None before its first write (or without events)."""
+    path = status_path(address) if address else None
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -37,7 +37,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
-from server.events import ENV_EVENTS_IPC, EventReceiver
+from server.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
@@ -120,9 +120,11 @@ class PolicyScheduler(Scheduler):
         self.last_scheduled_tokens = 0  # of the latest step (`VirtualEngine` watches progress)
         self.events_received = 0
         self._events: EventReceiver | None = None
+        self._status: StatusFile | None = None
         address = os.environ.get(ENV_EVENTS_IPC) or None
         if address:
             self._events = EventReceiver(address)
+            self._status = StatusFile(address)
         self._configured_token_budget = self.max_num_scheduled_tokens
         self.agent_policy.configure(
             max_batch_tokens=self.max_num_scheduled_tokens,
@@ -208,14 +210,21 @@ class PolicyScheduler(Scheduler):
         self.sched_steps += 1
         return output
 
+    def status(self) -> dict[str, Any]:
+        """The counters the API server shows (`server.events.StatusFile`)."""
+        return {"events_received": self.events_received, "pinned_now": len(self.pins),
+                "pins": self.pin_stats.counts()}
+
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any
                            ) -> Any:  # type: ignore[override]
         timer = self._step_timer
-        if timer is None:  # every emulated step comes through here: no clock read for nothing
-            return super().update_from_output(scheduler_output, model_runner_output)
-        started = time.perf_counter()
+        started = time.perf_counter() if timer is not None else 0.0
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        timer.updated(scheduler_output.total_num_scheduled_tokens, len(self.requests), started)
+        if timer is not None:
+            timer.updated(scheduler_output.total_num_scheduled_tokens, len(self.requests),
+                          started)
+        if self._status is not None:  # after the step's pins (a finished turn pins here)
+            self._status.write(self.status())
         return outputs
 
     def handle_event(self, event: AgentEvent, now: float) -> None:
@@ -419,6 +428,9 @@ class PolicyScheduler(Scheduler):
         if self._events is not None:
             self._events.close()
             self._events = None
+        if self._status is not None:
+            self._status.remove()
+            self._status = None
         super().shutdown()
 
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from vllm_driver import Driver, make_scheduler
 
-from server.events import EventSender
+from server.events import EventSender, read_status
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
 from server.settings import ServeOptionsError
 
@@ -112,11 +112,21 @@ def test_expiry_held_back_while_program_waits(monkeypatch):
 
 
 def test_unpin_on_program_end(monkeypatch, events_address):
+    """...and the status file the API server shows (`GET /v1/agent/events`, `/metrics`)
+    follows the pin: made when the turn ends, released by the event."""
     d = continuum_driver(monkeypatch)
     first_turn(d)
+    pinned = read_status(events_address)
+    assert pinned["pinned_now"] == 1 and pinned["pins"]["pinned"] == 1, pinned
     deliver(d, events_address, {"type": "program_end", "program_id": "A"})
     assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.program_end == 1
     assert d.free_blocks == d.total_blocks
+    d.step()  # the status is written after each step's outputs
+    ended = read_status(events_address)
+    assert ended["pinned_now"] == 0 and ended["pins"]["program_end"] == 1, ended
+    assert ended["events_received"] == 1
+    d.scheduler.shutdown()
+    assert read_status(events_address) is None  # gone with the scheduler
 
 
 def test_tool_start_event_recomputes_ttl(monkeypatch, events_address):

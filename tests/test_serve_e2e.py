@@ -65,6 +65,29 @@ def test_second_turn_reuses_first_turn_context(continuum_server):
     assert cached(r2) >= r1.usage.prompt_tokens // 16 * 16
 
 
+def test_pins_show_in_the_servers_metrics(continuum_server):
+    """A turn ending in a tool call pins its program's KV; the server's own endpoints show it:
+    `GET /v1/agent/events` (the scheduler's counters) and Prometheus `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def metrics() -> dict[str, float]:
+        text = httpx.get(continuum_server.base_url + "/metrics").text
+        return {f"{s.name}{s.labels or ''}": s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name.startswith("harness:")}
+
+    before = metrics().get("harness:pins_total", 0.0)
+    # a predicted 0.1 ms tool call: far cheaper to wait for than to prefill 400 tokens again
+    chat(continuum_server, [{"role": "user", "content": PARAGRAPH * 12}], "prog-m", 0,
+         tool="bash", predicted_s=1e-4)
+    status = httpx.get(continuum_server.base_url + "/v1/agent/events").json()["scheduler"]
+    assert status["pins"]["pinned"] >= 1, status
+    after = metrics()
+    assert after["harness:pins_total"] == before + 1, after
+    assert "harness:pinned_programs" in after, after
+    assert "harness:pins_released_total{'reason': 'handoff'}" in after, after
+
+
 def test_without_retention_pressure_evicts_the_context(vllm_small_cache_server):
     r1, r2 = two_turns(vllm_small_cache_server, "prog-v", filler=6)
     assert r1.usage.prompt_tokens > 300
