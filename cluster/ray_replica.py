@@ -1,6 +1,6 @@
 """One replica of a cluster file as a Ray Serve replica: the engine `harness serve` runs (its
 `vllm serve` command, `cluster.launcher.replica_command`) as a child process on the replica's
-Ray node, reached over loopback.
+Ray node, listening on the node's address.
 
 Why a plain Serve deployment and not Ray Serve LLM (`ray.serve.llm`): LLM Serve runs vLLM's
 engine in-process behind its own OpenAI ingress. Our engine needs vLLM's own API server: the
@@ -15,8 +15,8 @@ Serve rank (0..N-1, reused by the replica Ray starts in place of a dead one, so 
 replica is the same name, role and policy). What it tells the router:
 
 * `record_replica_metadata`: its name, role, node, the pids of its actor and engine;
-* `record_routing_stats` (every `ROUTING_STATS_PERIOD_S`): vLLM's KV-usage and queue gauges,
-  read from its engine's Prometheus `/metrics`;
+* `record_routing_stats` (every `ROUTING_STATS_PERIOD_S`): vLLM's KV-usage and queue gauges and
+  the scheduler's pin and event counters, read from its engine's Prometheus `/metrics`;
 * `check_health`: fails once its engine process exited, and Ray replaces the replica.
 
 Requests arrive as `HttpCall`s and are answered as a stream: first `{"status", "headers"}`,
@@ -47,7 +47,7 @@ from cluster.launcher import (
     killpg,
     replica_command,
 )
-from cluster.router_state import KV_USAGE_METRIC, RUNNING_METRIC, WAITING_METRIC, parse_metrics
+from cluster.router_state import engine_gauges
 
 #: How often Serve asks each replica for its gauges (seconds); the router's KV view is this old.
 ROUTING_STATS_PERIOD_S = 1.0
@@ -81,11 +81,12 @@ class ReplicaProcess:
         self.spec = self.config.replicas[rank]
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = free_port(self.node_ip)
+        # on the node's address: the router reaches it there with `--transport http`
+        self.url = f"http://{self.node_ip}:{self.port}"
         side = free_port() if self.spec.role in ("prefill", "decode") else None
-        argv, env = replica_command(self.config, self.spec, self.port, side_channel_port=side,
-                                    side_channel_host=self.node_ip)
+        argv, env = replica_command(self.config, self.spec, self.port, host=self.node_ip,
+                                    side_channel_port=side, side_channel_host=self.node_ip)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_path = Path(log_dir) / f"{self.spec.name}.log"
         with open(self.log_path, "ab") as log:
@@ -137,10 +138,7 @@ class ReplicaProcess:
             answer.raise_for_status()
         except httpx.HTTPError:
             return {}
-        values = parse_metrics(answer.text)
-        return {"kv_usage": values.get(KV_USAGE_METRIC, 0.0),
-                "running": int(values.get(RUNNING_METRIC, 0)),
-                "waiting": int(values.get(WAITING_METRIC, 0))}
+        return engine_gauges(answer.text)
 
     def check_health(self) -> None:
         if self.process.poll() is not None:

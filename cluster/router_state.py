@@ -34,6 +34,11 @@ log = logging.getLogger("harness.cluster.router")
 KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
 RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
+#: The scheduler's counters as our events plugin exports them (`server.event_plugin`): pins its
+#: retention policy made, programs pinned now, agent events it took in.
+PINS_METRIC = "harness:pins_total"
+PINNED_METRIC = "harness:pinned_programs"
+EVENTS_METRIC = "harness:agent_events_total"
 #: Failed metric polls in a row (other than a refused connection) that mark a replica dead.
 POLL_FAILURES_DEAD = 3
 
@@ -65,6 +70,7 @@ class ReplicaState:
         self.kv_usage = 0.0
         self.engine_running = 0
         self.engine_waiting = 0
+        self.pins: dict[str, int] = {}  # the scheduler's pin and event counters (`gauges`)
         self.poll_failures = 0
         self.metrics_at: float | None = None
         self.last_error: str | None = None
@@ -84,8 +90,17 @@ class ReplicaState:
         detail = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
         return f"replica {self.name} at {self.address} is not answering: {detail.rstrip('.')}"
 
+    def apply_gauges(self, gauges: dict[str, float]) -> None:
+        """Take a reading of `engine_gauges` (the KV usage stays as it was when absent)."""
+        self.kv_usage = float(gauges.get("kv_usage", self.kv_usage))
+        self.engine_running = int(gauges.get("running", 0))
+        self.engine_waiting = int(gauges.get("waiting", 0))
+        self.pins = {k: int(gauges[k]) for k in ("pins", "pinned_now", "events_taken")
+                     if k in gauges}
+        self.metrics_at = time.monotonic()
+
     def mark_dead(self, reason: str) -> None:
-        if self.alive:
+        if self.alive or reason != self.last_error:
             log.warning("%s; it takes no new programs", reason)
         self.alive = False
         self.last_error = reason
@@ -96,6 +111,7 @@ class ReplicaState:
                 "exit_code": self.exited,
                 "in_flight": self.in_flight, "kv_usage": round(self.kv_usage, 4),
                 "engine_running": self.engine_running, "engine_waiting": self.engine_waiting,
+                **self.pins,
                 "routed": self.routed, "prefills": self.prefills, "errors": self.errors,
                 "metrics_age_s": (None if self.metrics_at is None
                                   else round(time.monotonic() - self.metrics_at, 2)),
@@ -143,6 +159,11 @@ class ClusterState:
         if before is not None and before != self.router.bound(program_id):
             self.counters["rebinds"] += 1
         return route
+
+    def down(self) -> str:
+        """Why the replicas that take no request are down, for an error that says so."""
+        return "; ".join(r.last_error or f"replica {r.name} is down"
+                         for r in self.replicas.values() if not r.alive)
 
     def binds(self) -> bool:
         """Does the strategy keep a program on one replica (so events have one target)?"""
@@ -231,6 +252,18 @@ def parse_metrics(text: str, names: Sequence[str] = (KV_USAGE_METRIC, RUNNING_ME
     return out
 
 
+#: `engine_gauges`' names for the metrics it reads
+_GAUGES = {KV_USAGE_METRIC: "kv_usage", RUNNING_METRIC: "running", WAITING_METRIC: "waiting",
+           PINS_METRIC: "pins", PINNED_METRIC: "pinned_now", EVENTS_METRIC: "events_taken"}
+
+
+def engine_gauges(text: str) -> dict[str, float]:
+    """What the router reads from a replica's Prometheus `/metrics` (the local poll, and a Ray
+    replica's routing stats alike): the metrics of `_GAUGES` that are present, by short name."""
+    values = parse_metrics(text, tuple(_GAUGES))
+    return {_GAUGES[name]: value for name, value in values.items()}
+
+
 async def poll_replica(client: httpx.AsyncClient, replica: ReplicaState,
                        timeout_s: float = 2.0) -> None:
     """Read one replica's gauges; a refused connection or repeated failures mark it dead,
@@ -248,12 +281,8 @@ async def poll_replica(client: httpx.AsyncClient, replica: ReplicaState,
                 f"{replica.poll_failures} metric polls failed, the last with "
                 f"{str(exc) or type(exc).__name__}"))
         return
-    values = parse_metrics(answer.text)
-    replica.kv_usage = values.get(KV_USAGE_METRIC, replica.kv_usage)
-    replica.engine_running = int(values.get(RUNNING_METRIC, 0))
-    replica.engine_waiting = int(values.get(WAITING_METRIC, 0))
+    replica.apply_gauges(engine_gauges(answer.text))
     replica.poll_failures = 0
-    replica.metrics_at = time.monotonic()
     if not replica.alive and replica.exited is None:
         log.warning("replica %s at %s answers again", replica.name, replica.address)
         replica.alive = True

@@ -41,7 +41,12 @@ from cluster.launcher import (
 )
 from cluster.router_app import create_app
 from cluster.router_proxy import RouterProxy
-from cluster.router_state import KV_USAGE_METRIC, ReplicaEndpoint, parse_metrics
+from cluster.router_state import (
+    KV_USAGE_METRIC,
+    ReplicaEndpoint,
+    engine_gauges,
+    parse_metrics,
+)
 from cluster.router_wire import PREFILL_HEADER, REPLICA_HEADER, prefill_body, program_of, turn_of
 from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
 from eval.served_vs_virtual import ranking
@@ -69,6 +74,15 @@ def test_parse_metrics_reads_vllm_gauges():
     assert values[KV_USAGE_METRIC] == 0.5  # the fullest engine
     assert values["vllm:num_requests_running"] == 5.0
     assert "vllm:num_requests_waiting" not in values
+    # what the router keeps of a replica: ours (the events plugin's) beside vLLM's
+    text += textwrap.dedent("""        # TYPE harness:pins_total counter
+        harness:pins_total 7.0
+        harness:pins_released_total{reason="handoff"} 5.0
+        harness:pinned_programs 2.0
+        harness:agent_events_total 31.0
+        """)
+    assert engine_gauges(text) == {"kv_usage": 0.5, "running": 5.0, "pins": 7.0,
+                                   "pinned_now": 2.0, "events_taken": 31.0}
 
 
 def test_request_fields():
