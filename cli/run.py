@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         help="each reply's output cap in tokens (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=RunSpec.temperature,
                         help="sampling temperature (default %(default)s: greedy)")
+    parser.add_argument("--model-retries", type=int, default=RunSpec.model_retries, metavar="N",
+                        help="retries of a model call that failed in transit (a 5xx, a lost "
+                        "connection) before its program ends retryable (default %(default)s; "
+                        "0: at the first failure, and `--resume` runs it again later)")
     parser.add_argument("--no-exemplars", action="store_true",
                         help="leave out the worked examples (zero-shot); replays of "
                         "recordings, made without them, leave them out anyway")
@@ -73,7 +77,8 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    out=args.out, resume=args.resume, max_steps=args.max_steps,
                    predictor=args.predictor, token_ids=not args.no_token_ids,
                    device=args.device, max_tokens=args.max_tokens,
-                   temperature=args.temperature, exemplars=False if args.no_exemplars else None,
+                   temperature=args.temperature, model_retries=args.model_retries,
+                   exemplars=False if args.no_exemplars else None,
                    tool_calls=args.tool_calls, agentic_context=args.agentic_context)
 
 

@@ -64,6 +64,9 @@ class Limits:
     max_tokens: int = 1024  # the per-turn output cap
     temperature: float = 0.0  # greedy by default: runs repeat, policies compare turn by turn
     observation_chars: int = 10_000
+    #: retries of a model call that failed in transit (5xx, connection lost) before the program
+    #: ends retryable; 0 ends it at the first failure (for `harness run --resume` later)
+    model_retries: int = 4
 
 
 @dataclass

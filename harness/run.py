@@ -82,6 +82,7 @@ class RunSpec:
     device: str | None = None
     max_tokens: int = Limits.max_tokens  # each reply's output cap
     temperature: float = Limits.temperature
+    model_retries: int = Limits.model_retries
     #: worked examples before the task (False: zero-shot); None: for a real model, not when
     #: replaying recordings (they were made without them, so their prompts stay as recorded)
     exemplars: bool | None = None
@@ -241,7 +242,8 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
                   tool_calls: bool = False, agentic_context: bool = False) -> dict[str, int]:
     """Run the tasks (once the model server is gone no new program starts); returns the
     events sent / dropped."""
-    client = ChatClient(base_url, model, token_ids=token_ids, agentic_context=agentic_context)
+    client = ChatClient(base_url, model, token_ids=token_ids, agentic_context=agentic_context,
+                        max_retries=limits.model_retries)
     semaphore = asyncio.Semaphore(concurrency)
     run_id = f"r{int(time.time())}"
     bench.out_dir = out
@@ -399,6 +401,8 @@ def run_benchmark(spec: RunSpec) -> int:
         raise RunError("--max-tokens must be at least 1")
     if spec.temperature < 0:
         raise RunError("--temperature must be at least 0")
+    if spec.model_retries < 0:
+        raise RunError("--model-retries must be at least 0")
     if spec.resume and not spec.out:
         raise RunError("--resume needs --out: the folder of the run to continue")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -421,7 +425,7 @@ def run_benchmark(spec: RunSpec) -> int:
         warn_leftovers(console)
     started = time.monotonic()
     limits = Limits(max_steps=spec.max_steps, max_tokens=spec.max_tokens,
-                    temperature=spec.temperature)
+                    temperature=spec.temperature, model_retries=spec.model_retries)
     diagnose: Callable[[], str | None] | None = None
     with contextlib.ExitStack() as stack:
         if spec.server:

@@ -224,7 +224,8 @@ def test_summary_counts_this_runs_events_and_the_reasons(tmp_path):
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("max_tokens", 0, "--max-tokens must be at least 1"),
-    ("temperature", -0.5, "--temperature must be at least 0")])
+    ("temperature", -0.5, "--temperature must be at least 0"),
+    ("model_retries", -1, "--model-retries must be at least 0")])
 def test_bad_reply_options_are_clear_errors(field, value, message):
 
     with pytest.raises(RunError, match=message):
