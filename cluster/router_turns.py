@@ -85,8 +85,10 @@ class TurnForwarder:
             route = state.route(program, turn_of(body), info)
         except NoReplicaError as exc:
             state.counters["no_replica"] += 1
-            return error_reply(f"no live replica can take the request ({exc}); "
-                               f"GET /v1/cluster shows the replicas", 503)
+            down = state.down()
+            return error_reply(f"no live replica can take the request ({exc})"
+                               + (f"; {down}" if down else "")
+                               + "; GET /v1/cluster shows the replicas", 503)
         upstream_headers = forward_headers(headers, given)
         if given is not None:
             for name in state.placed(program, route):
