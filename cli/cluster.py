@@ -87,6 +87,11 @@ def register(subparsers: Any) -> None:
                        "GPU; 1 per replica on real GPUs)")
     serve.add_argument("--replica-resources", default=None, metavar="JSON",
                        help='--ray: custom Ray resources per replica, e.g. \'{"node_a": 0.5}\'')
+    serve.add_argument("--transport", default=None, choices=("serve", "http"),
+                       help="--ray: how the router reaches a replica's engine: through Serve "
+                       "(a handle call to the replica's actor; default) or straight over HTTP "
+                       "to the engine on its node (Ray still places, restarts and reports the "
+                       "replicas): no Ray message per streamed token, for timing experiments")
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
@@ -208,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.ray or args.address:
             return serve_ray(args, config, log_dir)
+        if args.transport is not None:
+            raise ClusterConfigError("--transport chooses how the router reaches the replicas "
+                                     "on Ray: give it with --ray or --address")
         return serve_cluster(config, host=args.host, port=args.port, base_port=args.base_port,
                              log_dir=log_dir, startup_timeout_s=args.startup_timeout)
     except LauncherError as exc:  # the cluster did not start: exit 1
@@ -235,7 +243,8 @@ def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) ->
     resources = RayResources(cpus=args.replica_cpus, gpus=args.replica_gpus, custom=custom)
     return serve_on_ray(config, address=args.address, host=args.host, port=args.port,
                         log_dir=log_dir, resources=resources,
-                        startup_timeout_s=args.startup_timeout)
+                        startup_timeout_s=args.startup_timeout,
+                        transport=args.transport or "serve")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -168,6 +168,9 @@ def _add_served_vs_virtual(experiments: Any) -> None:
                    help="serve the cluster on Ray Serve (a local Ray), not local processes")
     p.add_argument("--ray-address", default=None,
                    help="serve the cluster on the running Ray cluster at this address")
+    p.add_argument("--ray-transport", default=d.ray_transport, choices=("serve", "http"),
+                   help="on Ray, how the router reaches the engines (`harness cluster serve "
+                   "--transport`; default %(default)s)")
     p.set_defaults(func=_served_vs_virtual)
 
 

@@ -38,7 +38,7 @@ from cluster.config import ClusterConfig
 from cluster.launcher import DEFAULT_ROUTER_PORT, DEFAULT_STARTUP_TIMEOUT_S, LauncherError
 from cluster.ray_replica import ROUTING_STATS_PERIOD_S, ReplicaProcess
 from cluster.ray_request_router import HarnessRequestRouter
-from cluster.ray_router import ServeTransport, view_for
+from cluster.ray_router import EngineTransport, ServeTransport, view_for
 from cluster.router_app import create_app
 from cluster.router_state import ReplicaEndpoint
 
@@ -71,9 +71,11 @@ class RayResources:
 class ClusterIngress:
     """The router: our FastAPI router app, its upstream through the replicas' handle."""
 
-    def __init__(self, config: dict[str, Any], replicas: DeploymentHandle) -> None:
+    def __init__(self, config: dict[str, Any], replicas: DeploymentHandle,
+                 transport: str = "serve") -> None:
         self.config = ClusterConfig.model_validate(config)
         self.replicas = replicas
+        self.transport = transport
         self.view = view_for(replicas.app_name, replicas.deployment_name)
         self.replicas._init()  # start its request router now: the view fills before a request
 
@@ -82,14 +84,21 @@ class ClusterIngress:
                      for s in self.config.replicas]
         app = create_app(endpoints, self.config.router, name=self.config.name,
                          poll_interval_s=None, cluster=self.config,
-                         transport=ServeTransport(self.replicas, self.view))
+                         transport=(EngineTransport(self.view) if self.transport == "http"
+                                    else ServeTransport(self.replicas, self.view)))
         self.view.attach(app.state.cluster)
         return app
 
 
+#: How the router's upstream requests reach a replica's engine: through Serve (a handle call to
+#: the replica actor, which relays to its engine) or straight over HTTP (`EngineTransport`).
+TRANSPORTS = ("serve", "http")
+
+
 def build_app(config: ClusterConfig, *, log_dir: str | Path,
               resources: RayResources | None = None,
-              startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> Any:
+              startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+              transport: str = "serve") -> Any:
     """The Serve application (bound deployments) of a cluster file."""
     resources = resources or RayResources()
     data = config.model_dump()
@@ -108,7 +117,7 @@ def build_app(config: ClusterConfig, *, log_dir: str | Path,
     router = serve.deployment(ClusterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=MAX_ONGOING,
         ray_actor_options={"num_cpus": 0})
-    return router.bind(data, replicas)
+    return router.bind(data, replicas, transport)
 
 
 class _Stop(Exception):
@@ -120,7 +129,7 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
                  resources: RayResources | None = None,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  out: Callable[[str], None] | None = None,
-                 until: threading.Event | None = None) -> int:
+                 until: threading.Event | None = None, transport: str = "serve") -> int:
     """Deploy the cluster on Ray and serve it until SIGINT / SIGTERM (or `until` is set);
     returns the exit code (0 on a requested stop)."""
     say = out or (lambda line: print(line, flush=True))
@@ -154,7 +163,7 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
             host, port = http.host, http.port
         began = time.monotonic()
         app = build_app(config, log_dir=log_dir, resources=resources,
-                        startup_timeout_s=startup_timeout_s)
+                        startup_timeout_s=startup_timeout_s, transport=transport)
         try:
             serve.run(app, name=config.name, route_prefix="/", blocking=False)
         except Exception as exc:  # noqa: BLE001 - a replica failed to start: Serve's message
@@ -163,7 +172,8 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
             f"{time.monotonic() - began:.0f} s")
         shown = host if host not in ("0.0.0.0", "::") else "127.0.0.1"
         say(f"harness cluster: router ({config.router.strategy}) on http://{shown}:{port}/v1 "
-            "on Ray Serve; GET /v1/cluster for the replicas and their nodes, Ctrl-C to stop")
+            f"on Ray Serve (to the engines: {transport}); GET /v1/cluster for the replicas and "
+            "their nodes, Ctrl-C to stop")
         while not stop.wait(0.5):
             pass
         return 0

@@ -17,7 +17,8 @@ the event fan-out are the proxy's too. Ray supplies what the proxy used to do it
 * the transport: `ServeTransport` sends each upstream request to the replica the proxy chose
   (`HttpCall.target`) through a `DeploymentHandle`; the request router's `choose_replicas`
   ranks exactly that replica (our decision) and nothing else, so Serve never moves a turn away
-  from its KV cache;
+  from its KV cache. `EngineTransport` (`--transport http`) sends it straight to that
+  replica's engine over HTTP instead, for timing work (a streamed token costs no Ray message);
 * restarts: a replica whose engine dies fails its health check and Ray starts another with the
   same Serve rank, hence the same name; it rejoins the view when it is running.
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,11 @@ log = logging.getLogger("harness.cluster.router")
 
 #: Ray errors that mean the replica (its actor, or its node) is gone.
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+#: How a message about a lost node ends (and how the view knows it said so already).
+NODE_GONE = (" (lost or stopped); Ray places the replica on another node when one has the "
+             "resources")
 
 
 class ReplicaGoneError(RuntimeError):
@@ -123,7 +128,9 @@ class ReplicaView:
         for name, replica in state.replicas.items():
             ray_replica = self.running.get(name)
             if ray_replica is None:
-                if replica.alive:
+                # again when already dead: a failed call may have marked it before the GCS
+                # knew its node was gone, and the node is what the user needs to hear about
+                if replica.alive or not (replica.last_error or "").endswith(NODE_GONE):
                     replica.mark_dead(self.gone_message(name))
                 continue
             replica.pid = ray_replica.pid
@@ -131,11 +138,7 @@ class ReplicaView:
                              "engine_url": ray_replica.engine_url,
                              "actor_pid": ray_replica.actor_pid,
                              "restarts": self.restarts.get(name, 0)}
-            stats = ray_replica.stats
-            replica.kv_usage = float(stats.get("kv_usage", replica.kv_usage))
-            replica.engine_running = int(stats.get("running", 0))
-            replica.engine_waiting = int(stats.get("waiting", 0))
-            replica.metrics_at = time.monotonic()
+            replica.apply_gauges(ray_replica.stats)
             if not replica.alive:
                 if replica.routed or replica.prefills:
                     log.warning("replica %s runs again (Ray node %s)", name,
@@ -151,8 +154,7 @@ class ReplicaView:
         if node is None:
             return f"replica {name} is not running yet"
         if not node_alive(node):
-            return (f"replica {name}: its Ray node {node} is gone (lost or stopped); Ray "
-                    "places the replica on another node when one has the resources")
+            return f"replica {name}: its Ray node {node} is gone{NODE_GONE}"
         return f"replica {name} (Ray node {node[:12]}) is not running; Ray is restarting it"
 
     def find(self, name: str) -> RayReplica | None:
@@ -209,8 +211,11 @@ class ServeTransport(httpx.AsyncBaseTransport):
 
     def _gone(self, name: str, exc: BaseException | None = None) -> httpx.ConnectError:
         detail = self.view.gone_message(name)
-        if exc is not None and self.view.find(name) is not None:
-            detail = f"replica {name}'s Ray actor died ({type(exc).__name__})"
+        replica = self.view.find(name)
+        if exc is not None and replica is not None:  # still in Serve's running set
+            detail = (f"replica {name}: its Ray node {replica.node_id} is gone{NODE_GONE}"
+                      if not node_alive(replica.node_id)
+                      else f"replica {name}'s Ray actor died ({type(exc).__name__})")
         return httpx.ConnectError(detail)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -239,3 +244,36 @@ class ServeTransport(httpx.AsyncBaseTransport):
                               stream=_ServeStream(generator, name,
                                                   lambda exc: self._gone(name, exc)),
                               request=request)
+
+
+class EngineTransport(httpx.AsyncBaseTransport):
+    """The router proxy's upstream transport on Ray with `--transport http`: `http://ray/NAME/
+    path` goes straight to the engine of the Serve replica named NAME (`engine_url`, on its
+    node's address), over HTTP as behind the local launcher. Ray still places, restarts and
+    reports the replicas (`ReplicaView`); only the bytes skip Serve's actors, which cost a
+    Ray message per streamed token (docs/cluster.md has the measurement). A replica that is
+    not running, or whose engine refuses the connection, is a `httpx.ConnectError` naming it."""
+
+    def __init__(self, view: ReplicaView) -> None:
+        self.view = view
+        self.http = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None,
+                                                                 max_keepalive_connections=256))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        name, _, path = request.url.raw_path.decode().lstrip("/").partition("/")
+        replica = self.view.find(name)
+        if replica is None or not replica.engine_url:
+            raise httpx.ConnectError(self.view.gone_message(name))
+        url = httpx.URL(replica.engine_url + "/" + path)
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"host"]
+        upstream = httpx.Request(request.method, url, headers=[(b"Host", url.netloc), *headers],
+                                 stream=request.stream, extensions=request.extensions)
+        try:
+            return await self.http.handle_async_request(upstream)
+        except httpx.ConnectError:
+            gone = self.view.gone_message(name) if self.view.find(name) is None else (
+                f"replica {name}'s engine at {replica.engine_url} refused the connection")
+            raise httpx.ConnectError(gone) from None
+
+    async def aclose(self) -> None:
+        await self.http.aclose()

@@ -56,6 +56,7 @@ class ServedVsVirtualOptions:
     #: serve on Ray (`harness cluster serve --ray`): a local Ray, or the cluster at `ray_address`
     ray: bool = False
     ray_address: str | None = None
+    ray_transport: str = "serve"  # on Ray: `harness cluster serve --transport`
 
 
 def _served_file(config: Any, strategy: str, out: Path) -> Path:
@@ -153,6 +154,7 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
         url = f"http://127.0.0.1:{options.port}"
         ray = (["--address", options.ray_address] if options.ray_address
                else ["--ray"] if options.ray else [])
+        ray += ["--transport", options.ray_transport] if ray else []
         process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}", ray)
         try:
             _wait(url, process, options.startup_timeout)

@@ -8,13 +8,16 @@ connection error the router proxy treats as a dead replica."""
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from cluster.ray_router import ReplicaView, ServeTransport
+from cluster.ray_router import EngineTransport, ReplicaView, ServeTransport
 from cluster.router_state import ClusterState, ReplicaEndpoint
 from cluster.routing import SessionRouter
 
@@ -33,10 +36,11 @@ def test_serve_reports_make_replicas_alive_dead_and_restarted():
     view = ReplicaView()
     view.attach(state)
     assert not any(r.alive for r in state.replicas.values()) and not view.ready.is_set()
-    view.update([running("c0", "a", "node-1", kv_usage=0.5, running=2),
+    view.update([running("c0", "a", "node-1", kv_usage=0.5, running=2, pins=7, pinned_now=1),
                  running("c1", "b", "node-2")])
     assert all(r.alive for r in state.replicas.values()) and view.ready.is_set()
     assert state.replicas["c0"].kv_usage == 0.5 and state.replicas["c0"].engine_running == 2
+    assert state.replicas["c0"].to_json()["pins"] == 7  # its engine's pins, in the router's view
     assert state.replicas["c0"].to_json()["node"] == "node-1"
     home = state.route("p", 0).decode
     other = "c1" if home == "c0" else "c0"
@@ -53,9 +57,68 @@ def test_serve_reports_make_replicas_alive_dead_and_restarted():
     assert state.replicas[home].to_json()["node"] == "node-3"
 
 
+def test_a_lost_node_is_named_after_a_failed_call_marked_its_replica_dead():
+    """A call that failed first marks the replica dead with what the caller saw; once Serve
+    drops the replica and its node is gone, the message and the router's 503 name the node."""
+    state = ClusterState([ReplicaEndpoint("c0", "colocated", "http://ray/c0")], SessionRouter())
+    view = ReplicaView()
+    view.attach(state)
+    view.update([running("c0", "a", "node-1")])
+    state.replicas["c0"].mark_dead("replica c0's Ray actor died (ActorUnavailableError)")
+    view.update([])
+    assert "its Ray node node-1 is gone" in state.replicas["c0"].last_error
+    assert "node-1" in state.down()
+
+
 def test_the_transport_refuses_a_replica_that_is_not_running():
     view = ReplicaView()
     transport = ServeTransport(handle=None, view=view)  # type: ignore[arg-type]
     request = httpx.Request("POST", "http://ray/c9/v1/chat/completions", content=b"{}")
     with pytest.raises(httpx.ConnectError, match="replica c9 is not running"):
         asyncio.run(transport.handle_async_request(request))
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """A stand-in engine: answers every GET with its path."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_engine_transport_goes_straight_to_the_running_replicas_engine():
+    """`--transport http`: a request for replica c0 reaches c0's engine at its `engine_url`;
+    a replica Serve does not run, or whose engine refuses the connection, is the connection
+    error the router proxy treats as a dead replica, naming it."""
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    closed = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    closed_url = f"http://127.0.0.1:{closed.server_address[1]}"
+    closed.server_close()
+    view = ReplicaView()
+    up = running("c0", "a", "node-1")
+    up.replica_metadata["engine_url"] = f"http://127.0.0.1:{engine.server_address[1]}"
+    down = running("c1", "b", "node-1")
+    down.replica_metadata["engine_url"] = closed_url
+    view.update([up, down])
+
+    async def get(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(transport=EngineTransport(view)) as client:
+            return await client.get(url)
+
+    try:
+        answer = asyncio.run(get("http://ray/c0/v1/models?x=1"))
+        assert answer.status_code == 200 and answer.json() == {"path": "/v1/models?x=1"}
+        with pytest.raises(httpx.ConnectError, match="replica c1's engine .* refused"):
+            asyncio.run(get("http://ray/c1/v1/models"))
+        with pytest.raises(httpx.ConnectError, match="replica c9 is not running"):
+            asyncio.run(get("http://ray/c9/v1/models"))
+    finally:
+        engine.shutdown()
