@@ -54,6 +54,8 @@ log = logging.getLogger("harness.cluster.router")
 REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
+#: Seconds between asking the GCS whether the node of a replica Serve dropped is gone.
+RECHECK_S = 2.0
 #: How a message about a lost node ends (and how the view knows it said so already).
 NODE_GONE = (" (lost or stopped); Ray places the replica on another node when one has the "
              "resources")
@@ -92,6 +94,7 @@ class ReplicaView:
         self._nodes: dict[str, str] = {}  # last node each name ran on
         self._lock = threading.Lock()
         self.ready = threading.Event()  # set once every named replica has run
+        self._recheck: threading.Timer | None = None
 
     def attach(self, state: ClusterState) -> None:
         with self._lock:
@@ -125,13 +128,15 @@ class ReplicaView:
         state = self.state
         if state is None:
             return
+        unsure = False  # a replica is gone and its node not (yet) known to be
         for name, replica in state.replicas.items():
             ray_replica = self.running.get(name)
             if ray_replica is None:
-                # again when already dead: a failed call may have marked it before the GCS
-                # knew its node was gone, and the node is what the user needs to hear about
+                # again when already dead: a failed call, or Serve, may have dropped it before
+                # the GCS declared its node dead, and the node is what the user needs to hear
                 if replica.alive or not (replica.last_error or "").endswith(NODE_GONE):
                     replica.mark_dead(self.gone_message(name))
+                    unsure |= name in self._nodes and not replica.last_error.endswith(NODE_GONE)
                 continue
             replica.pid = ray_replica.pid
             replica.extra = {"node": ray_replica.node_id, "node_ip": ray_replica.node_ip,
@@ -147,6 +152,16 @@ class ReplicaView:
                 replica.last_error = None
         if all(name in self.running for name in state.replicas):
             self.ready.set()
+        if unsure and self._recheck is None:
+            # Serve says nothing more until the replica runs again: ask the GCS meanwhile
+            self._recheck = threading.Timer(RECHECK_S, self._recheck_nodes)
+            self._recheck.daemon = True
+            self._recheck.start()
+
+    def _recheck_nodes(self) -> None:
+        with self._lock:
+            self._recheck = None
+            self._apply()
 
     def gone_message(self, name: str) -> str:
         """Why `name` takes no request: its node is gone (named), or Ray restarts it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cluster import ray_router
 from cluster.ray_router import EngineTransport, ReplicaView, ServeTransport
 from cluster.router_state import ClusterState, ReplicaEndpoint
 from cluster.routing import SessionRouter
@@ -68,6 +70,25 @@ def test_a_lost_node_is_named_after_a_failed_call_marked_its_replica_dead():
     view.update([])
     assert "its Ray node node-1 is gone" in state.replicas["c0"].last_error
     assert "node-1" in state.down()
+
+
+def test_a_replica_dropped_before_its_node_was_declared_dead_is_relabelled(monkeypatch):
+    """Serve may drop a replica before the GCS declares its node dead, and then says nothing
+    more until the replica runs again: the view asks the GCS again until it knows."""
+    alive = {"node-1": True}
+    monkeypatch.setattr(ray_router, "node_alive", lambda node: alive[node])
+    monkeypatch.setattr(ray_router, "RECHECK_S", 0.05)
+    state = ClusterState([ReplicaEndpoint("c0", "colocated", "http://ray/c0")], SessionRouter())
+    view = ReplicaView()
+    view.attach(state)
+    view.update([running("c0", "a", "node-1")])
+    view.update([])
+    assert "Ray is restarting it" in state.replicas["c0"].last_error
+    alive["node-1"] = False  # the GCS declares the node dead
+    deadline = time.monotonic() + 10
+    while "its Ray node node-1 is gone" not in state.replicas["c0"].last_error:
+        assert time.monotonic() < deadline, state.replicas["c0"].last_error
+        time.sleep(0.05)
 
 
 def test_the_transport_refuses_a_replica_that_is_not_running():
