@@ -4,9 +4,12 @@ One Ray cluster for the module (`ray.cluster_utils.Cluster`: a head with the cus
 `node_a`, a second node with `node_b`, 2 logical CPUs each, so four replicas asking 1 CPU each
 land two per node). On it, one served cluster at a time, started as a user would, through the
 command line: a 4-replica colocated cluster (emulated GPU, 512 KV blocks each, `session`
-routing) for a real `harness run`, then a replica killed under a run, then a 1P1D cluster for
-the P/D hand-off. What the tests read: the router's `GET /v1/cluster` (nodes, counters,
-restarts) and each engine's own endpoints on its node's loopback (`engine_url`).
+routing, the `preserve` policy: each turn's KV is pinned until the program's next turn or its
+`program_end`) for a real `harness run`, then a replica killed under a run; a third node
+that is lost under a run and replaced; a 1P1D cluster for the P/D hand-off, through Serve and
+over HTTP (`--transport`). What the tests read: the router's `GET /v1/cluster` (nodes,
+counters, restarts, each replica's gauges) and each engine's own endpoints on its node's
+address (`engine_url`: its events, its Prometheus `/metrics`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pytest
 from cluster_helpers import nixl_bytes, pd_turn
 from subprocess_helpers import finish
 
+from cluster.router_state import engine_gauges
 from harness.server_process import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -55,7 +59,7 @@ class RayServed:
     """`python -m cli cluster serve FILE --address ADDR` in a subprocess (its own session)."""
 
     def __init__(self, tmp: Path, address: str, name: str, strategy: str,
-                 replicas: list[dict[str, Any]]) -> None:
+                 replicas: list[dict[str, Any]], *args: str) -> None:
         self.file = tmp / f"{name}.json"
         self.file.write_text(json.dumps({"name": name, "router": {"strategy": strategy},
                                          "replicas": replicas}))
@@ -64,7 +68,7 @@ class RayServed:
         self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cli", "cluster", "serve", str(self.file), "--address",
-             address, "--port", str(PORT), "--log-dir", str(tmp / f"{name}-logs")],
+             address, "--port", str(PORT), "--log-dir", str(tmp / f"{name}-logs"), *args],
             stdout=self.out.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
             start_new_session=True)
 
@@ -106,6 +110,18 @@ def received(served: RayServed) -> dict[str, int]:
             for name, r in served.replicas().items()}
 
 
+def gauges(served: RayServed) -> dict[str, dict[str, float]]:
+    """Each replica's engine metrics as the router reads them (`engine_gauges`), after one
+    tiny request per engine: the scheduler takes agent events in at its next step, and an
+    engine left idle after the run has not taken the last `program_end`s in yet."""
+    out = {}
+    for name, r in served.replicas().items():
+        httpx.post(r["engine_url"] + "/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1}).raise_for_status()
+        out[name] = engine_gauges(httpx.get(r["engine_url"] + "/metrics", timeout=10).text)
+    return out
+
+
 def harness_run(served: RayServed, out: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cli", "run", "gsm8k", "--server", served.url, "--out", str(out),
@@ -116,9 +132,21 @@ def results(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in (out / "results").glob("*.json")}
 
 
+def busy_replica(served: RayServed, run: subprocess.Popen[str]) -> dict[str, Any]:
+    """The replica with the most turns in flight, as soon as one has any."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:
+        busy = sorted((r for r in served.replicas().values() if r["in_flight"] > 0),
+                      key=lambda r: -r["in_flight"])
+        if busy:
+            return busy[0]
+        time.sleep(0.05)
+    pytest.fail("no replica was ever busy")
+
+
 @pytest.fixture(scope="class")
 def colocated(ray_nodes, tmp_path_factory) -> Iterator[RayServed]:
-    spec = {"role": "colocated", "policy": "continuum", "num_gpu_blocks": 512}
+    spec = {"role": "colocated", "policy": "preserve", "num_gpu_blocks": 512}
     served = RayServed(tmp_path_factory.mktemp("ray-colocated"), ray_nodes.address, "four",
                        "session", [{"name": f"c{i}", **spec} for i in range(4)]).wait_ready()
     print(f"4 replicas on Ray ready after {served.ready_s:.0f} s")
@@ -131,10 +159,13 @@ class TestColocated:
         """A `harness run` through the Ray cluster: the replicas run on both nodes; each
         program's turns stay on its replica (no rebind, and each event reached exactly one
         replica: a program on two would have its `program_end` sent to both); its later turns
-        hit that replica's prefix cache."""
+        hit that replica's prefix cache; and its replica's metrics show its pins: one per turn
+        (`preserve`), every one released, by the program's next turn or by the `program_end`
+        that reached that replica (a pin left anywhere would mean an event went astray)."""
         replicas = colocated.replicas()
         assert len({r["node"] for r in replicas.values()}) == 2, replicas
         before, counted = received(colocated), colocated.state()["counters"]
+        metrics_before = gauges(colocated)
         out = tmp_path / "run"
         run = harness_run(colocated, out, "--limit", "4", "--concurrency", "4")
         output = finish(run, 600)
@@ -153,21 +184,30 @@ class TestColocated:
         later = [s for p in out.rglob("*.traj.json")
                  for s in json.loads(p.read_text())["steps"][1:]]
         assert later and all(s["cached_tokens"] > 0 for s in later), later
+        metrics = gauges(colocated)
+        pins = {n: m["pins"] - metrics_before[n]["pins"] for n, m in metrics.items()}
+        taken = {n: m["events_taken"] - metrics_before[n]["events_taken"]
+                 for n, m in metrics.items()}
+        assert taken == gained, (taken, gained)  # each engine's scheduler took its events in
+        assert sum(pins.values()) >= len(later) and all(  # a pin where events went, only
+            (pins[n] > 0) == (gained[n] > 0) for n in pins), (pins, gained)
+        assert all(m["pinned_now"] == 0 for m in metrics.values()), metrics
+        # the router's view of each replica carries the same gauges (Serve's routing stats)
+        deadline = time.monotonic() + 30
+        while any(r.get("pins") != metrics[n]["pins"] for n, r in colocated.replicas().items()):
+            assert time.monotonic() < deadline, (colocated.replicas(), metrics)
+            time.sleep(1)
 
     def test_a_killed_replica_is_restarted_and_resume_grades_each_task_once(self, colocated,
                                                                             tmp_path):
-        """SIGKILL one replica's actor under a run: Ray starts it again (same name), the
-        router sends nothing to it meanwhile and rebinds its programs; the run, resumed if it
-        left any program unfinished, grades every task exactly once."""
+        """SIGKILL one replica's actor under a run whose model calls are not retried: the
+        programs with a turn on it end retryable (as for a dead server) and no new program
+        starts, while those on other replicas finish (the router sends nothing to the dead one
+        and rebinds its programs); Ray starts it again (same name); `harness run --resume`
+        finishes the run, every task graded exactly once."""
         out = tmp_path / "run"
-        run = harness_run(colocated, out, "--concurrency", "4")
-        deadline = time.monotonic() + 300
-        victim = None
-        while victim is None and time.monotonic() < deadline and run.poll() is None:
-            busy = [r for r in colocated.replicas().values() if r["in_flight"] > 0]
-            victim = busy[0] if busy else None
-            time.sleep(0.2)
-        assert victim is not None, "no replica was ever busy"
+        run = harness_run(colocated, out, "--concurrency", "4", "--model-retries", "0")
+        victim = busy_replica(colocated, run)
         os.kill(victim["actor_pid"], signal.SIGKILL)
         output = finish(run, 600)
         first = results(out)
@@ -175,11 +215,11 @@ class TestColocated:
         stamps = {n: (out / "results" / f"{n}.json").stat().st_mtime_ns for n in finished}
         print(f"killed {victim['name']}: the run ended with {run.returncode}, "
               f"{len(first) - len(finished)} program(s) to resume")
-        if run.returncode != 0:
-            assert "--resume" in output, output
-            rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
-            output = finish(rest, 600)
-            assert rest.returncode == 0, output
+        assert run.returncode != 0 and len(finished) < len(first), output
+        assert "--resume" in output, output
+        rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
+        output = finish(rest, 600)
+        assert rest.returncode == 0, output
         summary = json.loads((out / "summary.json").read_text())
         assert summary["tasks"] == 10 and summary["retryable"] == 0, summary
         assert len(results(out)) == 10
@@ -199,12 +239,67 @@ class TestColocated:
         assert again["actor_pid"] != victim["actor_pid"]
 
 
-@pytest.fixture(scope="class")
-def pd_cluster(ray_nodes, tmp_path_factory) -> Iterator[RayServed]:
+class TestNodeLost:
+    def test_a_lost_node_is_named_and_resume_finishes_on_its_successor(self, ray_nodes,
+                                                                       tmp_path):
+        """Both replicas of a cluster ask for the custom resource only node C has (the router
+        reaching their engines over HTTP, `--transport http`); node C is
+        lost (its Ray processes killed, no goodbye) under a run whose model calls are not
+        retried: the run ends its programs retryable and the router names the node; once a
+        new node with the resource joins, Ray places the replicas there and `harness run
+        --resume` finishes, every task graded once."""
+        node_c = ray_nodes.add_node(num_cpus=2, resources={"node_c": 2})
+        served = RayServed(tmp_path, ray_nodes.address, "lost", "session",
+                           [{"name": f"n{i}", "policy": "vllm", "num_gpu_blocks": 256}
+                            for i in range(2)],
+                           "--replica-resources", '{"node_c": 1}', "--transport", "http"
+                           ).wait_ready()
+        try:
+            assert {r["node"] for r in served.replicas().values()} == {node_c.node_id}
+            out = tmp_path / "run"
+            run = harness_run(served, out, "--limit", "6", "--concurrency", "4",
+                              "--model-retries", "0")
+            busy_replica(served, run)
+            ray_nodes.remove_node(node_c, allow_graceful=False)
+            output = finish(run, 600)
+            assert run.returncode != 0 and "--resume" in output, output
+            first = results(out)
+            finished = {n for n, r in first.items() if not r.get("retryable")}
+            stamps = {n: (out / "results" / f"{n}.json").stat().st_mtime_ns for n in finished}
+            assert len(finished) < 6
+            deadline = time.monotonic() + 120  # the GCS declares the node dead
+            while not all(node_c.node_id in (r["last_error"] or "")
+                          for r in served.replicas().values()):
+                assert time.monotonic() < deadline, json.dumps(served.replicas(), indent=1)
+                time.sleep(1)
+            answer = httpx.post(served.url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            assert answer.status_code == 503 and node_c.node_id in answer.text, answer.text
+
+            successor = ray_nodes.add_node(num_cpus=2, resources={"node_c": 2})
+            served.wait_ready()
+            replicas = served.replicas()
+            assert {r["node"] for r in replicas.values()} == {successor.node_id}, replicas
+            assert all(r["restarts"] >= 1 for r in replicas.values()), replicas
+            rest = harness_run(served, out, "--resume", "--limit", "6", "--concurrency", "4")
+            output = finish(rest, 600)
+            assert rest.returncode == 0, output
+            summary = json.loads((out / "summary.json").read_text())
+            assert summary["tasks"] == 6 and summary["retryable"] == 0, summary
+            assert {n: (out / "results" / f"{n}.json").stat().st_mtime_ns
+                    for n in finished} == stamps  # nothing graded twice
+        finally:
+            served.stop()
+
+
+@pytest.fixture(scope="class", params=["serve", "http"])
+def pd_cluster(request, ray_nodes, tmp_path_factory) -> Iterator[RayServed]:
+    """1P1D, the router reaching the engines through Serve, then over HTTP (`--transport`)."""
     spec = {"profile": "h100-llama-3.1-8b", "policy": "vllm", "num_gpu_blocks": 64}
     served = RayServed(tmp_path_factory.mktemp("ray-pd"), ray_nodes.address, "pd", "pd",
                        [{"name": "p", "role": "prefill", **spec},
-                        {"name": "d", "role": "decode", **spec}]).wait_ready()
+                        {"name": "d", "role": "decode", **spec}],
+                       "--transport", request.param).wait_ready()
     yield served
     served.stop()
 
