@@ -60,8 +60,8 @@ def register(subparsers: Any) -> None:
     serve.add_argument("file", help="cluster file (YAML), or the name of a shipped example "
                        f"({EXAMPLES_DIR})")
     serve.add_argument("--host", default="127.0.0.1",
-                       help="router bind address (default loopback; replicas always bind "
-                       "loopback)")
+                       help="router bind address (default loopback; local replicas always "
+                       "bind loopback, Ray replicas their node's address)")
     serve.add_argument("--port", type=int, default=DEFAULT_ROUTER_PORT,
                        help=f"router port, the cluster's one endpoint (default "
                        f"{DEFAULT_ROUTER_PORT})")

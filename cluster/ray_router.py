@@ -76,7 +76,7 @@ class RayReplica:
     node_ip: str
     pid: int | None  # its engine's (`harness serve`'s) process group
     actor_pid: int | None  # the Serve replica's actor process
-    engine_url: str  # the engine on its node's loopback
+    engine_url: str  # the engine, on its node's address
     stats: dict[str, Any]
 
 

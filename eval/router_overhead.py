@@ -1,8 +1,9 @@
 """What the served router adds to each request: the same closed-loop load through a running
 `harness cluster serve` (local launcher or Ray Serve) and straight to its replicas' engines.
 
-Why: the router sits on every turn's path (on Ray: Serve's HTTP proxy, our ingress, a Serve
-call to the replica actor, which relays to its engine over loopback); its latency is a cost
+Why: the router sits on every turn's path (on Ray: Serve's HTTP proxy, our ingress, then a
+Serve call to the replica actor, which relays to its engine, or with `--transport http` the
+engine itself); its latency is a cost
 the routing must earn back. The engines are the router's own (their URLs from `GET
 /v1/cluster`: `engine_url` on Ray, `url` for local replicas), so only the path differs.
 
