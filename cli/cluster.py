@@ -88,10 +88,11 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--replica-resources", default=None, metavar="JSON",
                        help='--ray: custom Ray resources per replica, e.g. \'{"node_a": 0.5}\'')
     serve.add_argument("--transport", default=None, choices=("serve", "http"),
-                       help="--ray: how the router reaches a replica's engine: through Serve "
-                       "(a handle call to the replica's actor; default) or straight over HTTP "
-                       "to the engine on its node (Ray still places, restarts and reports the "
-                       "replicas): no Ray message per streamed token, for timing experiments")
+                       help="--ray: how the router reaches a replica's engine: straight over "
+                       "HTTP to the engine on its node (default; Ray still places, restarts and "
+                       "reports the replicas) or through Serve (a handle call to the replica's "
+                       "actor, which relays to its engine: a Ray message per streamed token, "
+                       "and requests that sometimes wait seconds; docs/cluster.md)")
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
@@ -244,7 +245,7 @@ def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) ->
     return serve_on_ray(config, address=args.address, host=args.host, port=args.port,
                         log_dir=log_dir, resources=resources,
                         startup_timeout_s=args.startup_timeout,
-                        transport=args.transport or "serve")
+                        transport=args.transport or "http")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -138,8 +138,8 @@ def check_commands(config: ClusterConfig, base_port: int = DEFAULT_BASE_PORT) ->
                         events_ipc="ipc:///dev/null")
 
 
-def death_signal_preexec() -> Callable[[], None] | None:
-    """A preexec_fn asking for SIGTERM when the launcher dies (Linux), or None elsewhere."""
+def death_signal_preexec(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] | None:
+    """A preexec_fn asking for `sig` when the launcher dies (Linux), or None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -150,9 +150,9 @@ def death_signal_preexec() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # the launcher died before the request took hold
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), sig)
 
     return preexec
 

@@ -7,8 +7,9 @@ Two deployments in one Serve application (named after the cluster):
   Ray restarts it when it dies), behind our Serve request router (`cluster.ray_router`);
 * `router`: the ingress, one replica, the same FastAPI router app as the local cluster
   (`cluster.router_app`: routing by the cluster's strategy, P/D hand-off, SSE relay, event
-  fan-out, `GET /v1/cluster`) with its upstream transport through Serve instead of HTTP to
-  local ports. Serve's HTTP proxy puts it on `host:port` (OpenAI-compatible, as before).
+  fan-out, `GET /v1/cluster`), its upstream requests sent over HTTP to the engine on the chosen
+  replica's node (`--transport http`, the default) or through the replica's Serve actor
+  (`--transport serve`). Serve's HTTP proxy puts it on `host:port` (OpenAI-compatible).
 
 `serve_on_ray` connects to a running Ray cluster (`address`, e.g. `HEAD:6379` after `ray start
 --head` there and `ray start --address HEAD:6379` on the other machines) or starts a local one
@@ -72,7 +73,7 @@ class ClusterIngress:
     """The router: our FastAPI router app, its upstream through the replicas' handle."""
 
     def __init__(self, config: dict[str, Any], replicas: DeploymentHandle,
-                 transport: str = "serve") -> None:
+                 transport: str = "http") -> None:
         self.config = ClusterConfig.model_validate(config)
         self.replicas = replicas
         self.transport = transport
@@ -90,15 +91,10 @@ class ClusterIngress:
         return app
 
 
-#: How the router's upstream requests reach a replica's engine: through Serve (a handle call to
-#: the replica actor, which relays to its engine) or straight over HTTP (`EngineTransport`).
-TRANSPORTS = ("serve", "http")
-
-
 def build_app(config: ClusterConfig, *, log_dir: str | Path,
               resources: RayResources | None = None,
               startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-              transport: str = "serve") -> Any:
+              transport: str = "http") -> Any:
     """The Serve application (bound deployments) of a cluster file."""
     resources = resources or RayResources()
     data = config.model_dump()
@@ -129,7 +125,7 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
                  resources: RayResources | None = None,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  out: Callable[[str], None] | None = None,
-                 until: threading.Event | None = None, transport: str = "serve") -> int:
+                 until: threading.Event | None = None, transport: str = "http") -> int:
     """Deploy the cluster on Ray and serve it until SIGINT / SIGTERM (or `until` is set);
     returns the exit code (0 on a requested stop)."""
     say = out or (lambda line: print(line, flush=True))

@@ -26,6 +26,7 @@ that back into an httpx response for the router proxy).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -66,6 +67,33 @@ class HttpCall:
     body: bytes = b""
 
 
+def reap_predecessor(record: Path, node_id: str) -> None:
+    """Kill what is left of the engine a dead predecessor of this replica started on this node.
+
+    Its API server dies with its actor (PDEATHSIG), but vLLM's engine core, its child, does
+    not: it would hold its memory for ever. Its process group is in `record`; only processes
+    of that group on this node whose command line is vLLM's are killed (a reused group id
+    belongs to someone else)."""
+    try:
+        last = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return
+    if last.get("node_id") != node_id or not isinstance(last.get("pgid"), int):
+        return
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc.name)) != last["pgid"]:
+                continue
+            command = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"vllm" in command.lower():
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 class ReplicaProcess:
     """The Serve replica: starts its engine in `__init__` (and waits for `/health`), relays
     `HttpCall`s to it, stops it when Serve stops the replica."""
@@ -89,11 +117,17 @@ class ReplicaProcess:
                                     side_channel_port=side, side_channel_host=self.node_ip)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_path = Path(log_dir) / f"{self.spec.name}.log"
+        self.engine_record = Path(log_dir) / f"{self.spec.name}.engine.json"
+        reap_predecessor(self.engine_record, self.node_id)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **env}, start_new_session=True,
-                preexec_fn=death_signal_preexec())
+                # SIGKILL: an engine whose actor died must not linger; on SIGTERM vLLM's API
+                # server waits for its requests, whose engine core is gone, forever
+                preexec_fn=death_signal_preexec(signal.SIGKILL))
+        self.engine_record.write_text(json.dumps({"node_id": self.node_id,
+                                                  "pgid": self.process.pid}))
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=None,
                                                               write=60.0, pool=None))
         self._wait_ready(startup_timeout_s)

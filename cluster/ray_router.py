@@ -14,11 +14,14 @@ the event fan-out are the proxy's too. Ray supplies what the proxy used to do it
   proxy's `ClusterState` at once and copies its KV-usage and queue gauges (instead of the
   proxy's own `/metrics` poll); a replica that leaves the running set, or whose call fails with
   a dead actor, takes no new turn and its programs rebind (the proxy's rule);
-* the transport: `ServeTransport` sends each upstream request to the replica the proxy chose
-  (`HttpCall.target`) through a `DeploymentHandle`; the request router's `choose_replicas`
-  ranks exactly that replica (our decision) and nothing else, so Serve never moves a turn away
-  from its KV cache. `EngineTransport` (`--transport http`) sends it straight to that
-  replica's engine over HTTP instead, for timing work (a streamed token costs no Ray message);
+* the transport: by default `EngineTransport` sends each upstream request straight to the
+  engine of the replica the proxy chose, over HTTP to its node (Ray placed it there and
+  reports where it runs); with `--transport serve`, `ServeTransport` sends it through a
+  `DeploymentHandle` to that replica's actor, which relays it, and the request router's
+  `choose_replicas` ranks exactly that replica (our decision) and nothing else, so Serve never
+  moves a turn away from its KV cache. Not the default, for measured reasons
+  (docs/cluster.md): a Ray message per streamed token, and requests that sometimes waited
+  seconds in the ingress before reaching any replica;
 * restarts: a replica whose engine dies fails its health check and Ray starts another with the
   same Serve rank, hence the same name; it rejoins the view when it is running.
 
@@ -284,11 +287,51 @@ class EngineTransport(httpx.AsyncBaseTransport):
         upstream = httpx.Request(request.method, url, headers=[(b"Host", url.netloc), *headers],
                                  stream=request.stream, extensions=request.extensions)
         try:
-            return await self.http.handle_async_request(upstream)
+            response = await self.http.handle_async_request(upstream)
         except httpx.ConnectError:
             gone = self.view.gone_message(name) if self.view.find(name) is None else (
                 f"replica {name}'s engine at {replica.engine_url} refused the connection")
             raise httpx.ConnectError(gone) from None
+        response.stream = _WatchedStream(response.stream, self.view, name, replica.replica_id)
+        return response
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+#: Seconds an engine's answer may stay silent before the stream asks whether its replica runs.
+WATCH_S = 1.0
+
+
+class _WatchedStream(httpx.AsyncByteStream):
+    """An engine's answer that fails (`httpx.ReadError`, as a dropped connection would) once
+    Ray no longer runs the replica it came from: an engine on a lost node may never close
+    its connection, and a stream waiting on it would wait for ever."""
+
+    def __init__(self, stream: Any, view: ReplicaView, name: str, replica_id: str) -> None:
+        self.stream = stream
+        self.view = view
+        self.name = name
+        self.replica_id = replica_id
+
+    def _running(self) -> bool:
+        current = self.view.find(self.name)
+        return current is not None and current.replica_id == self.replica_id
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self.stream.__aiter__()
+        while True:
+            pending = asyncio.ensure_future(chunks.__anext__())
+            while not (await asyncio.wait({pending}, timeout=WATCH_S))[0]:
+                if not self._running():
+                    pending.cancel()
+                    raise httpx.ReadError(f"replica {self.name} stopped running while it "
+                                          f"answered: {self.view.gone_message(self.name)}")
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

@@ -56,7 +56,7 @@ class ServedVsVirtualOptions:
     #: serve on Ray (`harness cluster serve --ray`): a local Ray, or the cluster at `ray_address`
     ray: bool = False
     ray_address: str | None = None
-    ray_transport: str = "serve"  # on Ray: `harness cluster serve --transport`
+    ray_transport: str = "http"  # on Ray: `harness cluster serve --transport`
 
 
 def _served_file(config: Any, strategy: str, out: Path) -> Path:

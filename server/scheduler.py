@@ -25,6 +25,7 @@ object. The mechanisms added here:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -213,6 +214,7 @@ class PolicyScheduler(Scheduler):
     def status(self) -> dict[str, Any]:
         """The counters the API server shows (`server.events.StatusFile`)."""
         return {"events_received": self.events_received, "pinned_now": len(self.pins),
+                "pinned_programs": list(itertools.islice(self.pins, 32)),  # the oldest pins
                 "pins": self.pin_stats.counts()}
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any

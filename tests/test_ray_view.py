@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +23,7 @@ import httpx
 import pytest
 
 from cluster import ray_router
+from cluster.ray_replica import reap_predecessor
 from cluster.ray_router import EngineTransport, ReplicaView, ServeTransport
 from cluster.router_state import ClusterState, ReplicaEndpoint
 from cluster.routing import SessionRouter
@@ -143,3 +148,67 @@ def test_the_engine_transport_goes_straight_to_the_running_replicas_engine():
             asyncio.run(get("http://ray/c9/v1/models"))
     finally:
         engine.shutdown()
+
+
+class _StalledEngine(BaseHTTPRequestHandler):
+    """A stand-in engine that starts an answer and never finishes it (a lost node's engine)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b"data: {}\n\n")
+        self.wfile.flush()
+        time.sleep(5)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_answer_from_a_replica_ray_no_longer_runs_fails_instead_of_hanging(monkeypatch):
+    monkeypatch.setattr(ray_router, "WATCH_S", 0.05)
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _StalledEngine)
+    engine.daemon_threads = True
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    view = ReplicaView()
+    up = running("c0", "a", "node-1")
+    up.replica_metadata["engine_url"] = f"http://127.0.0.1:{engine.server_address[1]}"
+    view.update([up])
+
+    async def read() -> list[bytes]:
+        async with httpx.AsyncClient(transport=EngineTransport(view)) as client, \
+                client.stream("GET", "http://ray/c0/v1/chat/completions") as answer:
+            chunks = []
+            async for chunk in answer.aiter_raw():
+                chunks.append(chunk)
+                view.update([])  # Serve no longer runs c0 (its node is gone)
+            return chunks
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadError, match="replica c0 stopped running"):
+            asyncio.run(read())
+        assert time.monotonic() - started < 3  # not the engine's 5 s
+    finally:
+        engine.shutdown()
+
+
+def test_a_restarted_replica_reaps_what_its_predecessors_engine_left(tmp_path):
+    """The engine core a killed replica's engine leaves behind (a vLLM process of the recorded
+    process group) is killed when the replica starts again on that node, not on another."""
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                 "VLLM::EngineCore"], start_new_session=True)
+    record = tmp_path / "c0.engine.json"
+    record.write_text(json.dumps({"node_id": "node-1", "pgid": leftover.pid}))
+    cmdline = Path(f"/proc/{leftover.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while b"VLLM" not in cmdline.read_bytes():  # until the child has its command line
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        reap_predecessor(record, "node-2")  # another node: not its process
+        assert leftover.poll() is None
+        reap_predecessor(record, "node-1")
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        leftover.kill()
