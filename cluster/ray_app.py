@@ -44,6 +44,8 @@ from cluster.router_app import create_app
 from cluster.router_state import ReplicaEndpoint
 
 REPLICAS_DEPLOYMENT = "replicas"
+#: The custom resource Ray gives its head node (Ray's own libraries pin actors there with it).
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 ROUTER_DEPLOYMENT = "router"
 #: Requests one replica may hold at once (vLLM queues them itself; Serve's default is 5).
 MAX_ONGOING = 4096
@@ -112,7 +114,9 @@ def build_app(config: ClusterConfig, *, log_dir: str | Path,
     ).bind(data, str(Path(log_dir).resolve()), startup_timeout_s)
     router = serve.deployment(ClusterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=MAX_ONGOING,
-        ray_actor_options={"num_cpus": 0})
+        # on the head node, with Serve's controller: the routing state (and what the router
+        # knows of each replica's node) outlives the loss of any other node
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}})
     return router.bind(data, replicas, transport)
 
 

@@ -6,10 +6,10 @@ land two per node). On it, one served cluster at a time, started as a user would
 command line: a 4-replica colocated cluster (emulated GPU, 512 KV blocks each, `session`
 routing, the `preserve` policy: each turn's KV is pinned until the program's next turn or its
 `program_end`) for a real `harness run`, then a replica killed under a run; a third node
-that is lost under a run and replaced; a 1P1D cluster for the P/D hand-off, through Serve and
-over HTTP (`--transport`). What the tests read: the router's `GET /v1/cluster` (nodes,
-counters, restarts, each replica's gauges) and each engine's own endpoints on its node's
-address (`engine_url`: its events, its Prometheus `/metrics`).
+that is lost under a run and replaced; a 1P1D cluster for the P/D hand-off, over HTTP and
+through Serve (`--transport`). What the tests read: the router's
+`GET /v1/cluster` (nodes, counters, restarts, each replica's gauges) and each engine's own
+endpoints on its node's address (`engine_url`: its events, its Prometheus `/metrics`).
 """
 
 from __future__ import annotations
@@ -116,8 +116,10 @@ def gauges(served: RayServed) -> dict[str, dict[str, float]]:
     engine left idle after the run has not taken the last `program_end`s in yet."""
     out = {}
     for name, r in served.replicas().items():
+        model = httpx.get(r["engine_url"] + "/v1/models", timeout=10).json()["data"][0]["id"]
         httpx.post(r["engine_url"] + "/v1/completions", timeout=60,
-                   json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1}).raise_for_status()
+                   json={"model": model, "prompt": [1, 2, 3], "max_tokens": 1}
+                   ).raise_for_status()
         out[name] = engine_gauges(httpx.get(r["engine_url"] + "/metrics", timeout=10).text)
     return out
 
@@ -167,11 +169,11 @@ class TestColocated:
         before, counted = received(colocated), colocated.state()["counters"]
         metrics_before = gauges(colocated)
         out = tmp_path / "run"
-        run = harness_run(colocated, out, "--limit", "4", "--concurrency", "4")
+        run = harness_run(colocated, out, "--limit", "8", "--concurrency", "4")
         output = finish(run, 600)
         assert run.returncode == 0, output
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["tasks"] == 4 and summary["retryable"] == 0
+        assert summary["tasks"] == 8 and summary["retryable"] == 0
         gained = {n: a - before[n] for n, a in received(colocated).items()}
         counters = {k: v - counted[k] for k, v in colocated.state()["counters"].items()
                     if isinstance(v, int) and isinstance(counted.get(k), int)}
@@ -191,7 +193,9 @@ class TestColocated:
         assert taken == gained, (taken, gained)  # each engine's scheduler took its events in
         assert sum(pins.values()) >= len(later) and all(  # a pin where events went, only
             (pins[n] > 0) == (gained[n] > 0) for n in pins), (pins, gained)
-        assert all(m["pinned_now"] == 0 for m in metrics.values()), metrics
+        left = {n: httpx.get(r["engine_url"] + "/v1/agent/events", timeout=10).json()
+                for n, r in colocated.replicas().items() if metrics[n]["pinned_now"]}
+        assert not left, (left, [p.name for p in out.rglob("*.traj.json")])
         # the router's view of each replica carries the same gauges (Serve's routing stats)
         deadline = time.monotonic() + 30
         while any(r.get("pins") != metrics[n]["pins"] for n, r in colocated.replicas().items()):
@@ -200,11 +204,12 @@ class TestColocated:
 
     def test_a_killed_replica_is_restarted_and_resume_grades_each_task_once(self, colocated,
                                                                             tmp_path):
-        """SIGKILL one replica's actor under a run whose model calls are not retried: the
-        programs with a turn on it end retryable (as for a dead server) and no new program
-        starts, while those on other replicas finish (the router sends nothing to the dead one
-        and rebinds its programs); Ray starts it again (same name); `harness run --resume`
-        finishes the run, every task graded exactly once."""
+        """SIGKILL one replica's actor under a run whose model calls are not retried: a
+        program with a turn in flight there ends retryable (as for a dead server) and no new
+        program starts, then `harness run --resume` finishes the run; the router sends nothing
+        more to the dead replica and rebinds its programs; Ray starts it again (same name);
+        every task is graded exactly once. Whether a turn is in flight at the kill is timing
+        (turns take a fraction of a second here); `TestNodeLost` always has one."""
         out = tmp_path / "run"
         run = harness_run(colocated, out, "--concurrency", "4", "--model-retries", "0")
         victim = busy_replica(colocated, run)
@@ -215,11 +220,11 @@ class TestColocated:
         stamps = {n: (out / "results" / f"{n}.json").stat().st_mtime_ns for n in finished}
         print(f"killed {victim['name']}: the run ended with {run.returncode}, "
               f"{len(first) - len(finished)} program(s) to resume")
-        assert run.returncode != 0 and len(finished) < len(first), output
-        assert "--resume" in output, output
-        rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
-        output = finish(rest, 600)
-        assert rest.returncode == 0, output
+        if run.returncode != 0:  # a turn was in flight there (TestNodeLost always has one)
+            assert "--resume" in output and len(finished) < len(first), output
+            rest = harness_run(colocated, out, "--resume", "--concurrency", "4")
+            output = finish(rest, 600)
+            assert rest.returncode == 0, output
         summary = json.loads((out / "summary.json").read_text())
         assert summary["tasks"] == 10 and summary["retryable"] == 0, summary
         assert len(results(out)) == 10
