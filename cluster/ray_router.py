@@ -172,11 +172,16 @@ class ReplicaView:
         if node is None:
             return f"replica {name} is not running yet"
         if not node_alive(node):
-            return f"replica {name}: its Ray node {node} is gone{NODE_GONE}"
+            return node_gone(name, node)
         return f"replica {name} (Ray node {node[:12]}) is not running; Ray is restarting it"
 
     def find(self, name: str) -> RayReplica | None:
         return self.running.get(name)
+
+
+def node_gone(name: str, node_id: str) -> str:
+    """What to say of replica `name` whose Ray node is gone (ends with `NODE_GONE`)."""
+    return f"replica {name}: its Ray node {node_id} is gone{NODE_GONE}"
 
 
 def node_alive(node_id: str) -> bool:
@@ -231,8 +236,7 @@ class ServeTransport(httpx.AsyncBaseTransport):
         detail = self.view.gone_message(name)
         replica = self.view.find(name)
         if exc is not None and replica is not None:  # still in Serve's running set
-            detail = (f"replica {name}: its Ray node {replica.node_id} is gone{NODE_GONE}"
-                      if not node_alive(replica.node_id)
+            detail = (node_gone(name, replica.node_id) if not node_alive(replica.node_id)
                       else f"replica {name}'s Ray actor died ({type(exc).__name__})")
         return httpx.ConnectError(detail)
 

@@ -60,10 +60,9 @@ class AgentEventsPlugin:
             # vllm: this plugin runs inside vLLM's API server, where it is always installed
             from vllm.v1.metrics.prometheus import get_prometheus_registry
 
-            try:
-                get_prometheus_registry().register(SchedulerCollector(self._address()))
-            except ValueError:  # registered already (a second app in this process)
-                pass
+            # once: vLLM builds one app per API server process, and `describe` names nothing,
+            # so the registry could not refuse a second copy
+            get_prometheus_registry().register(SchedulerCollector(self._address()))
 
     @staticmethod
     def _address() -> str | None:
