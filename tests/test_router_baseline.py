@@ -1,4 +1,4 @@
-"""`eval.router_baseline`: `vllm-router` in front of two emulated replicas.
+"""`eval.experiments.router_baseline`: `vllm-router` in front of two emulated replicas.
 
 The pure parts (request tagging, log parsing, the router command) are checked on their own; the
 `server` test starts two small emulated replicas and replays a tiny trace through vllm-router
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from common.trace import Program, Trace, Turn
-from eval.router_baseline import (
+from eval.experiments.router_baseline import (
     MODES,
     _TaggingClient,
     router_argv,

@@ -175,7 +175,7 @@ def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettin
 
 @dataclass(frozen=True)
 class HttpTarget:
-    """Where a wall-clock replay goes (`eval.http_replay`)."""
+    """Where a wall-clock replay goes (`eval.replay.http_replay`)."""
 
     url: str
     model: str | None = None

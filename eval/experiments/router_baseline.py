@@ -4,16 +4,17 @@ emulated `harness serve` replicas, replaying a trace over HTTP once per routing 
 Why: our own multi-replica routing (`cluster.routing`, served by `harness cluster serve`) needs
 something it did not write to be measured against. `vllm-router` is what a vLLM user would put
 in front of N replicas today (consistent hashing for session affinity, round robin, P/D with
-NIXL). Same replicas, same trace, same client (`eval.http_replay`), only the router changes.
+NIXL). Same replicas, same trace, same client (`eval.replay.http_replay`), only the router changes.
 
 What one run does: start two colocated replicas (`ServerProcess`, policy ``vllm`` by default,
 a small KV cache via ``--num-gpu-blocks-override`` so programs contend, ``--enable-log-requests``
 so each replica logs the requests it served), then per mode: reset both replicas' prefix caches
 (vLLM's dev-mode ``POST /reset_prefix_cache``; each replay also salts the cache and suffixes
 the program ids with its own run id, so nothing carries over either way), start `vllm-router`
-in its own process group, replay the trace against it with `eval.http_replay.replay_over_http`
-(``--time-scale`` shortens arrival gaps and tool calls as `harness bench --url` does), stop the
-router. Replicas and router are stopped whatever happens (Ctrl-C and SIGTERM included).
+in its own process group, replay the trace against it with
+`eval.replay.http_replay.replay_over_http` (``--time-scale`` shortens arrival gaps and tool calls
+as `harness bench --url` does), stop the router. Replicas and router are stopped whatever
+happens (Ctrl-C and SIGTERM included).
 
 Modes (``--modes``):
 
@@ -85,11 +86,11 @@ import httpx
 from common.atomic import write_json_atomic
 from common.errors import UserError
 from common.trace import Trace
-from eval import http_replay
 from eval.bench.specs import BenchError
 from eval.bench.traces import make_trace
-from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
-from eval.program_scheduling import metric_totals
+from eval.replay import http_replay
+from eval.replay.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
+from eval.replay.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port
 from server.max_model_len import served_max_model_len
@@ -145,7 +146,7 @@ class RouterBaselineOptions:
 def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int,
                 extra: Sequence[str] = ()) -> list[str]:
     """The `vllm-router` command for ``policy`` in front of ``workers``, plus ``extra``
-    options (program scheduling: `eval.program_scheduling.config_argument`). P/D would
+    options (program scheduling: `eval.replay.program_scheduling.config_argument`). P/D would
     instead be ``--vllm-pd-disaggregation --prefill URL [BOOTSTRAP_PORT] ... --decode URL ...
     [--prefill-policy P] [--decode-policy P] [--kv-connector nixl|mooncake|moriio]``."""
     return [sys.executable, "-m", "vllm_router.launch_router",
@@ -276,7 +277,7 @@ mode measures the body alone. Everything else is
 
 @contextlib.contextmanager
 def tagged_requests(session_header: bool) -> Iterator[None]:
-    """While open, `eval.http_replay` drives its requests through `_TaggingClient`."""
+    """While open, `eval.replay.http_replay` drives its requests through `_TaggingClient`."""
     original = http_replay._Driver
 
     class Driver(original):  # type: ignore[misc, valid-type]

@@ -47,7 +47,7 @@ from harness.server_process import ServerProcess, free_port
 from harness.tools.labels import RUN_LABEL
 from predictor.durations import ToolDurationModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MIX = "gsm8k,hotpotqa,alfworld,swe-bench"
 # statuses a replayed program ends with when nothing went wrong
 CLEAN = {"submitted", "step_limit", "replay_exhausted", "format_error"}
