@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from eval.experiments.router_baseline import ModeResult, router_argv
 from eval.experiments.served_comparison import (
     ServedComparisonInputError,
     aggregate,
@@ -27,6 +26,7 @@ from eval.replay.program_scheduling import (
     metric_totals,
     scheduling_config,
 )
+from eval.replay.routers import ModeResult, router_argv
 from server.perf.registry import load_profile
 
 ROUTER_METRICS = """\

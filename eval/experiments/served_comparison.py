@@ -22,14 +22,14 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
   replicas running ``POLICY`` (``session:vllm`` is session-routed vLLM; ``session:continuum``
   our best policy for now; any policy name works, so a new one slots in).
 
-Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`); every
-request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
+Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`);
+every request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
 `vllm-router` forwards as it came, and our replicas accept: `server.agentic_context`), so the
 bodies are the same whatever reads them. Systems are grouped by replica policy: one set of
 replicas per policy, started with the same profile and KV size (``--num-gpu-blocks``), their
-prefix caches reset and the run's ids salted between systems
-(`eval.experiments.router_baseline.run_front`, which also reads each replica's counters and
-request log: preemptions, programs whose turns went to more than one replica).
+prefix caches reset and the run's ids salted between systems (`eval.replay.routers.run_front`,
+which also reads each replica's counters and request log: preemptions, programs whose turns
+went to more than one replica).
 
     harness eval served-comparison --trace swe --programs 8 --jps 1 --time-scale 0.2
 """
@@ -50,23 +50,22 @@ from common.atomic import write_json_atomic
 from common.errors import UserError
 from eval.bench.specs import BenchError
 from eval.bench.traces import make_trace
-from eval.experiments.router_baseline import (
-    ModeResult,
-    RouterBaselineError,
-    RouterProcess,
-    VllmRouter,
-    jsonable,
-    run_front,
-    start_replicas,
-)
-from eval.replay import http_replay
-from eval.replay.http_replay import HttpReplayError
+from eval.replay.http_replay import HttpReplayError, scale_trace
 from eval.replay.program_scheduling import (
     Calibration,
     calibrate,
     config_argument,
     decision_counts,
     scheduling_config,
+)
+from eval.replay.routers import (
+    ModeResult,
+    RouterError,
+    RouterProcess,
+    VllmRouter,
+    jsonable,
+    run_front,
+    start_replicas,
 )
 from harness.server_process import ServerProcess, free_port
 from server.perf.registry import load_profile
@@ -281,7 +280,7 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
                                          ">= 1, --num-gpu-blocks >= 16")
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
-        http_replay.scale_trace(trace, options.time_scale)  # validates the scale
+        scale_trace(trace, options.time_scale)  # validates the scale
         calibration = calibrate(load_profile(options.profile))
     except (BenchError, ValueError) as exc:
         raise ServedComparisonInputError(str(exc)) from None
@@ -312,7 +311,7 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
             for r in replicas:
                 r.stop()
             replicas = []
-    except (RouterBaselineError, HttpReplayError) as exc:
+    except (RouterError, HttpReplayError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
