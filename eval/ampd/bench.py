@@ -50,8 +50,8 @@ from cluster.config import ClusterConfigError, parse_cluster
 from common.atomic import write_text_atomic
 from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
 from common.trace import Trace
+from eval import ExperimentError
 from eval.ampd.plot import plot_slo
-from eval.bench.specs import BenchError
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
 from server.max_model_len import BLOCK_SIZE, context_limit
@@ -73,7 +73,7 @@ HISTORY = ("pull", "recompute")
 GPUS_PER_NODE = 8  # a node of 8 GPUs (AMPD section 7.1), for which link a KV transfer takes
 
 
-class AmpdBenchError(BenchError):
+class AmpdBenchError(ExperimentError):
     """A user mistake in `harness cluster bench` arguments (printed without a traceback)."""
 
 

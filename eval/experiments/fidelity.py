@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
+from eval import ExperimentError
 from eval.replay.http_replay import replay_over_http
 from eval.workloads.bfcl import bfcl_like
 from harness.server_process import ServerProcess
@@ -62,7 +62,7 @@ from sim.replay import replay
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
 
-class FidelityError(UserError):
+class FidelityError(ExperimentError):
     pass
 
 

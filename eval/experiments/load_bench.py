@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
+from eval import ExperimentError
 from harness.agent import Agent, Limits
 from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark
 from harness.events_client import EventClient
@@ -53,7 +53,7 @@ DEFAULT_MIX = "gsm8k,hotpotqa,alfworld,swe-bench"
 CLEAN = {"submitted", "step_limit", "replay_exhausted", "format_error"}
 
 
-class LoadError(UserError):
+class LoadError(ExperimentError):
     """Bad options; printed without a traceback."""
 
 

@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
 from common.trace import Trace
+from eval import ExperimentError
 from eval.experiments.agreement import compare_runs
 from eval.workloads.trace_import import from_harness_trajectory
 from harness.run import RunSpec, run_benchmark
@@ -50,7 +50,7 @@ COUNTERS = {"preemptions": "vllm:num_preemptions_total",
             "prefix_queries": "vllm:prefix_cache_queries_total"}
 
 
-class RealModelError(UserError):
+class RealModelError(ExperimentError):
     pass
 
 

@@ -74,9 +74,8 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
 from common.trace import Trace
-from eval.bench.specs import BenchError
+from eval import ExperimentError
 from eval.bench.traces import make_trace
 from eval.replay.http_replay import HttpReplayError, scale_trace
 from eval.replay.routers import (
@@ -90,7 +89,7 @@ from eval.replay.routers import (
 from harness.server_process import ServerProcess
 
 
-class RouterBaselineInputError(UserError):
+class RouterBaselineInputError(ExperimentError):
     """The run cannot start as asked (a trace or time scale that does not load, vllm-router
     not installed): a user's mistake, reported before any replica starts."""
 
@@ -177,7 +176,7 @@ def run_router_baseline(options: RouterBaselineOptions) -> int:
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale
-    except (BenchError, ValueError) as exc:
+    except (ExperimentError, ValueError) as exc:
         raise RouterBaselineInputError(str(exc)) from None
 
     out = Path(options.out)

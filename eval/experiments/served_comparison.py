@@ -47,8 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
-from eval.bench.specs import BenchError
+from eval import ExperimentError
 from eval.bench.traces import make_trace
 from eval.replay.http_replay import HttpReplayError, scale_trace
 from eval.replay.program_scheduling import (
@@ -80,7 +79,7 @@ VLLM_ROUTER_SYSTEMS = {
 }
 
 
-class ServedComparisonInputError(UserError):
+class ServedComparisonInputError(ExperimentError):
     """The run cannot start as asked (unknown system or policy, a trace that does not load,
     vllm-router not installed): reported before any replica starts."""
 
@@ -282,7 +281,7 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale
         calibration = calibrate(load_profile(options.profile))
-    except (BenchError, ValueError) as exc:
+    except (ExperimentError, ValueError) as exc:
         raise ServedComparisonInputError(str(exc)) from None
     capacity = options.num_gpu_blocks * BLOCK_SIZE
 

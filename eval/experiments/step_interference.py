@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.errors import UserError
+from eval import ExperimentError
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 
 
-class StepInterferenceError(UserError):
+class StepInterferenceError(ExperimentError):
     """A profile that does not load, or a chunk size that is not a positive integer."""
 
 
