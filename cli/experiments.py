@@ -1,10 +1,10 @@
 """`harness eval NAME`: the experiments that print figures, one subcommand each.
 
-Each experiment lives in `eval/` as a function taking its parameters (a small options dataclass
-where there are many); here are their options, help texts and exit statuses. A user's mistake
-raises `common.errors.UserError` there and reaches the user as `harness: error: MSG`, exit 2,
-through `cli.main`. The AMPD benchmark is `harness cluster bench`, the policy benchmark
-`harness bench`.
+Each experiment lives in `eval/experiments/` as a function taking its parameters (a small
+options dataclass where there are many); here are their options, help texts and exit statuses.
+A user's mistake raises `eval.ExperimentError` (a `common.errors.UserError`) there and reaches
+the user as `harness: error: MSG`, exit 2, through `cli.main`. The AMPD benchmark is
+`harness cluster bench`, the policy benchmark `harness bench`.
 """
 
 from __future__ import annotations
