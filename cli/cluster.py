@@ -2,7 +2,7 @@
 
 `serve` starts one `harness serve` per replica of a cluster file and the router in front of them
 (`cluster.launcher`); `check` validates the file and prints what `serve` would start; `bench`
-compares AMPD with its baselines in virtual time (`eval.ampd_bench`). Their options, and the
+compares AMPD with its baselines in virtual time (`eval.ampd.bench`). Their options, and the
 turning of ``--strategies a,b`` or ``--layouts 1p3d,2p2d`` into the values those libraries take,
 live here.
 """
@@ -34,8 +34,9 @@ from cluster.launcher import (
     serve_cluster,
 )
 from common.metrics import SLO
-from eval import ampd_bench, ampd_regime
-from eval.ampd_bench import (
+from eval.ampd import bench as ampd_bench
+from eval.ampd import regime as ampd_regime
+from eval.ampd.bench import (
     AMPD_WORKLOADS,
     DEFAULT_JPS,
     DEFAULT_LAYOUTS,
@@ -131,7 +132,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="how a prefill replica gets the history it lacks: pull it from the "
                    "decode replica (vLLM's bidirectional_kv_xfer; default) or recompute it")
     p.add_argument("--gpus", type=int, default=None,
-                   help="regime map (eval.ampd_regime): tune every strategy over the "
+                   help="regime map (eval.ampd.regime): tune every strategy over the "
                    "deployments of this many GPUs (each TP in --tp, co-located and every P/D "
                    "split) and sweep --itl-slo; replaces --strategies, --layouts, --replicas "
                    "and the profile's TP")
@@ -291,7 +292,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_regime(args: argparse.Namespace) -> int:
-    """`--gpus N`: the regime map (`eval.ampd_regime`) over `--itl-slo`, printed."""
+    """`--gpus N`: the regime map (`eval.ampd.regime`) over `--itl-slo`, printed."""
     if args.gpus < 2:
         raise AmpdBenchError("--gpus must be at least 2 (a P/D deployment needs two replicas)")
     degrees = [int(x) for x in _numbers(args.tp, "--tp")]

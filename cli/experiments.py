@@ -1,10 +1,10 @@
 """`harness eval NAME`: the experiments that print figures, one subcommand each.
 
-Each experiment lives in `eval/` as a function taking its parameters (a small options dataclass
-where there are many); here are their options, help texts and exit statuses. A user's mistake
-raises `common.errors.UserError` there and reaches the user as `harness: error: MSG`, exit 2,
-through `cli.main`. The AMPD benchmark is `harness cluster bench`, the policy benchmark
-`harness bench`.
+Each experiment lives in `eval/experiments/` as a function taking its parameters (a small
+options dataclass where there are many); here are their options, help texts and exit statuses.
+A user's mistake raises `eval.ExperimentError` (a `common.errors.UserError`) there and reaches
+the user as `harness: error: MSG`, exit 2, through `cli.main`. The AMPD benchmark is
+`harness cluster bench`, the policy benchmark `harness bench`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eval import (
+from eval.experiments import (
     bash_overhead,
     event_overhead,
     fidelity,
@@ -31,17 +31,21 @@ from eval import (
     served_vs_virtual,
     step_interference,
 )
-from eval.fidelity import DEFAULT_TABLE, FidelityOptions
-from eval.load_bench import DEFAULT_MIX
-from eval.real_model import RealModelOptions
-from eval.router_baseline import DEFAULT_MODES, MODES, RouterBaselineOptions
-from eval.router_overhead import RouterOverheadOptions
-from eval.served_comparison import DEFAULT_SYSTEMS, VLLM_ROUTER_SYSTEMS, ServedComparisonOptions
-from eval.served_vs_virtual import ServedVsVirtualOptions
+from eval.experiments.fidelity import DEFAULT_TABLE, FidelityOptions
+from eval.experiments.load_bench import DEFAULT_MIX
+from eval.experiments.real_model import RealModelOptions
+from eval.experiments.router_baseline import DEFAULT_MODES, MODES, RouterBaselineOptions
+from eval.experiments.router_overhead import RouterOverheadOptions
+from eval.experiments.served_comparison import (
+    DEFAULT_SYSTEMS,
+    VLLM_ROUTER_SYSTEMS,
+    ServedComparisonOptions,
+)
+from eval.experiments.served_vs_virtual import ServedVsVirtualOptions
 from harness.tools.sandbox_image import DEFAULT_IMAGE
 
 # the module imports langchain-core (about 1 s): only its docstring is read to build the parser
-LANGCHAIN_EXAMPLE = "eval.langchain_example"
+LANGCHAIN_EXAMPLE = "eval.examples.langchain_agent"
 
 
 def register(subparsers: Any) -> None:
@@ -345,9 +349,9 @@ def _add_langchain_example(experiments: Any) -> None:
 
 
 def _langchain_example(args: argparse.Namespace) -> int:
-    from eval import langchain_example  # langchain-core: start-up cost (about 1 s)
+    from eval.examples import langchain_agent  # langchain-core: start-up cost (about 1 s)
 
-    langchain_example.run_example(args.server, args.model, args.free, args.device)
+    langchain_agent.run_example(args.server, args.model, args.free, args.device)
     return 0
 
 

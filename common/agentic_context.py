@@ -8,7 +8,7 @@ object `vllm_xargs.agentic_context` (`program_id`, `step_id`, `expected_resume`,
 `expected_output_length`, `kv_retention_ttl_seconds`, parent/root program ids, ...); vLLM's
 `kv_hints` plumbing (`vllm.v1.kv_hints.protocol.KvHintsEnvelope`, adopted by Dynamo and SGLang)
 carries versioned actions. This module maps between them, both ways, as pure functions, so the
-client (`harness.model_client`, `eval.http_replay`), the server's body conversion
+client (`harness.model_client`, `eval.replay.http_replay`), the server's body conversion
 (`server.agentic_context`) and the tests share one definition.
 
 What maps to what (our hint -> canonical field):

@@ -120,8 +120,8 @@ class ServerProcess:
         (sched_yield) for each step's result, so when the API server or the client holds the
         core at that moment the step ends late: a compute-bound replay measured its steps 20%
         longer than the same batches served without such traffic. Measurements of the engine
-        (`harness profile --device cpu --served`, `eval.fidelity`) call this so the engine
-        gets a core the moment it needs one. A process cannot raise its own priority back
+        (`harness profile --device cpu --served`, `eval.experiments.fidelity`) call this so the
+        engine gets a core the moment it needs one. A process cannot raise its own priority back
         without privileges: the caller stays at `niceness` (at least) from then on
         (`client=False` leaves the caller alone)."""
         if self.process is None:

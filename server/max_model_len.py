@@ -13,7 +13,7 @@ The two kinds differ in their default on purpose:
   `vllm serve` without the option does: a replay checks every turn of a trace against it
   before anything runs, and the README and the benchmark figures say and use that default.
 
-A comparison of the two that must agree on it (`eval.fidelity`) passes the same explicit
+A comparison of the two that must agree on it (`eval.experiments.fidelity`) passes the same explicit
 limit to both. Both rules cap the default by what a small `num_gpu_blocks` holds
 (`kv_cache_limit`), as vLLM requires.
 """

@@ -2,7 +2,7 @@
 and, before a tool runs, its predicted duration.
 
 Why a module of its own: both replayers (the virtual-time loop, `sim.loop`, and the wall-clock
-one, `eval.http_replay`) must send the same hints, or their results cannot be compared.
+one, `eval.replay.http_replay`) must send the same hints, or their results cannot be compared.
 Requests carry the hints a client would send (``turn``, ``tool``, ``last``). ``tool_start``
 carries a ``predicted_s`` only if asked (``hints``, see ``HINT_MODES``); otherwise policies that
 need one learn durations from ``tool_end``.

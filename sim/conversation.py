@@ -36,7 +36,7 @@ class ProgramState:
     """A program's conversation as token ids, grown turn by turn.
 
     Public because every replayer must build prompts the same way (the virtual-time loop,
-    `sim.loop`, and ``eval.http_replay``'s wall-clock one): the same ids give the same
+    `sim.loop`, and ``eval.replay.http_replay``'s wall-clock one): the same ids give the same
     prefix-cache and pin behaviour, so their results can be set side by side.
     """
 

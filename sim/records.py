@@ -1,8 +1,8 @@
 """What a replay records: per turn, per program, and for the whole run (`ReplayResult`).
 
 Why one record format: every replayer fills it (the virtual-time loop, `sim.loop`, and the
-wall-clock one over HTTP, `eval.http_replay`), and `common.metrics` reads only it, so results of
-either can be set side by side.
+wall-clock one over HTTP, `eval.replay.http_replay`), and `common.metrics` reads only it, so
+results of either can be set side by side.
 
 Recorded per turn: when it was due, admitted (the start of the engine step that first scheduled
 it), its first token and finish, prompt / output / cached tokens, preemptions, and recomputed

@@ -1,4 +1,4 @@
-"""eval.agreement: turn-by-turn comparison of two runs' trajectories."""
+"""eval.experiments.agreement: turn-by-turn comparison of two runs' trajectories."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.agreement import AgreementError, compare_runs
+from eval.experiments.agreement import AgreementError, compare_runs
 
 
 def write_run(root: Path, programs: dict[str, list[tuple[list[int], str, int]]],

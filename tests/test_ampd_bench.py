@@ -1,4 +1,4 @@
-"""`harness cluster bench` (eval.ampd_bench): a tiny AMPD-vs-baseline sweep end to end on the
+"""`harness cluster bench` (eval.ampd.bench): a tiny AMPD-vs-baseline sweep end to end on the
 real virtual-time cluster, the layouts it builds, and the errors a user mistake gets."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from cluster_helpers import bench_args
 
 from cli import cluster as cluster_cli
 from common.metrics import SLO
-from eval import ampd_bench
-from eval.ampd_bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
+from eval.ampd import bench as ampd_bench
+from eval.ampd.bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
 from eval.workloads.registry import load_or_generate
 
 PROFILE = "h100-llama-3.1-8b"

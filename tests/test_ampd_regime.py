@@ -1,4 +1,4 @@
-"""AMPD's regime map (`eval.ampd_regime`, `harness cluster bench --gpus N --itl-slo ...`): the
+"""AMPD's regime map (`eval.ampd.regime`, `harness cluster bench --gpus N --itl-slo ...`): the
 deployments every strategy is tuned over, the map's verdict per cell from hand-made rows, the
 errors a user mistake gets, and one tiny sweep end to end on the virtual-time cluster."""
 
@@ -11,9 +11,9 @@ import pytest
 from cluster_helpers import bench_args
 
 from cli import cluster as cluster_cli
-from eval import ampd_regime
-from eval.ampd_bench import AmpdBenchError
-from eval.ampd_regime import Deployment, deployments, regime_map, regime_markdown
+from eval.ampd import regime as ampd_regime
+from eval.ampd.bench import AmpdBenchError
+from eval.ampd.regime import Deployment, deployments, regime_map, regime_markdown
 
 
 def test_deployments_of_8_h20_gpus_for_70b():

@@ -279,7 +279,7 @@ def test_fidelity_without_a_table_says_how_to_make_one(tmp_path, capsys):
 
 
 def test_fidelity_ranks_only_the_pairs_both_sides_separate():
-    from eval.fidelity import compare_rankings
+    from eval.experiments.fidelity import compare_rankings
 
     # the emulator ties vllm and continuum exactly; the real engine is 0.25% apart: no verdict
     agree, disagree, tied = compare_rankings({"vllm": 11.99, "continuum": 11.96},
@@ -320,7 +320,7 @@ def test_fidelity_refuses_policies_the_cpu_engine_cannot_run(tmp_path, capsys):
 def test_fidelity_tool_scale_shortens_only_the_tool_calls():
     import dataclasses
 
-    from eval.fidelity import FidelityError, FidelityOptions, make_trace
+    from eval.experiments.fidelity import FidelityError, FidelityOptions, make_trace
 
     base = FidelityOptions(programs=4, jps=2.0, seed=0, scale=0.1, tool_scale=1.0)
     plain = make_trace(base)

@@ -1,4 +1,4 @@
-"""Wall-clock trace replay over HTTP (`eval.http_replay`) against a real `harness serve`.
+"""Wall-clock trace replay over HTTP (`eval.replay.http_replay`) against a real `harness serve`.
 
 One emulated continuum server (started with per-request metrics, so admission times come back)
 serves the whole file; a small trace (four programs, three turns, 0.2 s tools) replays in a few
@@ -16,7 +16,7 @@ import pytest
 
 from common.metrics import replay_metrics
 from common.trace import Program, Trace, Turn
-from eval.http_replay import (
+from eval.replay.http_replay import (
     HttpReplayError,
     http_replay_metrics,
     isolated_jcts_over_http,

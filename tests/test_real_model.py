@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from real_models import smollm2_folder
 
-from eval.real_model import RealModelOptions, measure
+from eval.experiments.real_model import RealModelOptions, measure
 from harness.trajectory import token_ids
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -1,4 +1,5 @@
-"""`eval.router_baseline`: `vllm-router` in front of two emulated replicas.
+"""`eval.experiments.router_baseline` (on `eval.replay.routers`): `vllm-router` in front of two
+emulated replicas.
 
 The pure parts (request tagging, log parsing, the router command) are checked on their own; the
 `server` test starts two small emulated replicas and replays a tiny trace through vllm-router
@@ -15,13 +16,14 @@ import httpx
 import pytest
 
 from common.trace import Program, Trace, Turn
-from eval.router_baseline import (
-    MODES,
+from eval.experiments.router_baseline import MODES, run_mode
+from eval.replay.http_replay import Driver
+from eval.replay.routers import (
     _TaggingClient,
     router_argv,
-    run_mode,
     served_turns,
     start_replicas,
+    tagging_driver,
 )
 from harness.model_client import session_headers
 
@@ -51,6 +53,20 @@ def test_tagging_client_adds_request_id_and_can_strip_the_session_header() -> No
     assert "x-session-id" not in without.headers
     for request in seen:
         assert b'"request_id":"rb.p-1@run.3"' in request.content.replace(b" ", b"")
+
+
+def test_tagging_driver_gives_the_replay_a_tagging_client() -> None:
+    """The replay's driver comes from the factory `run_front` passes: no patching of
+    `http_replay`."""
+    async def go() -> Driver:
+        async with httpx.AsyncClient() as client:
+            make = tagging_driver(session_header=False)
+            return make(tiny_trace(), client, "http://x", "m", "run", None)
+
+    driver = asyncio.run(go())
+    assert isinstance(driver, Driver)
+    assert isinstance(driver.client, _TaggingClient)
+    assert driver.client._session_header is False
 
 
 def test_served_turns_reads_vllm_request_log(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
-"""`eval.program_scheduling` and `eval.served_comparison` on small inputs: the calibration
-against the profile it comes from, the router's configuration and command line, its metrics
-counted, the systems parsed and grouped, and the table. No server, no router process."""
+"""`eval.replay.program_scheduling` and `eval.experiments.served_comparison` on small inputs:
+the calibration against the profile it comes from, the router's configuration and command line,
+its metrics counted, the systems parsed and grouped, and the table. No server, no router
+process."""
 
 from __future__ import annotations
 
@@ -8,15 +9,7 @@ import json
 
 import pytest
 
-from eval.program_scheduling import (
-    calibrate,
-    config_argument,
-    decision_counts,
-    metric_totals,
-    scheduling_config,
-)
-from eval.router_baseline import ModeResult, router_argv
-from eval.served_comparison import (
+from eval.experiments.served_comparison import (
     ServedComparisonInputError,
     aggregate,
     by_policy,
@@ -26,6 +19,14 @@ from eval.served_comparison import (
     our_router_argv,
     parse_systems,
 )
+from eval.replay.program_scheduling import (
+    calibrate,
+    config_argument,
+    decision_counts,
+    metric_totals,
+    scheduling_config,
+)
+from eval.replay.routers import ModeResult, router_argv
 from server.perf.registry import load_profile
 
 ROUTER_METRICS = """\
@@ -152,5 +153,5 @@ def test_repeats_are_averaged_per_system() -> None:
 
 def test_our_router_runs_as_a_process_of_its_own() -> None:
     argv = our_router_argv(["http://a:1", "http://b:2"], 9100)
-    assert argv[1:6] == ["-m", "eval.served_comparison", "route", "session", "9100"]
+    assert argv[1:6] == ["-m", "eval.experiments.served_comparison", "route", "session", "9100"]
     assert argv[6:] == ["http://a:1", "http://b:2"]

@@ -1,11 +1,11 @@
-"""The prefill-decode interference check of the emulated step (`eval.step_interference`):
-computed step times, no engine."""
+"""The prefill-decode interference check of the emulated step
+(`eval.experiments.step_interference`): computed step times, no engine."""
 
 from __future__ import annotations
 
 import pytest
 
-from eval import step_interference as si
+from eval.experiments import step_interference as si
 from server.perf.registry import load_profile
 
 

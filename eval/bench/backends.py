@@ -3,7 +3,7 @@
 Why three back ends behind one call: the same trace and the same metrics are wanted from a
 single in-process engine (`sim.replay`), from a virtual-time cluster of replicas behind a router
 (`sim.virtual_cluster`), and from a running server over HTTP on the wall clock
-(`eval.http_replay`); the sweep and its worker processes call only `replay_once`.
+(`eval.replay.http_replay`); the sweep and its worker processes call only `replay_once`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from eval.bench.specs import (
     settings_engine,
     split_policy,
 )
-from eval.http_replay import HttpReplayError, replay_over_http
+from eval.replay.http_replay import HttpReplayError, replay_over_http
 from sim.engines import make_engine
 from sim.loop import replay_cluster
 from sim.records import steady_programs

@@ -15,7 +15,7 @@ from typing import Any
 
 from common.atomic import write_text_atomic
 from common.metrics import SLO, cluster_metrics, replay_metrics
-from eval.http_replay import http_replay_metrics
+from eval.replay.http_replay import http_replay_metrics
 
 
 def make_row(result: Any, wall: float, policy: str, x: float | None,

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import ClusterConfig, ClusterConfigError, load_cluster, parse_cluster
-from common.errors import UserError
 from common.trace import Trace
+from eval import ExperimentError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.policies import POLICIES
 from sim.client import HINT_MODES
 from sim.engines import base_policy, make_engine
 
 
-class BenchError(UserError):
+class BenchError(ExperimentError):
     """A user mistake in `harness bench` arguments (printed without a traceback)."""
 
 
@@ -175,7 +175,7 @@ def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettin
 
 @dataclass(frozen=True)
 class HttpTarget:
-    """Where a wall-clock replay goes (`eval.http_replay`)."""
+    """Where a wall-clock replay goes (`eval.replay.http_replay`)."""
 
     url: str
     model: str | None = None

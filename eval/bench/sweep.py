@@ -1,9 +1,9 @@
 """The sweep: every policy at every load on the same programs, then the outputs.
 
 Why one call (`bench`) for all of it: the command line (`cli.bench`) and the experiments built on
-it (`eval.served_vs_virtual`) want the same sweep with the same outputs (``summary.json``,
-``report.md``, the plots, ``runs/``), so a served run and a virtual one can be set side by side;
-they differ only in what they pass.
+it (`eval.experiments.served_vs_virtual`) want the same sweep with the same outputs
+(``summary.json``, ``report.md``, the plots, ``runs/``), so a served run and a virtual one can be
+set side by side; they differ only in what they pass.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from eval.bench.report import report_markdown
 from eval.bench.rows import load_text, log_run, make_row, write_json
 from eval.bench.specs import BenchError, ClusterRuns, EngineSettings, HttpTarget
 from eval.bench.traces import fit_context, make_trace
-from eval.http_replay import isolated_jcts_over_http, scale_trace
+from eval.replay.http_replay import isolated_jcts_over_http, scale_trace
 from server.perf.registry import load_profile
 
 

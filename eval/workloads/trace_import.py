@@ -37,7 +37,7 @@ from eval.workloads.arrivals import retime
 
 TokenCounter = Callable[[str], int]
 
-TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "server" / "tokenizer"
+TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "server" / "tokenizer"
 
 #: ``<|start_header_id|>``, ``<|end_header_id|>``, the ``\n\n`` after it, ``<|eot_id|>``
 _MESSAGE_SPECIALS = 4

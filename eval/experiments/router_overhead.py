@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from eval.bench.specs import BenchError
+from eval import ExperimentError
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ async def _load(targets: list[str], model: str, options: RouterOverheadOptions,
                 started = time.perf_counter()
                 answer = await client.post(target + "/v1/chat/completions", json=body)
                 if answer.status_code != 200:
-                    raise BenchError(f"{target} answered {answer.status_code}: "
+                    raise ExperimentError(f"{target} answered {answer.status_code}: "
                                      f"{answer.text[:200]}")
                 out.append(time.perf_counter() - started)
             return out
@@ -80,11 +80,11 @@ def measure(options: RouterOverheadOptions) -> dict[str, Any]:
         state = httpx.get(url + "/v1/cluster", timeout=10).json()
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        raise BenchError(f"no served cluster answers at {url}: {exc}") from None
+        raise ExperimentError(f"no served cluster answers at {url}: {exc}") from None
     engines = [r.get("engine_url") or r["url"] for r in state["replicas"]
                if r["role"] == "colocated" and r["alive"]]
     if not engines:
-        raise BenchError("router-overhead needs a colocated cluster with live replicas")
+        raise ExperimentError("router-overhead needs a colocated cluster with live replicas")
     stamp = f"{int(time.time())}"
     direct = asyncio.run(_load(engines, model, options, f"direct-{stamp}"))
     routed = asyncio.run(_load([url], model, options, f"routed-{stamp}"))
@@ -96,7 +96,7 @@ def measure(options: RouterOverheadOptions) -> dict[str, Any]:
 
 def run_router_overhead(options: RouterOverheadOptions) -> int:
     if options.programs < 1 or options.turns < 1:
-        raise BenchError("--programs and --turns must be at least 1")
+        raise ExperimentError("--programs and --turns must be at least 1")
     result = measure(options)
     print(f"router overhead at {options.url} ({'Ray Serve' if result['ray'] else 'local'}, "
           f"{result['replicas']} replicas), {options.programs} programs x {options.turns} "

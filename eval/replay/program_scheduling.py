@@ -1,9 +1,9 @@
 """`vllm-router`'s program scheduling set up for our emulated replicas: its calibration from
 our step-time profile, its configuration, and its decisions counted from its own metrics.
 
-Why a module: `eval.served_comparison` runs `vllm-router --enable-program-scheduling` as a
-baseline, and its docs (upstream `docs/program_scheduling.md`) say to calibrate two cost models
-per deployment rather than keep the reference coefficients:
+Why a module: `eval.experiments.served_comparison` runs `vllm-router
+--enable-program-scheduling` as a baseline, and its docs (upstream `docs/program_scheduling.md`)
+say to calibrate two cost models per deployment rather than keep the reference coefficients:
 
 * `prefill_cost_model`: a cold prefill of ``x = uncached tokens / 1000`` takes
   ``intercept + linear * x + quadratic * x**2`` seconds; `decode_throughput_alpha` is the share

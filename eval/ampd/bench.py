@@ -50,8 +50,8 @@ from cluster.config import ClusterConfigError, parse_cluster
 from common.atomic import write_text_atomic
 from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
 from common.trace import Trace
-from eval.ampd_plot import plot_slo
-from eval.bench.specs import BenchError
+from eval import ExperimentError
+from eval.ampd.plot import plot_slo
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
 from server.max_model_len import BLOCK_SIZE, context_limit
@@ -73,7 +73,7 @@ HISTORY = ("pull", "recompute")
 GPUS_PER_NODE = 8  # a node of 8 GPUs (AMPD section 7.1), for which link a KV transfer takes
 
 
-class AmpdBenchError(BenchError):
+class AmpdBenchError(ExperimentError):
     """A user mistake in `harness cluster bench` arguments (printed without a traceback)."""
 
 
@@ -215,7 +215,7 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
     (`HISTORY`): how a prefill replica gets the part of a program's history it lacks.
     `itl_slos`: ITL SLOs to score the same turns against as well (``slo_by_itl``, SLO
     attainment with `slo`'s TTFT bound and each ITL bound): a strategy whose router and
-    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd_regime`)."""
+    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd.regime`)."""
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
@@ -299,7 +299,7 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                                       f"{row['jct_mean_s']:.2f} s, wall {row['wall_s']:.1f} s",
                                       soft_wrap=True)
     summary = {
-        "what": "AMPD vs baselines (eval.ampd_bench), virtual time",
+        "what": "AMPD vs baselines (eval.ampd.bench), virtual time",
         "command": command,
         "traces": list(traces), "jps": list(loads), "programs": programs,
         "replicas": replicas, "profile": profile, "gpus_per_node": GPUS_PER_NODE,

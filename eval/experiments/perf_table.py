@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.errors import UserError
+from eval import ExperimentError
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 
@@ -22,7 +22,7 @@ DEFAULT_PROFILES = (
 )
 
 
-class PerfTableError(UserError):
+class PerfTableError(ExperimentError):
     """A profile name or table path that does not load; the message says why."""
 
 

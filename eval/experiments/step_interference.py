@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common.errors import UserError
+from eval import ExperimentError
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 
 
-class StepInterferenceError(UserError):
+class StepInterferenceError(ExperimentError):
     """A profile that does not load, or a chunk size that is not a positive integer."""
 
 
@@ -57,7 +57,7 @@ PUBLISHED: tuple[Published, ...] = (
     Published("GT lab week 8 (H100, vLLM)", "h100-llama-3.1-8b", 30, 1024, 10.0, 4096, 200.0),
 )
 
-#: AMPD's setting (Llama-3.1-70B on H20, `eval.ampd_bench`) at each TP degree it can run at.
+#: AMPD's setting (Llama-3.1-70B on H20, `eval.ampd.bench`) at each TP degree it can run at.
 DEFAULT_PROFILES = ("h20x2-llama-3.1-70b", "h20x4-llama-3.1-70b", "h20x8-llama-3.1-70b")
 DEFAULT_CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_DECODES = 32

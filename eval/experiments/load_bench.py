@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
+from eval import ExperimentError
 from harness.agent import Agent, Limits
 from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark
 from harness.events_client import EventClient
@@ -47,13 +47,13 @@ from harness.server_process import ServerProcess, free_port
 from harness.tools.labels import RUN_LABEL
 from predictor.durations import ToolDurationModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MIX = "gsm8k,hotpotqa,alfworld,swe-bench"
 # statuses a replayed program ends with when nothing went wrong
 CLEAN = {"submitted", "step_limit", "replay_exhausted", "format_error"}
 
 
-class LoadError(UserError):
+class LoadError(ExperimentError):
     """Bad options; printed without a traceback."""
 
 

@@ -130,17 +130,21 @@ class HttpReplayResult(ReplayResult):
 def replay_over_http(trace: Trace, url: str, *, model: str | None = None,
                      time_scale: float = 1.0, progress: Callable[[int], None] | None = None,
                      request_timeout_s: float = 600.0, run_id: str | None = None,
-                     agentic_context: bool = False) -> HttpReplayResult:
+                     agentic_context: bool = False,
+                     driver: DriverFactory | None = None) -> HttpReplayResult:
     """Replay ``trace`` against the OpenAI server at ``url`` (``http://host:port``, with or
     without ``/v1``) in wall-clock time and return its records. ``model``: the served model
     name (default: the server's first). ``progress(n_done)`` is called as programs end.
     ``run_id`` (default: random) salts the prefix cache and suffixes the session ids.
     ``agentic_context``: every request also carries its hints as the canonical
-    ``vllm_xargs.agentic_context`` (what vllm-router's program scheduling reads). Raises
-    `HttpReplayError` at once if nothing usable answers at ``url``."""
+    ``vllm_xargs.agentic_context`` (what vllm-router's program scheduling reads). ``driver``
+    makes the replay's `Driver` (default: `Driver` itself); a caller that must see or change
+    each request passes its own (`eval.replay.routers` tags them). Raises `HttpReplayError` at
+    once if nothing usable answers at ``url``."""
     return asyncio.run(areplay_over_http(trace, url, model=model, time_scale=time_scale,
                                          progress=progress, request_timeout_s=request_timeout_s,
-                                         run_id=run_id, agentic_context=agentic_context))
+                                         run_id=run_id, agentic_context=agentic_context,
+                                         driver=driver))
 
 
 def scale_trace(trace: Trace, time_scale: float) -> Trace:
@@ -209,7 +213,8 @@ async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
                             progress: Callable[[int], None] | None = None,
                             request_timeout_s: float = 600.0,
                             run_id: str | None = None,
-                            agentic_context: bool = False) -> HttpReplayResult:
+                            agentic_context: bool = False,
+                            driver: DriverFactory | None = None) -> HttpReplayResult:
     """`replay_over_http` for a caller that has an event loop."""
     trace = scale_trace(trace, time_scale)
     run_id = run_id or new_run_id()
@@ -221,16 +226,16 @@ async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
     timeout = httpx.Timeout(request_timeout_s, connect=10.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         model = await _probe(client, base, model)
-        before = await _scrape(client, base)
-        driver = _Driver(trace, client, base, model, run_id, progress)
-        driver.agentic_context = agentic_context
+        before = await scrape_counters(client, base)
+        replay = (driver or Driver)(trace, client, base, model, run_id, progress)
+        replay.agentic_context = agentic_context
         async with EventClient(base) as events:
-            driver.events = events
-            await driver.run()
+            replay.events = events
+            await replay.run()
             await events.drain(5.0)
         await asyncio.sleep(0.2)  # the last step's statistics reach /metrics just after
-        after = await _scrape(client, base)
-    return driver.result(before, after, url=base, time_scale=time_scale, sent=events.sent,
+        after = await scrape_counters(client, base)
+    return replay.result(before, after, url=base, time_scale=time_scale, sent=events.sent,
                          dropped=events.dropped)
 
 
@@ -271,7 +276,7 @@ async def _probe(client: httpx.AsyncClient, base: str, model: str | None) -> str
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)")
 
 
-async def _scrape(client: httpx.AsyncClient, base: str) -> dict[str, float]:
+async def scrape_counters(client: httpx.AsyncClient, base: str) -> dict[str, float]:
     """`SERVER_COUNTERS` and ``num_gpu_blocks`` from Prometheus ``/metrics``; {} if absent."""
     try:
         response = await client.get(f"{base}/metrics", timeout=10.0)
@@ -311,7 +316,7 @@ class _Turn:
     engine_ttft_s: float | None = None  # scheduled -> first token, from the engine
 
 
-class _Driver:
+class Driver:
     """One replay: a coroutine per program, times relative to `start` (monotonic)."""
 
     def __init__(self, trace: Trace, client: httpx.AsyncClient, base: str, model: str,
@@ -473,3 +478,9 @@ class _Driver:
             events_sent=sent, events_dropped=dropped, server=server,
             per_request_metrics=turns > 0 and self.timed == turns,
         )
+
+
+#: what makes the `Driver` of one replay, from (trace, client, base URL, model, run id,
+#: progress): `Driver` itself, or a caller's own (a client that tags each request, for one)
+DriverFactory = Callable[
+    [Trace, httpx.AsyncClient, str, str, str, Callable[[int], None] | None], Driver]

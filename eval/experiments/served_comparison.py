@@ -9,7 +9,7 @@ strongest agent scheduler that exists outside this project; this experiment sets
 ours. Each *system* is a router in front of N `harness serve` replicas of one policy:
 
 * ``vr-programs``: `vllm-router --enable-program-scheduling`, configured as its docs say
-  (`eval.program_scheduling`: global queue, MRU resume, each replica's KV capacity in tokens,
+  (`eval.replay.program_scheduling`: global queue, MRU resume, each replica's KV capacity in tokens,
   prefill/decode cost models calibrated on the replicas' profile), replicas running stock vLLM
   scheduling (policy ``vllm``). Its decisions are counted from its own
   `vllm_router_agent_aware_*` metrics (committed transitions by reason, requests held in its
@@ -22,12 +22,12 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
   replicas running ``POLICY`` (``session:vllm`` is session-routed vLLM; ``session:continuum``
   our best policy for now; any policy name works, so a new one slots in).
 
-Same trace for all (`eval.http_replay`, ``--time-scale`` as in `harness bench --url`); every
-request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
+Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`);
+every request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
 `vllm-router` forwards as it came, and our replicas accept: `server.agentic_context`), so the
 bodies are the same whatever reads them. Systems are grouped by replica policy: one set of
 replicas per policy, started with the same profile and KV size (``--num-gpu-blocks``), their
-prefix caches reset and the run's ids salted between systems (`eval.router_baseline.run_front`,
+prefix caches reset and the run's ids salted between systems (`eval.replay.routers.run_front`,
 which also reads each replica's counters and request log: preemptions, programs whose turns
 went to more than one replica).
 
@@ -47,21 +47,19 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
-from eval import http_replay
-from eval.bench.specs import BenchError
+from eval import ExperimentError
 from eval.bench.traces import make_trace
-from eval.http_replay import HttpReplayError
-from eval.program_scheduling import (
+from eval.replay.http_replay import HttpReplayError, scale_trace
+from eval.replay.program_scheduling import (
     Calibration,
     calibrate,
     config_argument,
     decision_counts,
     scheduling_config,
 )
-from eval.router_baseline import (
+from eval.replay.routers import (
     ModeResult,
-    RouterBaselineError,
+    RouterError,
     RouterProcess,
     VllmRouter,
     jsonable,
@@ -81,7 +79,7 @@ VLLM_ROUTER_SYSTEMS = {
 }
 
 
-class ServedComparisonInputError(UserError):
+class ServedComparisonInputError(ExperimentError):
     """The run cannot start as asked (unknown system or policy, a trace that does not load,
     vllm-router not installed): reported before any replica starts."""
 
@@ -157,9 +155,9 @@ class ServedComparisonOptions:
 # -- the routers ------------------------------------------------------------------------------
 def our_router_argv(workers: Sequence[str], port: int, strategy: str = "session") -> list[str]:
     """Our served router (`cluster.router_app`) over ``workers``, as a process of its own
-    (`python -m eval.served_comparison route ...`), as vllm-router runs in one."""
-    return [sys.executable, "-m", "eval.served_comparison", "route", strategy, str(port),
-            *workers]
+    (`python -m eval.experiments.served_comparison route ...`), as vllm-router runs in one."""
+    return [sys.executable, "-m", "eval.experiments.served_comparison", "route", strategy,
+            str(port), *workers]
 
 
 def serve_our_router(strategy: str, port: int, workers: Sequence[str]) -> None:
@@ -281,9 +279,9 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
                                          ">= 1, --num-gpu-blocks >= 16")
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
-        http_replay.scale_trace(trace, options.time_scale)  # validates the scale
+        scale_trace(trace, options.time_scale)  # validates the scale
         calibration = calibrate(load_profile(options.profile))
-    except (BenchError, ValueError) as exc:
+    except (ExperimentError, ValueError) as exc:
         raise ServedComparisonInputError(str(exc)) from None
     capacity = options.num_gpu_blocks * BLOCK_SIZE
 
@@ -312,7 +310,7 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
             for r in replicas:
                 r.stop()
             replicas = []
-    except (RouterBaselineError, HttpReplayError) as exc:
+    except (RouterError, HttpReplayError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -355,5 +353,5 @@ if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "route":
         serve_our_router(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
         sys.exit(0)
-    sys.exit("usage: python -m eval.served_comparison route STRATEGY PORT URL...  (internal; "
-             "use `harness eval served-comparison`)")
+    sys.exit("usage: python -m eval.experiments.served_comparison route STRATEGY PORT URL...  "
+             "(internal; use `harness eval served-comparison`)")

@@ -7,9 +7,10 @@ Why: the mission promises the same pass rate in less time; with a real model the
 checkable. For each policy the benchmark runs on the CPU engine (`harness serve --device cpu`,
 real forward passes) with greedy decoding and a KV cache small enough that the policies matter
 (pins released under pressure, preemptions, recomputation: the cases where KV is rebuilt rather
-than kept), and every run is compared turn by turn with the first policy's (`eval.agreement`).
-The first policy runs twice: that pair's differences are what the engine's floating point does
-on its own (the same prompt through another batch or cache path), the yardstick for the others.
+than kept), and every run is compared turn by turn with the first policy's
+(`eval.experiments.agreement`). The first policy runs twice: that pair's differences are what the
+engine's floating point does on its own (the same prompt through another batch or cache path),
+the yardstick for the others.
 
 Each run records its trajectories (token ids), the server's step log (pin counters), its
 preemption and prefix-cache counters (`/metrics`) and mean JCT. With `--table` (a CPU profile
@@ -30,10 +31,10 @@ from typing import Any
 import httpx
 
 from common.atomic import write_json_atomic
-from common.errors import UserError
 from common.trace import Trace
-from eval.agreement import compare_runs
-from eval.trace_import import from_harness_trajectory
+from eval import ExperimentError
+from eval.experiments.agreement import compare_runs
+from eval.workloads.trace_import import from_harness_trajectory
 from harness.run import RunSpec, run_benchmark
 from harness.server_process import model_server
 from harness.trajectory import token_ids
@@ -49,7 +50,7 @@ COUNTERS = {"preemptions": "vllm:num_preemptions_total",
             "prefix_queries": "vllm:prefix_cache_queries_total"}
 
 
-class RealModelError(UserError):
+class RealModelError(ExperimentError):
     pass
 
 

@@ -1,64 +1,13 @@
-"""An existing router as a baseline: the `vllm-router` package (Rust, PyPI) in front of two
-emulated `harness serve` replicas, replaying a trace over HTTP once per routing mode.
+"""Routers in front of emulated replicas, as processes, and one replay of a trace through them.
 
-Why: our own multi-replica routing (`cluster.routing`, served by `harness cluster serve`) needs
-something it did not write to be measured against. `vllm-router` is what a vLLM user would put
-in front of N replicas today (consistent hashing for session affinity, round robin, P/D with
-NIXL). Same replicas, same trace, same client (`eval.http_replay`), only the router changes.
-
-What one run does: start two colocated replicas (`ServerProcess`, policy ``vllm`` by default,
-a small KV cache via ``--num-gpu-blocks-override`` so programs contend, ``--enable-log-requests``
-so each replica logs the requests it served), then per mode: reset both replicas' prefix caches
-(vLLM's dev-mode ``POST /reset_prefix_cache``; each replay also salts the cache and suffixes
-the program ids with its own run id, so nothing carries over either way), start `vllm-router`
-in its own process group, replay the trace against it with `eval.http_replay.replay_over_http`
-(``--time-scale`` shortens arrival gaps and tool calls as `harness bench --url` does), stop the
-router. Replicas and router are stopped whatever happens (Ctrl-C and SIGTERM included).
-
-Modes (``--modes``):
-
-* ``vr-hash``: ``vllm-router --policy consistent_hash``; the client sends the program id as the
-  ``X-Session-ID`` header besides the body's ``session_id`` (as every client of ours does:
-  `harness.model_client.session_headers`).
-* ``vr-hash-body``: the same router, with the header taken away, the program id only in the
-  body (what our clients sent before they added the header). vllm-router 0.1.17 does not read
-  body fields on this path (see below), so this is scatter by prompt length.
-* ``vr-rr``: ``vllm-router --policy round_robin`` (every turn to the next replica).
-
-Per mode: JCT mean / P95, prefix hit rate (cached / prompt tokens, from the usage the client
-got), how many programs had turns on both replicas (each request carries a body ``request_id``
-``rb.<session>.<turn>``, which vLLM logs as ``Received request cmpl-rb...`` in that replica's
-log; it plays no part in routing), turns and interception events per replica, and preemptions
-summed over the replicas' ``/metrics``.
-
-What vllm-router 0.1.17 does with our traffic (read in its packaged help, the upstream source
-`src/policies/hash_key.rs`, and checked against recording fake workers):
-
-* ``consistent_hash`` key: the first non-empty header of ``x-session-id``, ``x-user-id``,
-  ``x-tenant-id``, ``x-correlation-id``, ``x-request-id``, ``x-trace-id`` (key
-  ``header:x-session-id:<id>``); 160 virtual nodes per worker. Without one, it hashes the
-  request's *routing text*, not the JSON body: for ``/v1/completions`` with a token-id prompt
-  that is ``token_ids:<prompt length>``, for a string prompt the prompt, for chat completions
-  an empty string (every chat turn without a header goes to the same worker). The body fields
-  its docs list (``session_params.session_id``, ``user``, ``session_id``, ``user_id``) are not
-  used on this path. So our clients must send ``X-Session-ID``.
-* Unknown POST paths are passed through (a transparent proxy): ``POST /v1/agent/events`` reaches
-  *one* worker, chosen by the policy (consistent hash without a session header: a hash of the
-  raw body, so each batch lands on an arbitrary worker; round robin: the next one), with the
-  ``Content-Type`` rewritten to ``application/json`` (our replicas parse NDJSON anyway). An
-  event batch holds several programs' events, so events cannot follow programs' KV caches;
-  harmless for the ``vllm`` policy, fatal for pinning policies (pins never released by the
-  replica that holds them).
-* ``GET /metrics`` and ``POST /reset_prefix_cache`` are proxied to one worker too, so the
-  server counters `http_replay` scrapes through the router are one replica's (under round robin
-  a different replica before and after): this benchmark scrapes each replica itself.
-* The body passes through byte for byte: ``session_id``, ``vllm_xargs``, ``cache_salt``,
-  ``priority``, ``request_id``, token-id ``prompt`` lists and ``stream_options`` all arrive.
-
-TODO: add our own router (`cluster.router_app`, strategies ``session`` and ``round_robin``)
-as more rows on the same replicas once that module exists and serves.
-
-    harness eval router-baseline --trace swe --programs 6 --jps 1 --seed 3 --time-scale 0.2
+`RouterProcess` runs a router (any command) in its own process group; `VllmRouter` is
+`vllm-router` with a routing policy (`router_argv`; the program-scheduling options come from
+`eval.replay.program_scheduling`). `start_replicas` starts N emulated `harness serve` replicas
+that log the requests they serve, and `run_front` replays a trace through a router in front of
+them (`eval.replay.http_replay`, every request tagged ``rb.<session>.<turn>`` so each replica's
+log says which turns it served), resetting their prefix caches first and reading their counters
+and logs around it: a `ModeResult`. The experiments that compare routers stand on it
+(`eval.experiments.router_baseline`, `eval.experiments.served_comparison`).
 """
 
 from __future__ import annotations
@@ -74,78 +23,39 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
-from common.atomic import write_json_atomic
-from common.errors import UserError
 from common.trace import Trace
-from eval import http_replay
-from eval.bench.specs import BenchError
-from eval.bench.traces import make_trace
-from eval.http_replay import HttpReplayError, HttpReplayResult, http_replay_metrics
-from eval.program_scheduling import metric_totals
+from eval.replay.http_replay import (
+    SERVER_COUNTERS,
+    Driver,
+    DriverFactory,
+    http_replay_metrics,
+    replay_over_http,
+    scrape_counters,
+)
+from eval.replay.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError, free_port
 from server.max_model_len import served_max_model_len
 
 
-class RouterBaselineError(RuntimeError):
-    """Something this benchmark needs is missing or would not start; the message says what."""
-
-
-class RouterBaselineInputError(UserError):
-    """The run cannot start as asked (a trace or time scale that does not load, vllm-router
-    not installed): a user's mistake, reported before any replica starts."""
-
-
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    policy: str  # vllm-router --policy
-    session_header: bool  # the client sends X-Session-ID
-    about: str
-
-
-MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode("vr-hash", "consistent_hash", True,
-         "vllm-router consistent_hash, X-Session-ID header"),
-    Mode("vr-hash-body", "consistent_hash", False,
-         "vllm-router consistent_hash, session_id in the body only"),
-    Mode("vr-rr", "round_robin", True, "vllm-router round_robin"),
-)}
-DEFAULT_MODES = "vr-hash,vr-rr"
-
-
-@dataclass(frozen=True)
-class RouterBaselineOptions:
-    """One run: the trace, the modes and repeats, the replicas, the output folder
-    (`harness eval router-baseline --help` says what each means)."""
-
-    trace: str = "swe"
-    programs: int = 6
-    jps: float = 1.0
-    seed: int = 3
-    time_scale: float = 0.2
-    modes: tuple[str, ...] = tuple(DEFAULT_MODES.split(","))
-    repeats: int = 1
-    replicas: int = 2
-    policy: str = "vllm"
-    profile: str = "h100-llama-3.1-8b"
-    num_gpu_blocks: int = 1024
-    out: str = "runs/router-baseline"
+class RouterError(RuntimeError):
+    """A router or replica would not start, or what it needs is missing; the message says
+    what."""
 
 
 # -- vllm-router ---------------------------------------------------------------------------------
 def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int,
                 extra: Sequence[str] = ()) -> list[str]:
     """The `vllm-router` command for ``policy`` in front of ``workers``, plus ``extra``
-    options (program scheduling: `eval.program_scheduling.config_argument`). P/D would
+    options (program scheduling: `eval.replay.program_scheduling.config_argument`). P/D would
     instead be ``--vllm-pd-disaggregation --prefill URL [BOOTSTRAP_PORT] ... --decode URL ...
     [--prefill-policy P] [--decode-policy P] [--kv-connector nixl|mooncake|moriio]``."""
     return [sys.executable, "-m", "vllm_router.launch_router",
@@ -188,8 +98,8 @@ class RouterProcess:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RouterBaselineError(f"{self.name} exited with {self.process.returncode} "
-                                          f"(log {self.log_path}):\n{self._tail()}")
+                raise RouterError(f"{self.name} exited with {self.process.returncode} "
+                                  f"(log {self.log_path}):\n{self._tail()}")
             try:
                 if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
                     return self
@@ -197,9 +107,9 @@ class RouterProcess:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RouterBaselineError(f"{self.name} did not answer within "
-                                  f"{self.startup_timeout_s:.0f} s (log {self.log_path}):\n"
-                                  f"{self._tail()}")
+        raise RouterError(f"{self.name} did not answer within "
+                          f"{self.startup_timeout_s:.0f} s (log {self.log_path}):\n"
+                          f"{self._tail()}")
 
     def stop(self) -> None:
         process = self.process
@@ -233,8 +143,8 @@ class VllmRouter(RouterProcess):
 
     def start(self) -> RouterProcess:
         if importlib.util.find_spec("vllm_router") is None:
-            raise RouterBaselineError("the `vllm-router` package is not installed; run "
-                                      "`.venv/bin/pip install vllm-router==0.1.17`")
+            raise RouterError("the `vllm-router` package is not installed; run "
+                              "`.venv/bin/pip install vllm-router==0.1.17`")
         return super().start()
 
     def router_metrics(self) -> dict[str, float]:
@@ -252,8 +162,7 @@ class _TaggingClient:
     """Wraps `http_replay`'s httpx client: every completion gets a body ``request_id``
     ``rb.<session>.<turn>`` (vLLM uses it as the request id and logs it, so each replica's log
     says which turns it served), and strips the ``X-Session-ID`` header our clients send when a
-mode measures the body alone. Everything else is
-    the wrapped client's."""
+    mode measures the body alone. Everything else is the wrapped client's."""
 
     def __init__(self, client: httpx.AsyncClient, session_header: bool) -> None:
         self._client = client
@@ -274,21 +183,13 @@ mode measures the body alone. Everything else is
         return getattr(self._client, name)
 
 
-@contextlib.contextmanager
-def tagged_requests(session_header: bool) -> Iterator[None]:
-    """While open, `eval.http_replay` drives its requests through `_TaggingClient`."""
-    original = http_replay._Driver
-
-    class Driver(original):  # type: ignore[misc, valid-type]
-        def __init__(self, trace: Trace, client: httpx.AsyncClient, *args: Any,
-                     **kwargs: Any) -> None:
-            super().__init__(trace, _TaggingClient(client, session_header), *args, **kwargs)
-
-    http_replay._Driver = Driver  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        http_replay._Driver = original  # type: ignore[misc]
+def tagging_driver(session_header: bool) -> DriverFactory:
+    """A `DriverFactory` for `replay_over_http` whose requests go through `_TaggingClient`."""
+    def make(trace: Trace, client: httpx.AsyncClient, base: str, model: str, run_id: str,
+             progress: Callable[[int], None] | None) -> Driver:
+        tagged = cast(httpx.AsyncClient, _TaggingClient(client, session_header))
+        return Driver(trace, tagged, base, model, run_id, progress)
+    return make
 
 
 # -- replica observations -------------------------------------------------------------------
@@ -306,7 +207,7 @@ def served_turns(log_path: Path, offset: int) -> list[tuple[str, int]]:
 def _scrape(url: str) -> dict[str, float]:
     async def go() -> dict[str, float]:
         async with httpx.AsyncClient() as client:
-            return await http_replay._scrape(client, url)
+            return await scrape_counters(client, url)
     return asyncio.run(go())
 
 
@@ -335,6 +236,9 @@ def reset_prefix_cache(url: str, attempts: int = 10) -> bool:
 
 @dataclass
 class ModeResult:
+    """One replay through a front (a mode of `harness eval router-baseline`, a system of
+    `harness eval served-comparison`): its metrics and where its turns went."""
+
     mode: str
     about: str
     router_argv: list[str]
@@ -348,14 +252,6 @@ class ModeResult:
     events_per_replica: list[int | None] = field(default_factory=list)
     untracked_turns: int = 0  # turns the client saw that no replica log named
     repeat: int = 0
-
-
-def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: Path,
-             time_scale: float) -> ModeResult:
-    router = VllmRouter(mode.policy, [r.base_url for r in replicas],
-                        out / f"router-{mode.name}.log")
-    return run_front(mode.name, mode.about, router, trace, replicas, time_scale,
-                     session_header=mode.session_header)
 
 
 def run_front(name: str, about: str, front: Any, trace: Trace,
@@ -372,10 +268,11 @@ def run_front(name: str, about: str, front: Any, trace: Trace,
     events_before = [_events_received(u) for u in urls]
     offsets = [r.log_path.stat().st_size for r in replicas]
     observe = getattr(front, "router_metrics", None)
-    with front as entered, tagged_requests(session_header):
+    with front as entered:
         router_before = observe() if observe else {}
-        result: HttpReplayResult = http_replay.replay_over_http(
-            trace, entered.url, time_scale=time_scale, agentic_context=agentic_context)
+        result = replay_over_http(trace, entered.url, time_scale=time_scale,
+                                  agentic_context=agentic_context,
+                                  driver=tagging_driver(session_header))
         router_after = observe() if observe else {}
     time.sleep(0.5)  # the last step's statistics reach /metrics (and the logs) just after
     after = [_scrape(u) for u in urls]
@@ -383,7 +280,7 @@ def run_front(name: str, about: str, front: Any, trace: Trace,
     # the router proxies /metrics to one replica: replace its figures with the replicas' sum
     server: dict[str, float] = {}
     for b, a in zip(before, after, strict=True):
-        for key in http_replay.SERVER_COUNTERS:
+        for key in SERVER_COUNTERS:
             if key in b and key in a:
                 server[key] = server.get(key, 0.0) + a[key] - b[key]
     result.server = server
@@ -438,97 +335,13 @@ def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
         for r in replicas:
             r.stop()
         if isinstance(failed[0], ServerStartError):
-            raise RouterBaselineError(f"a replica did not start: {failed[0]}")
+            raise RouterError(f"a replica did not start: {failed[0]}")
         raise failed[0]
     return replicas
 
 
-# -- output ----------------------------------------------------------------------------------
-def _s(value: Any) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) \
-        else f"{value:.1f} s"
-
-
-def format_table(results: Sequence[ModeResult]) -> str:
-    repeated = any(r.repeat for r in results)
-    head = ("| mode | JCT mean | JCT P95 | prefix hit rate | programs on both replicas | "
-            "turns per replica | events per replica | preemptions |")
-    rows = [head, "|" + "---|" * 8]
-    for r in results:
-        m = r.metrics
-        events = "/".join("?" if e is None else str(e) for e in r.events_per_replica)
-        turns = "/".join(str(t) for t in r.turns_per_replica)
-        if r.untracked_turns:
-            turns += f" (+{r.untracked_turns} untracked)"
-        label = f"{r.mode} #{r.repeat + 1}" if repeated else r.mode
-        rows.append(f"| {label} | {_s(m.get('jct_mean_s'))} | {_s(m.get('jct_p95_s'))} | "
-                    f"{m.get('prefix_hit_rate', math.nan):.3f} | "
-                    f"{r.split_programs}/{r.programs} | {turns} | {events} | "
-                    f"{m.get('preemptions')} |")
-    return "\n".join(rows)
-
-
-# -- the run ---------------------------------------------------------------------------------
-def run_router_baseline(options: RouterBaselineOptions) -> int:
-    """Every mode `options.repeats` times on the same replicas, the table printed and
-    `summary.json` written; the exit status (0; 1 when the router, a replica or the replay
-    failed; 130 when interrupted). What cannot start as asked raises
-    `RouterBaselineInputError` before any replica starts."""
-    if importlib.util.find_spec("vllm_router") is None:
-        raise RouterBaselineInputError("the `vllm-router` package is not installed; run "
-                                       "`.venv/bin/pip install vllm-router==0.1.17`")
-    try:
-        trace = make_trace(options.trace, options.programs, options.jps, options.seed)
-        http_replay.scale_trace(trace, options.time_scale)  # validates the scale
-    except (BenchError, ValueError) as exc:
-        raise RouterBaselineInputError(str(exc)) from None
-
-    out = Path(options.out)
-    # SIGTERM must unwind through the `finally` below, or the replicas outlive us
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    replicas: list[ServerProcess] = []
-    results: list[ModeResult] = []
-    try:
-        print(f"starting {options.replicas} replicas ({options.policy}, {options.profile}, "
-              f"{options.num_gpu_blocks} blocks each) ...", flush=True)
-        replicas = start_replicas(options.replicas, options.policy, options.profile,
-                                  options.num_gpu_blocks, out)
-        for repeat in range(options.repeats):
-            for name in options.modes:
-                print(f"{name}: {MODES[name].about} ...", flush=True)
-                result = run_mode(MODES[name], trace, replicas, out, options.time_scale)
-                result.repeat = repeat
-                results.append(result)
-    except (RouterBaselineError, HttpReplayError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; replicas and router stopped", file=sys.stderr)
-        return 130
-    finally:
-        for r in replicas:
-            r.stop()
-        signal.signal(signal.SIGTERM, previous)
-    summary = {"trace": trace.name, "programs": len(trace.programs), "jps": options.jps,
-               "seed": options.seed, "time_scale": options.time_scale, "policy": options.policy,
-               "profile": options.profile, "num_gpu_blocks": options.num_gpu_blocks,
-               "replicas": options.replicas,
-               "results": [{**r.__dict__, "metrics": jsonable(r.metrics)} for r in results]}
-    write_json_atomic(out / "summary.json", summary)
-    print()
-    print(f"{len(trace.programs)} programs of {trace.name} at {options.jps:g} jobs/s, time scale "
-          f"{options.time_scale:g}, {options.replicas} x {options.profile} ({options.policy}, "
-          f"{options.num_gpu_blocks} blocks)")
-    print(format_table(results))
-    print(f"\nsummary and logs in {out}/")
-    return 0
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def jsonable(value: Any) -> Any:
+    """``value`` for JSON: NaN and infinities as None, keys as strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

@@ -1,4 +1,4 @@
-"""The plot of `eval.ampd_bench`: SLO attainment and mean JCT against load, one column per trace,
+"""The plot of `eval.ampd.bench`: SLO attainment and mean JCT against load, one column per trace,
 one line per config (the paper's Fig. 4 top row, with JCT under it to show what a lost SLO
 costs end to end). Kept apart so the benchmark imports matplotlib only when it plots."""
 

@@ -5,7 +5,7 @@ best tuned disaggregated one (Dynamo-like `pd`), every strategy on the same N GP
 Why a map and why tuned: AMPD reports its gains (+67 % over Dynamo, +340 % over vLLM, on
 average) where "disaggregated serving often outperforms co-located serving because its ITL
 advantage dominates", with each baseline deployed as well as it can be on the paper's GPU
-count. A comparison at one layout and one SLO (`eval.ampd_bench`'s table) cannot say whether
+count. A comparison at one layout and one SLO (`eval.ampd.bench`'s table) cannot say whether
 that regime exists here; the map says, per cell, who wins and by how much.
 
 Tuning (the same for every strategy, chosen after the fact per cell): every deployment of the
@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.atomic import write_text_atomic
 from common.metrics import SLO
-from eval.ampd_bench import (
+from eval.ampd.bench import (
     GPUS_PER_NODE,
     ITL_METRICS,
     STRATEGIES,
@@ -154,7 +154,7 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
                                       + (f", FAILED {row['failed']}" if "failed" in row
                                          else ""), soft_wrap=True)
     summary = {
-        "what": "AMPD's regime map (eval.ampd_regime), virtual time", "command": command,
+        "what": "AMPD's regime map (eval.ampd.regime), virtual time", "command": command,
         "traces": list(traces), "loads": {t: list(loads[t]) for t in traces},
         "programs": programs, "gpus": gpus, "gpus_per_node": GPUS_PER_NODE,
         "deployments": [d.label for d in deps], "ttft_slo_s": ttft_slo,

@@ -30,7 +30,8 @@ import httpx
 
 from cluster.config import ClusterConfigError, load_cluster
 from common.atomic import write_text_atomic
-from eval.bench.specs import BenchError, ClusterRuns, EngineSettings, HttpTarget
+from eval import ExperimentError
+from eval.bench.specs import ClusterRuns, EngineSettings, HttpTarget
 from eval.bench.sweep import bench
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
@@ -81,7 +82,7 @@ def _wait(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise BenchError(f"`harness cluster serve` exited with {process.returncode}")
+            raise ExperimentError(f"`harness cluster serve` exited with {process.returncode}")
         try:  # every replica up (on Ray the router answers before its replicas do)
             state = httpx.get(url + "/v1/cluster", timeout=2).json()
             if all(r["alive"] for r in state["replicas"]):
@@ -89,7 +90,7 @@ def _wait(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
         except (httpx.HTTPError, ValueError, KeyError):
             pass
         time.sleep(1)
-    raise BenchError(f"the served cluster did not answer in {timeout_s:.0f} s")
+    raise ExperimentError(f"the served cluster did not answer in {timeout_s:.0f} s")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -133,16 +134,16 @@ def _order(groups: list[list[str]]) -> str:
 
 def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
     """Both replays per strategy, the report printed and written to `options.out`; exit
-    status 0. A bad cluster file or fewer than two strategies raise `BenchError`."""
+    status 0. A bad cluster file or fewer than two strategies raise `ExperimentError`."""
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         config = load_cluster(options.cluster)
     except ClusterConfigError as exc:
-        raise BenchError(str(exc)) from None
+        raise ExperimentError(str(exc)) from None
     strategies = [s.strip() for s in options.strategies.split(",") if s.strip()]
     if len(strategies) < 2:
-        raise BenchError("--strategies: give at least two to rank")
+        raise ExperimentError("--strategies: give at least two to rank")
     common = dict(programs=options.programs, jps=[options.jps], profile=config.replicas[0].profile,
                   seed=options.seed, settings=EngineSettings(), time_scale=options.time_scale)
     runs = ClusterRuns.load(options.cluster, strategies)
