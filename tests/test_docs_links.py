@@ -3,7 +3,8 @@
 README.md is a front door (at most 250 lines) that links docs/README.md, the index; the index
 links every doc under docs/ directly. A relative link must name an existing file or folder and,
 with `#anchor`, a heading of that file (GitHub's anchors: lower case, punctuation dropped,
-spaces to hyphens, `-1`, `-2` for repeats). Links and headings inside fenced code are ignored.
+spaces to hyphens, `-1`, `-2` for repeats). Links and headings inside fenced code are ignored,
+so every fence must be closed.
 Pure text reading: no marker, well under a second.
 """
 
@@ -108,6 +109,21 @@ def test_the_checker_sees_a_broken_link_and_a_broken_anchor(tmp_path):
         ROOT = saved
     assert problems == ["doc.md:3: missing.md (no such file)",
                         "doc.md:4: other.md#nowhere (no heading with anchor #nowhere in other.md)"]
+
+
+def unclosed_fence(path: Path) -> int | None:
+    """The line of a code fence the file never closes (the rest would hide its links), or None."""
+    opened = None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if _FENCE.match(line):
+            opened = None if opened else number
+    return opened
+
+
+def test_every_code_fence_is_closed():
+    unclosed = [f"{path.relative_to(ROOT)}:{unclosed_fence(path)}" for path in markdown_files()
+                if unclosed_fence(path)]
+    assert not unclosed, "code fence opened and never closed: " + ", ".join(unclosed)
 
 
 def test_the_index_links_every_doc():
