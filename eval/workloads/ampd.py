@@ -11,13 +11,14 @@ import math
 from dataclasses import dataclass
 
 from common.trace import Trace
+from server.perf.registry import load_profile
 from eval.workloads.arrivals import arrival_times, streams
 from eval.workloads.distributions import ClippedLogNormal, DiscreteNormal, FixedCount
 from eval.workloads.infercept import INFERCEPT_TABLE
 from eval.workloads.shapes import ShapeSpec, ToolSpec, check_n, draw_program
 
 __all__ = ["AMPD_MAX_CONTEXT", "AMPD_TABLE", "READINGS", "AmpdRow", "ampd_like",
-           "new_tokens_per_round"]
+           "idle_ttft_s", "new_tokens_per_round", "row_of"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,23 @@ AMPD_MAX_CONTEXT = 131_072
 #: a round adds far fewer: AMPD's own premise of small increments). Trace names: ``hotpotqa``
 #: reads ``new``, ``hotpotqa-ctx`` reads ``context`` (and so for every row).
 READINGS = ("new", "context")
+
+
+def row_of(trace: str) -> AmpdRow:
+    """The Table 1 row of a trace name (``hotpotqa``, ``hotpotqa-ctx``, ...)."""
+    rows = {row.name: row for row in AMPD_TABLE}
+    base = trace.removesuffix("-ctx")
+    if base not in rows:
+        raise ValueError(f"{trace!r} is not one of AMPD's workloads ({', '.join(rows)}, each "
+                         "also as NAME-ctx)")
+    return rows[base]
+
+
+def idle_ttft_s(trace: str, profile: str) -> float:
+    """The TTFT of the trace's Table 1 "Prefill Length" (its mean tokens per round) prefilled
+    from scratch on an idle replica of `profile`: the unit of a per-trace TTFT SLO (k x this),
+    the same under both readings (the table's figure, not the reading's new tokens)."""
+    return load_profile(profile).prefill_seconds(round(row_of(trace).prefill))
 
 
 def _turns(row: AmpdRow) -> DiscreteNormal | FixedCount:
