@@ -194,6 +194,8 @@ class Simulation:
         self.records[pid].turns.append(record)
         rid = f"{pid}#{i}"
         if route.prefill is None:
+            # prefilled where the history is: the decode replica's export will not be read
+            self.release(route.decode, self.exports.pop(pid, None))
             self.in_flight[rid] = TurnInFlight(record, route, route.decode)
             self.send(t, RequestArrives(decoder, rid, pid, i, max_one=False, params=None))
             return
@@ -236,6 +238,14 @@ class Simulation:
         decoder = self.cluster.by_name[turn.route.decode]
         self.request_arrives(t, RequestArrives(decoder, rid, pid, i, max_one=False,
                                                params=handover.params))
+
+    def release(self, name: str, exported: dict[str, Any] | None) -> None:
+        """Free an export of replica `name` that no prefill will read (the program's last
+        turn, or a next turn prefilled locally) now, not at the end of its TTL (vLLM's
+        `decoder_kv_blocks_ttl`, 480 s), which would hold its blocks for nothing."""
+        if exported:
+            with self.cluster.by_name[name].active() as engine:
+                engine.release_export(exported)
 
     def tell(self, name: str | None, kind: str, pid: str, **fields: Any) -> None:
         """Send a program event (`tool_start`, ...) to replica `name`."""
@@ -332,7 +342,10 @@ class Simulation:
             self.observe_tokens(turn, fin.first_token, getattr(fin, "token_gaps", []),
                                 fin.finished)
         if fin.kv_transfer_params:  # a bidirectional decode replica exported this turn
-            self.exports[record.program_id] = fin.kv_transfer_params
+            if record.turn == state.program.n_turns - 1:
+                self.release(replica.name, fin.kv_transfer_params)  # no turn will read it
+            else:
+                self.exports[record.program_id] = fin.kv_transfer_params
         replica.stats.turns_decoded += 1
         seen = fin.finished + self.delivery_s  # when the client has the last token
         record.first_token = None if fin.first_token is None else fin.first_token + self.delivery_s
