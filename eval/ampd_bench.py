@@ -17,7 +17,7 @@ Strategies (every one on the same number of replicas of the same profile):
 | `vllm` | co-located | `session` (a program stays on its replica) | `vllm` (FCFS) |
 | `continuum` | co-located | `session` | `continuum` (pins the KV cache over tool calls) |
 | `pd` | P/D | `pd` (every prefill remote, Dynamo-like) | `vllm` |
-| `dynamo` | P/D | `pd`, every prefill from scratch (no history pull, no prefix cache on P) | `vllm` |
+| `dynamo` | P/D | `pd`, every prefill from scratch (no history pull, no cache on P) | `vllm` |
 | `ampd` | P/D | `ampd` (Algorithm 1: remote / local per prefill) | `ampd` (Algorithm 2) |
 | `ampd-noroute` | P/D | `pd` | `ampd` (reordering only) |
 | `ampd-noreorder` | P/D | `ampd` | `vllm` (routing only) |

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass
 
 from common.trace import Trace
-from server.perf.registry import load_profile
 from eval.workloads.arrivals import arrival_times, streams
 from eval.workloads.distributions import ClippedLogNormal, DiscreteNormal, FixedCount
 from eval.workloads.infercept import INFERCEPT_TABLE
 from eval.workloads.shapes import ShapeSpec, ToolSpec, check_n, draw_program
+from server.perf.registry import load_profile
 
 __all__ = ["AMPD_MAX_CONTEXT", "AMPD_TABLE", "READINGS", "AmpdRow", "ampd_like",
            "idle_ttft_s", "new_tokens_per_round", "row_of"]
@@ -188,8 +188,8 @@ def ampd_like(
         name=f"{workload}{suffix}-{n}",
         description=f"{workload}-like multi-round programs (AMPD Table 1 means, "
                     f"prefill length read as {reading} tokens per round)",
-        params={"generator": workload + suffix, "n": n, "jps": jps, "cv": cv, "max_context": max_context,
-                "targets": targets},
+        params={"generator": workload + suffix, "n": n, "jps": jps, "cv": cv,
+                "max_context": max_context, "targets": targets},
         seed=seed,
         programs=programs,
     )
