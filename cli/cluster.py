@@ -123,6 +123,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    ": AMPD's H20 and Llama-3.1-70B at TP4)")
     p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
                    help=f"TTFT SLO per turn, seconds (default {SLO.ttft_s:g})")
+    p.add_argument("--slo-ttft-x", type=float, default=None, metavar="K",
+                   help="TTFT SLO per trace: K x the trace's idle TTFT (its Table 1 prefill "
+                   "length from scratch on an idle --profile replica; hotpotqa 0.69 s at "
+                   "TP4), instead of --slo-ttft (AMPD's traces only)")
     p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
                    help=f"mean inter-token latency SLO per turn, seconds (default "
                    f"{SLO.tpot_s:g})")
@@ -139,6 +143,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", default=ampd_regime.DEFAULT_TP,
                    help="with --gpus: TP degrees to deploy at (default %(default)s; those the "
                    "model does not fit at are skipped)")
+    p.add_argument("--deployments", default=None,
+                   help="with --gpus: comma-separated deployments to try (e.g. 'TP8 x1,TP4 "
+                   "x2,TP4 1P1D'; default: all)")
     p.add_argument("--itl-slo", default=None,
                    help="with --gpus: comma-separated ITL SLOs, seconds (default "
                    f"{ampd_regime.DEFAULT_ITL_SLOS})")
@@ -251,7 +258,8 @@ def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) ->
 
 def run_bench(args: argparse.Namespace) -> int:
     """Validate, sweep, print the table. A user mistake raises `AmpdBenchError`."""
-    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl),
+                        ("--slo-ttft-x", args.slo_ttft_x or 1.0)):
         if not (value > 0 and math.isfinite(value)):
             raise AmpdBenchError(f"{flag} must be a positive number of seconds, not {value}")
     if args.replicas < 2:
@@ -281,7 +289,8 @@ def run_bench(args: argparse.Namespace) -> int:
             programs=args.programs, replicas=args.replicas, profile=args.profile,
             slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed, out=Path(args.out),
             num_gpu_blocks=args.num_gpu_blocks, history=args.history, plot=not args.no_plot,
-            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            ttft_k=args.slo_ttft_x)
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
@@ -307,7 +316,10 @@ def run_regime(args: argparse.Namespace) -> int:
             traces, {t: loads for t in traces}, gpus=args.gpus, profile=args.profile,
             degrees=degrees, itl_slos=itl_slos, ttft_slo=args.slo_ttft,
             programs=args.programs, seed=args.seed, out=Path(args.out), history=args.history,
-            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            ttft_k=args.slo_ttft_x,
+            deployments_only=(None if args.deployments is None
+                              else _names(args.deployments, "--deployments")))
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
