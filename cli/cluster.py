@@ -18,7 +18,6 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -50,10 +49,8 @@ from eval.workloads.registry import TRACES
 from server.perf.registry import load_profile
 
 
-def register(subparsers: Any) -> None:
-    """Add `harness cluster` (and its actions) to the `harness` command's subparsers."""
-    parser = subparsers.add_parser(
-        "cluster", help="serve a cluster file's replicas behind one router, or check the file")
+def register(parser: argparse.ArgumentParser) -> None:
+    """`harness cluster`'s actions on the parser `cli.main` made for it."""
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     serve = sub.add_parser("serve", help="start every replica of a cluster file and the router")

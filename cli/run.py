@@ -12,8 +12,7 @@ from harness.run import RunSpec, run_benchmark
 from server.launch import DEVICES
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("run", help="run a benchmark's agent programs and score them")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 

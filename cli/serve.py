@@ -20,9 +20,7 @@ from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.step_log import ENV_STEP_LOG
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="start the vLLM server with a policy (emulated GPU if none)")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -62,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="append one JSON line per engine step to FILE: its batch (prefill "
                         "chunks, decode contexts), wall seconds and the engine loop's gap "
                         "before it (server/step_log.py), to check a step-time model")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a "
+                        "model's tokens then do not depend on what shares its batch, so a policy "
+                        "changes when, not what, it says; needs a real model on an NVIDIA GPU of "
+                        "compute capability 8.0+ or AMD gfx90a/942/950 (refused on the CPU "
+                        "engine and the emulated GPU)")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
                         help="after --: extra arguments passed to `vllm serve` unchanged")
 
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                             max_model_len=max_model_len, extra=extra,
                             offload=args.offload_gib, device=args.device,
                             offload_copy_model=args.offload_copy_model,
-                            ttft_slo_s=args.ttft_slo)
+                            ttft_slo_s=args.ttft_slo, batch_invariant=args.batch_invariant)
     env = {**os.environ, **command.env}
     if args.step_log is not None:
         env[ENV_STEP_LOG] = str(args.step_log.resolve())
