@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server import batch_invariant as invariance
 from server.cpu_engine import (
     CPU_BLOCK_SIZE,
     CPU_ENGINE_ENV,
@@ -68,12 +69,7 @@ class ServeCommand:
 
 
 def has_cuda() -> bool:
-    try:
-        import torch  # torch: start-up cost, paid only when a GPU is asked about
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - any failure means: no usable GPU
-        return False
+    return invariance.detect_gpu() is not None
 
 
 def cpu_python() -> str:
@@ -103,11 +99,13 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   extra: list[str] | None = None,
                   offload: float | None = None, device: str = "auto",
                   offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                  ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
+                  ttft_slo_s: float = TTFT_SLO_S,
+                  batch_invariant: bool = False) -> ServeCommand:
     """The `vllm serve` command line and environment for these options (no side effects).
     `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
     the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
-    deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
+    deployment's TTFT SLO, for a policy that aims at one (`ampd`). `batch_invariant`: vLLM's
+    batch-invariant kernels (`server.batch_invariant`; refused where vLLM has none)."""
     try:
         cls = policy_class(policy)
         check_offload_copy_model(offload_copy_model)
@@ -121,6 +119,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     if not (ttft_slo_s > 0 and math.isfinite(ttft_slo_s)):
         raise ServeError(f"--ttft-slo {ttft_slo_s}: give a positive number of seconds")
     if device == "cpu":
+        if batch_invariant:
+            invariance.batch_invariant_env("cpu", None)  # raises: say so before anything else
         return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
                                  port=port, seed=seed, max_model_len=max_model_len,
                                  extra=extra, offload=offload,
@@ -133,9 +133,12 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     if profile and model:
         raise ServeError("give either --profile (emulated GPU) or --model (a real GPU), not both")
     emulate = model is None
-    if not emulate and not has_cuda():
+    gpu = None if emulate else invariance.detect_gpu()
+    if not emulate and gpu is None:
         raise ServeError(f"--model {model} needs a CUDA GPU and none is visible here; "
                          "use --profile GPU-MODEL to serve on the emulated GPU instead")
+    invariant_env = invariance.batch_invariant_env("emulated" if emulate else "gpu", gpu) \
+        if batch_invariant else {}
     profile = profile or DEFAULT_PROFILE
     try:
         model_dir = str(emulated_model_dir(profile)) if emulate else model
@@ -158,7 +161,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
             "--middleware", MIDDLEWARE,
             *offload_args(offload_gib(policy, offload))]
     env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
-           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
+           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(), **invariant_env}
     if emulate:
         # vLLM's CPU platform would pick 128-token blocks; the emulated GPU uses the GPU default
         argv += ["--distributed-executor-backend", EXECUTOR, "--block-size", "16",
