@@ -234,3 +234,58 @@ def test_harness_serve_with_a_key_end_to_end():
         check_reachable(url, KEY)
         with pytest.raises(RunError, match="wants an API key"):
             check_reachable(url)
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_harness_cluster_serve_with_a_key_end_to_end(tmp_path):
+    """A real one-replica `harness cluster serve` with its key from HARNESS_CLUSTER_API_KEY:
+    the router and the replica both want it, and requests with it go through."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from harness.server_process import free_port
+
+    root = Path(__file__).resolve().parent.parent
+    spec = tmp_path / "keyed.yaml"
+    spec.write_text(json.dumps({"name": "keyed", "replicas": [
+        {"name": "r0", "policy": "vllm", "num_gpu_blocks": 256}]}))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "cluster.out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "cluster", "serve", str(spec), "--port", str(port),
+         "--base-port", str(free_port()), "--log-dir", str(tmp_path / "logs")],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
+        env={**os.environ, "HARNESS_CLUSTER_API_KEY": KEY})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    try:
+        deadline = time.monotonic() + 420
+        while True:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        assert httpx.get(url + "/v1/cluster", timeout=5).status_code == 401
+        replica = httpx.get(url + "/v1/cluster", headers=auth, timeout=5).json()["replicas"][0]
+        assert httpx.get(replica["url"] + "/v1/models", timeout=5).status_code == 401
+        answer = httpx.post(url + "/v1/chat/completions", headers=auth, timeout=60, json={
+            **CHAT, "model": "llama-3.1-8b", "max_tokens": 4})
+        assert answer.status_code == 200, answer.text
+        events = httpx.post(url + "/v1/agent/events", headers=auth, json=EVENT, timeout=10)
+        assert events.status_code == 200 and events.json()["forwarded"] == 1
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
