@@ -18,7 +18,6 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -51,10 +50,8 @@ from eval.workloads.registry import TRACES
 from server.perf.registry import load_profile
 
 
-def register(subparsers: Any) -> None:
-    """Add `harness cluster` (and its actions) to the `harness` command's subparsers."""
-    parser = subparsers.add_parser(
-        "cluster", help="serve a cluster file's replicas behind one router, or check the file")
+def register(parser: argparse.ArgumentParser) -> None:
+    """`harness cluster`'s actions on the parser `cli.main` made for it."""
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     serve = sub.add_parser("serve", help="start every replica of a cluster file and the router")
@@ -94,6 +91,11 @@ def register(subparsers: Any) -> None:
                        "reports the replicas) or through Serve (a handle call to the replica's "
                        "actor, which relays to its engine: a Ray message per streamed token, "
                        "and requests that sometimes wait seconds; docs/cluster.md)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="clients must send `Authorization: Bearer KEY` on /v1 (as `vllm "
+                       "serve --api-key`), and every replica wants it too (VLLM_API_KEY), so "
+                       "none is open beside the router (default: $HARNESS_CLUSTER_API_KEY; "
+                       "none: open, a client's key is passed on to the replicas)")
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
@@ -226,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
             raise ClusterConfigError("--transport chooses how the router reaches the replicas "
                                      "on Ray: give it with --ray or --address")
         return serve_cluster(config, host=args.host, port=args.port, base_port=args.base_port,
-                             log_dir=log_dir, startup_timeout_s=args.startup_timeout)
+                             log_dir=log_dir, startup_timeout_s=args.startup_timeout,
+                             api_key=cluster_api_key(args))
     except LauncherError as exc:  # the cluster did not start: exit 1
         print(f"harness: error: {exc}", file=sys.stderr)
         return 1
@@ -253,7 +256,13 @@ def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) ->
     return serve_on_ray(config, address=args.address, host=args.host, port=args.port,
                         log_dir=log_dir, resources=resources,
                         startup_timeout_s=args.startup_timeout,
-                        transport=args.transport or "http")
+                        transport=args.transport or "http", api_key=cluster_api_key(args))
+
+
+def cluster_api_key(args: argparse.Namespace) -> str | None:
+    """`--api-key`, else $HARNESS_CLUSTER_API_KEY (a variable of its own: a client's
+    HARNESS_API_KEY in the same shell must not turn a key check on by surprise)."""
+    return args.api_key or os.environ.get("HARNESS_CLUSTER_API_KEY") or None
 
 
 def run_bench(args: argparse.Namespace) -> int:
