@@ -68,6 +68,22 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                          enable_prefix_caching=enable_prefix_caching, **options)
 
 
+def pd_options(role: str, policy: str, *, history: str = "pull",
+               prefill_cache: bool = True) -> dict[str, Any]:
+    """How a P/D replay builds a replica of `role` running `policy` (`make_engine`'s keywords),
+    one rule for the bench (`eval.ampd.bench`) and the planner's simulations
+    (`sim.planning`), so a plan is predicted on the engines it is replayed on:
+    `history` ``pull`` makes P/D replicas `bidirectional` (a prefill replica reads a program's
+    history from its decode replica); a prefill replica running the ``ampd`` policy runs one
+    prefill at a time (`max_num_seqs` 1: AMPD's Eq. 3 assumes so); ``prefill_cache`` off
+    turns a prefill replica's prefix cache off (every prefill from scratch, the paper's
+    Dynamo)."""
+    prefill = role == "prefill"
+    return {"bidirectional": history == "pull",
+            "max_num_seqs": 1 if prefill and policy == "ampd" else None,
+            "enable_prefix_caching": prefill_cache or not prefill}
+
+
 def futures(trace: Trace) -> dict[str, tuple[TurnFuture, ...]]:
     """Each program's turns as the trace says they will be: prompt, what a kept previous turn
     leaves to compute, output, and the tool time after it."""
