@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
     p.add_argument("--verify", type=int, default=None, metavar="K",
                    help="stage two: of the top K plans, replay those within --tie-tolerance of "
-                   "the first as whole deployments at --rate (virtual time, `pd` routing) and "
+                   "the first as whole deployments at --rate (virtual time, --router's routing) "
+                   "and "
                    f"choose the best measured (default {plan_verify.SHORTLIST} when simulating, "
                    "0 with --table; 0: the ILP's first plan)")
     p.add_argument("--tie-tolerance", type=float, default=plan_verify.TIE_TOLERANCE,
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         measured = plan_verify.measure(sim.deployment, tied, objective, args.verify_programs,
                                        seeds, sim.progress)
         print()
-        print(plan_verify.report(measured, args.verify_programs))
+        print(plan_verify.report(measured, args.verify_programs, args.router))
         best = plan_verify.choose(measured)
         chosen = best.plan
         why = (f"the best measured of {len(tied)} plans within {args.tie_tolerance:g} of the "

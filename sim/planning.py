@@ -82,7 +82,7 @@ from server.engine import ContextTooLong
 from server.perf.hardware import GPUS
 from server.perf.model_shapes import available_models
 from server.perf.registry import load_profile
-from sim.engines import make_engine, pd_options
+from sim.engines import fitting_context, make_engine, pd_options
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -477,10 +477,10 @@ class SimulatedTau:
 
     def _turns(self, name: str, replicas: list[dict[str, Any]], trace: Any,
                seed: int | None = None) -> list[Any]:
-        """Replay `trace` on a cluster of `replicas` routed by ``router``, every engine's
-        context the longest conversation (a replica whose KV cache is smaller than the
-        model's context, 70B on two GPUs, can still serve short programs), built as the bench
-        builds them (`pd_options`): the turns of every program. Raises `Unfit` when an engine
+        """Replay `trace` on a cluster of `replicas` routed by ``router``, built as the bench
+        builds them (`pd_options`, `fitting_context`: a replica whose KV cache is smaller than
+        the model's context, 70B on two GPUs, is started with what it holds): the turns of
+        every program. Raises `Unfit` when an engine
         cannot hold the workload."""
         seed = self.seed if seed is None else seed
         router: dict[str, Any] = {"strategy": self.router, "seed": seed}
@@ -489,11 +489,11 @@ class SimulatedTau:
             router.update(ttft_slo_s=self.slo[0], itl_slo_s=self.slo[1])
         config = parse_cluster({"name": name, "router": router,
                                 "replicas": [dict(r, policy=policy) for r in replicas]})
-        longest = max(p.final_context_tokens for p in trace.programs)
 
         def build(spec: Any) -> Any:
             return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                               spec.offload_gib, spec, config, max_model_len=longest,
+                               spec.offload_gib, spec, config,
+                               max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
                                **pd_options(spec.role, spec.policy, history=self.history))
 
         try:

@@ -481,6 +481,7 @@ def test_the_bench_and_the_planner_build_pd_replicas_by_one_rule():
 
 
 @pytest.mark.engine
+@pytest.mark.slow
 def test_ampd_planning_routes_prefills_locally_in_its_simulations():
     """One real whole-plan replay under `ampd` routing (6 dureader programs, TP8 P + TP8 D on
     H100s, a TTFT SLO no remote prefill meets): AMPD's router takes some prefills local, which

@@ -56,9 +56,8 @@ from eval.ampd.plot import plot_slo
 from eval.workloads.ampd import idle_ttft_s
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
-from server.max_model_len import BLOCK_SIZE, context_limit
 from server.perf.registry import load_profile
-from sim.engines import make_engine, pd_options
+from sim.engines import fitting_context, make_engine, pd_options
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -203,19 +202,6 @@ def _engine_factory(config: Any, seed: int, history: str = "pull",
                                         prefill_cache=cache))
 
     return build
-
-
-def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:
-    """The `max_model_len` a replica of `profile` is started with: None (the model's own
-    context) when its KV cache holds it, else what the cache holds, as an operator of a small
-    TP group sets `--max-model-len` (vLLM refuses to start otherwise: Llama-3.1-70B at TP2 on
-    H20 holds about 80k of its 131k tokens). A conversation longer than that is refused as
-    `ContextTooLong`, as before."""
-    if num_gpu_blocks is not None:
-        return None  # `context_limit` already caps it by the blocks
-    capacity = load_profile(profile).kv_capacity_tokens(0.9)
-    limit = context_limit(profile, None)
-    return None if capacity >= limit else capacity // BLOCK_SIZE * BLOCK_SIZE
 
 
 def trace_slo(trace: str, slo: SLO, profile: str, ttft_k: float | None) -> SLO:
