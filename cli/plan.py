@@ -11,6 +11,12 @@ Planning is two-stage when simulating: the ILP shortlists the top `--verify` pla
 and those within `--tie-tolerance` of the first's predicted objective are replayed as whole
 deployments; the choice is the best measured (`cluster.plan_verify` says why). `--verify 0`
 keeps the ILP's first plan.
+
+`--router ampd` plans for AMPD: every simulation routes with Algorithm 1 and queues with
+Algorithm 2 (appendix A.1(ii)), against the SLO given. Each plan's predicted SLO attainment is
+printed; `--bench N` replays the printed plans as `harness cluster bench` builds them (N
+programs, a fresh seed) and prints the replayed attainment beside the predicted one
+(`eval.ampd.plan_check`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from cluster.planner import (
     table,
 )
 from common.metrics import SLO
+from eval.ampd import plan_check
+from eval.ampd.bench import trace_slo
 from eval.bench.traces import make_trace
 from sim import planning as plan_sim
 
@@ -73,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
     p.add_argument("--verify", type=int, default=None, metavar="K",
                    help="stage two: of the top K plans, replay those within --tie-tolerance of "
-                   "the first as whole deployments at --rate (virtual time, `pd` routing) and "
+                   "the first as whole deployments at --rate (virtual time, --router's routing) "
+                   "and "
                    f"choose the best measured (default {plan_verify.SHORTLIST} when simulating, "
                    "0 with --table; 0: the ILP's first plan)")
     p.add_argument("--tie-tolerance", type=float, default=plan_verify.TIE_TOLERANCE,
@@ -86,6 +95,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 1)")
     p.add_argument("--verify-programs", type=int, default=60,
                    help="programs each --verify replay runs (default 60)")
+    p.add_argument("--router", choices=plan_sim.ROUTERS, default="pd",
+                   help="how the simulated deployments route: pd (every prefill remote; "
+                   "default) or ampd (AMPD's Algorithms 1 and 2, against the SLO)")
+    p.add_argument("--history", choices=("pull", "recompute"), default=None,
+                   help="how a prefill replica gets the history it lacks (default: recompute "
+                   "under pd, as before; pull under ampd, as the bench)")
+    p.add_argument("--slo-ttft-x", type=float, default=None, metavar="K",
+                   help="TTFT SLO = K x the trace's idle TTFT on a TP4 replica (as `harness "
+                   "cluster bench --slo-ttft-x`), instead of --slo-ttft")
+    p.add_argument("--bench", type=int, default=0, metavar="N",
+                   help="replay the printed plans as `harness cluster bench` builds them, N "
+                   "programs each, and print their attainment beside the predicted (default 0: "
+                   "no replay)")
+    p.add_argument("--bench-seed", type=int, default=None,
+                   help="seed of the --bench replays (default --seed + 1: programs the "
+                   "prediction was not made on)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -102,6 +127,17 @@ def run(args: argparse.Namespace) -> int:
                         "(or give --verify 0)")
     if args.jobs < 1:
         raise PlanError("--jobs must be at least 1")
+    if args.bench < 0:
+        raise PlanError("--bench must be >= 0")
+    if args.bench and args.table:
+        raise PlanError("--bench replays the plans on the emulated GPUs: drop --table")
+    if args.slo_ttft_x is not None:
+        gpu, model = plan_sim.split_profile(args.profile)
+        try:
+            args.slo_ttft = trace_slo(args.trace, SLO(args.slo_ttft, args.slo_itl),
+                                      f"{gpu}x4-{model}", args.slo_ttft_x).ttft_s
+        except Exception as exc:  # noqa: BLE001 - an AmpdBenchError or a profile error
+            raise PlanError(str(exc)) from None
     objective = Objective({"prefill": args.slo_ttft, "decode": args.slo_itl}, args.objective)
     started = time.perf_counter()
     sim = None
@@ -116,15 +152,22 @@ def run(args: argparse.Namespace) -> int:
             args.profile, args.trace, args.rate, workload=partial(make_trace, args.trace),
             seed=args.seed, cache_path=args.cache,
             programs=args.sim_programs or plan_sim.PROGRAMS,
-            max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say)
+            max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say,
+            router=args.router, slo=(args.slo_ttft, args.slo_itl), history=args.history)
         provider = sim
     shortlist = max(args.top, args.verify)
     if sim is not None:
         sim.prefetch(args.gpus, objective, shortlist, args.jobs)
     plans = plan(provider, args.gpus, args.rate, objective, top=shortlist, solver=args.solver)
     elapsed = time.perf_counter() - started
-    print(f"# {args.trace} at {args.rate:g} programs/s on {args.gpus} GPUs ({args.profile})\n")
+    print(f"# {args.trace} at {args.rate:g} programs/s on {args.gpus} GPUs ({args.profile}"
+          f", {args.router} routing)\n")
     print(table(plans[:args.top], objective))
+    if sim is not None:
+        print("\npredicted SLO attainment per turn (per-role model: prefill share within TTFT "
+              f"{args.slo_ttft:.3g} s x decode share within ITL {args.slo_itl:g} s): "
+              + "; ".join(f"{i} {sim.predicted_attainment(p):.3f}"
+                          for i, p in enumerate(plans[:args.top], 1)))
     if sim is not None:
         for degree, why in sim.skipped.items():
             print(f"TP{degree} skipped: {why}")
@@ -148,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         measured = plan_verify.measure(sim.deployment, tied, objective, args.verify_programs,
                                        seeds, sim.progress)
         print()
-        print(plan_verify.report(measured, args.verify_programs))
+        print(plan_verify.report(measured, args.verify_programs, args.router))
         best = plan_verify.choose(measured)
         chosen = best.plan
         why = (f"the best measured of {len(tied)} plans within {args.tie_tolerance:g} of the "
@@ -158,4 +201,28 @@ def run(args: argparse.Namespace) -> int:
                f"{args.tie_tolerance:g} of its objective")
     print(f"\nchoice: prefill {chosen.prefill.label()}, decode {chosen.decode.label()} "
           f"({chosen.gpus} GPUs): {why}")
+    if args.bench:
+        assert sim is not None
+        bench_plans(args, sim, plans[:args.top])
     return 0
+
+
+def bench_plans(args: argparse.Namespace, sim: Any, plans: Any) -> None:
+    """`--bench N`: each printed plan replayed by the bench, beside its predictions."""
+    seed = args.seed + 1 if args.bench_seed is None else args.bench_seed
+    checked = []
+    for p in plans:
+        pre, dec = (p.prefill.degree, p.prefill.count), (p.decode.degree, p.decode.count)
+        row = plan_check.replay_plan(sim.gpu, sim.model, pre, dec, trace=args.trace,
+                                     rate=args.rate, programs=args.bench, seed=seed,
+                                     slo=SLO(args.slo_ttft, args.slo_itl), router=args.router,
+                                     history=sim.history)
+        whole = [v for (a, b, _), v in sim.replayed.items() if (a, b) == (pre, dec)]
+        checked.append(plan_check.Checked(
+            plan_check.plan_label(pre, dec), sim.predicted_attainment(p),
+            sum(whole) / len(whole) if whole else float("nan"), row["slo_attainment"], row))
+        if not args.quiet:
+            print(f"bench replayed {checked[-1].label}: SLO {row['slo_attainment']:.3f} "
+                  f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+    print()
+    print(plan_check.report(checked, programs=args.bench, seed=seed))

@@ -104,10 +104,10 @@ def choose(measured: Sequence[Measured]) -> Measured:
     return ranked(measured)[0]
 
 
-def report(measured: Sequence[Measured], programs: int) -> str:
+def report(measured: Sequence[Measured], programs: int, router: str = "pd") -> str:
     """The replays as markdown, best measured first, and which plan is chosen."""
     lines = [f"Near-tied plans replayed as whole deployments ({programs} programs at the full "
-             "rate, `pd` routing), best measured first:", "",
+             f"rate, `{router}` routing), best measured first:", "",
              "| measured rank | planned rank | prefill | decode | P95 TTFT | P95 ITL | "
              "measured objective | planned objective |", "|---:|---:|---|---|---:|---:|---:|---:|"]
     order = ranked(measured)

@@ -16,8 +16,9 @@ from typing import Any
 from cluster.pd import virtual_engine_options
 from common.trace import Trace
 from server.engine import VirtualEngine
-from server.max_model_len import context_limit
+from server.max_model_len import BLOCK_SIZE, context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.perf.registry import load_profile
 from server.policies import policy_class
 from server.policies.oracle import TurnFuture
 from server.settings import DEFAULT_OFFLOAD_GIB
@@ -66,6 +67,38 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                          max_num_batched_tokens=max_num_batched_tokens,
                          offload_copy_model=offload_copy_model, max_num_seqs=max_num_seqs,
                          enable_prefix_caching=enable_prefix_caching, **options)
+
+
+def pd_options(role: str, policy: str, *, history: str = "pull",
+               prefill_cache: bool = True) -> dict[str, Any]:
+    """How a P/D replay builds a replica of `role` running `policy` (`make_engine`'s keywords),
+    one rule for the bench (`eval.ampd.bench`) and the planner's simulations
+    (`sim.planning`), so a plan is predicted on the engines it is replayed on:
+    `history` ``pull`` makes P/D replicas `bidirectional` (a prefill replica reads a program's
+    history from its decode replica); a prefill replica running the ``ampd`` policy runs one
+    prefill at a time (`max_num_seqs` 1: AMPD's Eq. 3 assumes so); ``prefill_cache`` off
+    turns a prefill replica's prefix cache off (every prefill from scratch, the paper's
+    Dynamo)."""
+    prefill = role == "prefill"
+    return {"bidirectional": history == "pull",
+            "max_num_seqs": 1 if prefill and policy == "ampd" else None,
+            "enable_prefix_caching": prefill_cache or not prefill}
+
+
+def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:
+    """The `max_model_len` a P/D replica of `profile` is started with by the AMPD bench and
+    the planner alike: None (the model's own context) when its KV cache holds it, else what
+    the cache holds, as an operator of a small TP group sets `--max-model-len` (vLLM refuses
+    to start otherwise: Llama-3.1-70B at TP2 on H20 holds about 80k of its 131k tokens). A
+    conversation longer than that is refused as `ContextTooLong`. One rule for both because
+    vLLM sizes its default prefill chunk from it (a 4k `max_model_len` gives 2,048-token
+    chunks, the model's context 8,192), so a plan predicted on other lengths is predicted on
+    other steps."""
+    if num_gpu_blocks is not None:
+        return None  # `context_limit` already caps it by the blocks
+    capacity = load_profile(profile).kv_capacity_tokens(0.9)
+    limit = context_limit(profile, None)
+    return None if capacity >= limit else capacity // BLOCK_SIZE * BLOCK_SIZE
 
 
 def futures(trace: Trace) -> dict[str, tuple[TurnFuture, ...]]:

@@ -29,6 +29,20 @@ grid points, lower loads reuse it (the replica is unloaded); every simulation is
 them, e.g. Llama-3.1-70B on one H100) are skipped and listed in ``skipped``; a degree whose KV
 cache cannot hold the workload's longest conversation gets tau = inf.
 
+Routing (``router``): ``pd`` (every prefill remote) as before, or ``ampd``: every simulation,
+per role and whole-deployment, routes with AMPD's Algorithm 1 and queues with its Algorithm 2
+(appendix A.1(ii): the simulator decides per prefill whether it runs remote or locally on the
+decode replica, by the policy of section 4), against the SLO the plan is scored by; the
+replicas are built as the bench builds them (`sim.engines.pd_options`: history pulled, AMPD's
+prefill replicas one prefill at a time). Under ``ampd`` the roles are coupled (a decode replica
+takes the prefills the prefill side has no slack for), which the per-role simulations see only
+against their fixed partner: stage two (`deployment`) replays the plan whole.
+
+Predicted SLO attainment (``attainment``): each simulation also keeps the share of its turns
+within the role's SLO (TTFT for prefill, mean ITL for decode), interpolated over the grid as
+tau is; a plan's prediction is the product of its two roles' shares (the two taken as
+independent), and a whole-deployment replay's is the share of its turns within both.
+
 Not simulated at all: loads at or above a replica's capacity (``CAPACITY``: analytic bounds
 from the perf model, tau = inf, listed in ``overloaded``), and, when ``prefetch`` runs the
 (role, degree) chains ahead (in parallel with ``jobs`` > 1), chains whose idle-replica lower
@@ -62,13 +76,13 @@ from cluster.planner import (
     counts,
 )
 from common.atomic import write_text_atomic
-from common.metrics import percentile, tpot_of
+from common.metrics import SLO, percentile, tpot_of
 from common.trace import Trace
 from server.engine import ContextTooLong
 from server.perf.hardware import GPUS
 from server.perf.model_shapes import available_models
 from server.perf.registry import load_profile
-from sim.engines import make_engine
+from sim.engines import fitting_context, make_engine, pd_options
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -79,6 +93,7 @@ PROGRAMS = 16
 MAX_PROGRAMS = 48
 STEADY_LIFETIMES = 4  # program lifetimes of arrivals a simulation replays (module docstring)
 PARTNER_PREFILL = 2
+ROUTERS = ("pd", "ampd")  # how the simulated clusters route (module docstring)
 
 
 class Unfit(Exception):
@@ -118,6 +133,7 @@ class _ChainResult:
     """What a worker of `SimulatedTau.prefetch` sends back for one (role, degree) chain."""
 
     cache: dict[str, float]
+    att: dict[str, float]
     unfit: dict[tuple[str, int], str]
     overloaded: set[tuple[str, int, int]]
     simulations: int
@@ -132,7 +148,8 @@ def _walk_chain(sim: SimulatedTau, role: str, degree: int, loads: list[float]) -
     before = set(sim._cache)
     for load in loads:
         sim.tau(role, degree, load)
-    return _ChainResult({k: v for k, v in sim._cache.items() if k not in before}, sim.unfit,
+    return _ChainResult({k: v for k, v in sim._cache.items() if k not in before},
+                        {k: v for k, v in sim._att.items() if k not in before}, sim.unfit,
                         sim.overloaded, sim.simulations, sim.sim_seconds, lines)
 
 
@@ -147,13 +164,23 @@ class SimulatedTau:
                  max_programs: int = MAX_PROGRAMS,
                  seed: int = 0, ratio: float = GRID_RATIO, flat: float = FLAT,
                  partner_prefill: int = PARTNER_PREFILL, cache_path: str | Path | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, router: str = "pd",
+                 slo: tuple[float, float] | None = None, history: str | None = None) -> None:
         if not (rate > 0 and math.isfinite(rate)):
             raise PlanError(f"--rate must be a positive number of programs per second, "
                             f"got {rate!r}")
         if not 2 <= programs <= max_programs or ratio <= 1 or partner_prefill < 1:
             raise PlanError("need 2 <= programs <= max_programs, ratio > 1 and "
                             "partner_prefill >= 1")
+        if router not in ROUTERS:
+            raise PlanError(f"--router {router!r}: choose {' or '.join(ROUTERS)}")
+        if router == "ampd" and slo is None:
+            raise PlanError("AMPD routes against the SLO: give (TTFT, ITL) seconds")
+        #: the SLO (TTFT s, ITL s) AMPD routes against and `attainment` counts against
+        self.router, self.slo = router, slo
+        #: how a prefill replica gets the history it lacks: ``recompute`` under ``pd`` (the
+        #: planner's old default), ``pull`` under ``ampd`` (the bench's), unless given
+        self.history = history or ("pull" if router == "ampd" else "recompute")
         self.gpu, self.model = split_profile(profile)
         self.trace, self.rate, self.programs, self.seed = trace, rate, programs, seed
         self.workload = workload
@@ -185,7 +212,11 @@ class SimulatedTau:
         self.simulations = 0  # run in this process (not read from the cache)
         self.sim_seconds = 0.0
         self.cache_path = Path(cache_path) if cache_path else None
+        self._att: dict[str, float] = {}  # key -> share of turns within the role's SLO
+        self._last_att = math.nan
         self._cache: dict[str, float] = self._read_cache()
+        #: (prefill, decode, seed) -> share of turns within both SLOs, whole-plan replays
+        self.replayed: dict[tuple[tuple[int, int], tuple[int, int], int], float] = {}
 
     def profile(self, degree: int) -> str:
         return f"{self.gpu}x{degree}-{self.model}"
@@ -241,9 +272,44 @@ class SimulatedTau:
     def _at(self, role: str, degree: int, k: int) -> float:
         key = self._key(role, degree, k)
         if key not in self._cache:
+            self._last_att = math.nan
             self._cache[key] = self.simulate(role, degree, self._grid(k))
+            self._att[key] = self._last_att  # what that simulation counted (`simulate`)
             self._write_cache()
         return self._cache[key]
+
+    # -- predicted attainment -------------------------------------------------------------
+    def attainment(self, role: str, degree: int, load: float) -> float:
+        """Share of one replica's turns within its role's SLO at ``load`` (module docstring),
+        on the grid as `tau` reads it: 0 where tau is infinite (overloaded, unfit), linear
+        between grid points, the flat floor's below it; nan when never simulated."""
+        if self.slo is None:
+            return math.nan
+        tau = self.tau(role, degree, load)  # simulates the grid points this load needs
+        if not math.isfinite(tau):
+            return 0.0 if (role, degree) not in self.pruned else math.nan
+        k = max(0, math.floor(math.log(self.rate / load, self.ratio) + 1e-9))
+        flat_at = self._flat_from(role, degree, k)  # the grid points `tau` read, in its order
+        if flat_at is not None:
+            return self._att_at(role, degree, flat_at)
+        if load >= self._grid(k) * (1 - 1e-9):
+            return self._att_at(role, degree, k)
+        lo, hi = self._att_at(role, degree, k + 1), self._att_at(role, degree, k)
+        if math.isnan(lo):
+            return hi
+        x0, x1 = self._grid(k + 1), self._grid(k)
+        return lo + (hi - lo) * (load - x0) / (x1 - x0)
+
+    def _att_at(self, role: str, degree: int, k: int) -> float:
+        return self._att.get(self._key(role, degree, k), math.nan)
+
+    def predicted_attainment(self, plan: Any) -> float:
+        """A plan's predicted SLO attainment per turn: its prefill replicas' share within the
+        TTFT SLO times its decode replicas' share within the ITL SLO, each at its share of
+        the load (independent roles, as the ILP takes them)."""
+        p, d = plan.prefill, plan.decode
+        return (self.attainment("prefill", p.degree, self.rate / p.count)
+                * self.attainment("decode", d.degree, self.rate / d.count))
 
     # -- running the chains ahead: bounded, in parallel -----------------------------------
     def prefetch(self, gpus: int, objective: Objective, top: int = 3, jobs: int = 1) -> None:
@@ -334,10 +400,12 @@ class SimulatedTau:
         worker.progress, worker.cache_path = None, None
         worker.simulations, worker.sim_seconds = 0, 0.0
         worker.unfit, worker.overloaded = {}, set()
+        worker._att = dict(self._att)
         return worker
 
     def _merge(self, done: _ChainResult) -> None:
         self._cache.update(done.cache)
+        self._att.update(done.att)
         self.unfit.update(done.unfit)
         self.overloaded |= done.overloaded
         self.simulations += done.simulations
@@ -349,7 +417,14 @@ class SimulatedTau:
 
     # -- one simulation --------------------------------------------------------------------
     def simulate(self, role: str, degree: int, load: float) -> float:
-        """P95 of the role's latency on one replica of ``degree`` at ``load`` programs/s."""
+        """P95 of the role's latency on one replica of ``degree`` at ``load`` programs/s; the
+        share of its turns within the role's SLO is left in ``_last_att`` for the cache."""
+        tau, self._last_att = self.simulate_both(role, degree, load)
+        return tau
+
+    def simulate_both(self, role: str, degree: int, load: float) -> tuple[float, float]:
+        """(P95 of the role's latency, share of its turns within the role's SLO; nan without
+        an SLO) on one replica of ``degree`` at ``load`` programs/s."""
         started = time.perf_counter()
         trace = self._workload(self.programs_at(load), load)
         if role == "prefill":
@@ -361,48 +436,65 @@ class SimulatedTau:
                          "count": self.partner_prefill},
                         {"name": "d", "role": "decode", "profile": self.profile(degree)}]
         try:
-            ttft, itl = self._p95s(f"plan-{role}-{degree}", replicas, trace)
+            turns = self._turns(f"plan-{role}-{degree}", replicas, trace)
         except Unfit as exc:
             self.unfit[(role, degree)] = str(exc)
-            return math.inf
+            return math.inf, 0.0
+        ttft, itl = _p95s(turns)
         tau = ttft if role == "prefill" else itl
+        att = math.nan
+        if self.slo is not None:
+            att = _share(turns, self.slo[0] if role == "prefill" else math.inf,
+                         self.slo[1] if role == "decode" else math.inf)
         self.simulations += 1
         elapsed = time.perf_counter() - started
         self.sim_seconds += elapsed
         if self.progress is not None:
             self.progress(f"simulated {role} TP{degree} at {load:.4g} programs/s "
-                          f"({len(trace.programs)} programs): P95 {tau:.4g} s ({elapsed:.1f} s)")
-        return tau
+                          f"({len(trace.programs)} programs, {self.router}): P95 {tau:.4g} s"
+                          + ("" if math.isnan(att) else f", within SLO {att:.3f}")
+                          + f" ({elapsed:.1f} s)")
+        return tau, att
 
     def deployment(self, prefill: tuple[int, int], decode: tuple[int, int],
                    programs: int, seed: int | None = None) -> tuple[float, float]:
         """The whole deployment (``(degree, count)`` per role) replayed at the full rate on
-        the virtual-time cluster, `pd` routing: (P95 TTFT over every turn, P95 ITL). What the
-        plan's per-replica simulations predict, measured without their simplifications (a
-        partner per role, one replica at its share of the load). ``seed`` (default: the
-        planner's) draws the trace and the engines."""
+        the virtual-time cluster, routed by ``router``: (P95 TTFT over every turn, P95 ITL).
+        What the plan's per-replica simulations predict, measured without their
+        simplifications (a partner per role, one replica at its share of the load). ``seed``
+        (default: the planner's) draws the trace and the engines. The share of turns within
+        both SLOs is kept in ``replayed``."""
         replicas = [{"name": "p", "role": "prefill", "profile": self.profile(prefill[0]),
                      "count": prefill[1]},
                     {"name": "d", "role": "decode", "profile": self.profile(decode[0]),
                      "count": decode[1]}]
         seed = self.seed if seed is None else seed
-        return self._p95s("plan-check", replicas, self._workload(programs, self.rate, seed),
-                          seed)
+        turns = self._turns("plan-check", replicas, self._workload(programs, self.rate, seed),
+                            seed)
+        if self.slo is not None:
+            self.replayed[(prefill, decode, seed)] = _share(turns, *self.slo)
+        return _p95s(turns)
 
-    def _p95s(self, name: str, replicas: list[dict[str, Any]], trace: Any,
-              seed: int | None = None) -> tuple[float, float]:
-        """Replay `trace` on a `pd`-routed cluster of `replicas`, every engine's context the
-        longest conversation (a replica whose KV cache is smaller than the model's context,
-        70B on two GPUs, can still serve short programs): (P95 TTFT, P95 ITL), inf for none.
-        Raises `Unfit` when an engine cannot hold the workload."""
+    def _turns(self, name: str, replicas: list[dict[str, Any]], trace: Any,
+               seed: int | None = None) -> list[Any]:
+        """Replay `trace` on a cluster of `replicas` routed by ``router``, built as the bench
+        builds them (`pd_options`, `fitting_context`: a replica whose KV cache is smaller than
+        the model's context, 70B on two GPUs, is started with what it holds): the turns of
+        every program. Raises `Unfit` when an engine
+        cannot hold the workload."""
         seed = self.seed if seed is None else seed
-        config = parse_cluster({"name": name, "router": {"strategy": "pd"},
-                                "replicas": replicas})
-        longest = max(p.final_context_tokens for p in trace.programs)
+        router: dict[str, Any] = {"strategy": self.router, "seed": seed}
+        policy = "ampd" if self.router == "ampd" else "vllm"
+        if self.slo is not None:
+            router.update(ttft_slo_s=self.slo[0], itl_slo_s=self.slo[1])
+        config = parse_cluster({"name": name, "router": router,
+                                "replicas": [dict(r, policy=policy) for r in replicas]})
 
         def build(spec: Any) -> Any:
             return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                               spec.offload_gib, spec, config, max_model_len=longest)
+                               spec.offload_gib, spec, config,
+                               max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
+                               **pd_options(spec.role, spec.policy, history=self.history))
 
         try:
             cluster = VirtualCluster(config, seed=seed, make_engine=build)
@@ -414,11 +506,7 @@ class SimulatedTau:
             raise Unfit(str(exc).split(":")[0]) from None
         finally:
             cluster.close()
-        turns = [t for p in result.programs.values() for t in p.turns]
-        ttft = [t.first_token - t.arrival for t in turns if t.first_token is not None]
-        itl = [x for x in (tpot_of(t) for t in turns) if x is not None]
-        return (percentile(ttft, 95) if ttft else math.inf,
-                percentile(itl, 95) if itl else math.inf)
+        return [t for p in result.programs.values() for t in p.turns]
 
     @staticmethod
     def _program_seconds(trace: Any, profile: Any) -> float:
@@ -443,7 +531,11 @@ class SimulatedTau:
 
     # -- the cache file --------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "model": self.model, "trace": self.trace, "rate": self.rate,
+        extra: dict[str, Any] = {}
+        if self.router != "pd" or self.slo is not None or self.history != "recompute":
+            extra = {"router": self.router, "slo": self.slo, "history": self.history}
+        return {**extra, "gpu": self.gpu, "model": self.model, "trace": self.trace,
+                "rate": self.rate,
                 "programs": [self.programs, self.max_programs], "seed": self.seed,
                 "ratio": self.ratio,
                 "partner": self.partner, "partner_prefill": self.partner_prefill}
@@ -457,11 +549,27 @@ class SimulatedTau:
             return {}
         if not isinstance(data, dict) or data.get("identity") != self._identity():
             return {}  # made for other inputs
+        self._att.update({k: float(v) for k, v in data.get("attainment", {}).items()})
         return {k: float(v) for k, v in data.get("tau", {}).items()}
 
     def _write_cache(self) -> None:
         if self.cache_path is None:
             return
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        body = {"identity": self._identity(), "tau": self._cache}
+        body = {"identity": self._identity(), "tau": self._cache, "attainment": self._att}
         write_text_atomic(self.cache_path, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def _p95s(turns: Sequence[Any]) -> tuple[float, float]:
+    """(P95 TTFT, P95 per-turn mean ITL) of `turns`; inf for none."""
+    ttft = [t.first_token - t.arrival for t in turns if t.first_token is not None]
+    itl = [x for x in (tpot_of(t) for t in turns) if x is not None]
+    return (percentile(ttft, 95) if ttft else math.inf,
+            percentile(itl, 95) if itl else math.inf)
+
+
+def _share(turns: Sequence[Any], ttft_s: float, itl_s: float) -> float:
+    """Share of `turns` within both bounds (`common.metrics.SLO.met`)."""
+    slo = SLO(ttft_s, itl_s)
+    met = [slo.met(t) for t in turns]
+    return sum(met) / len(met) if met else math.nan

@@ -12,7 +12,7 @@ from cluster_helpers import bench_args
 from cli import cluster as cluster_cli
 from common.metrics import SLO
 from eval.ampd import bench as ampd_bench
-from eval.ampd.bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config
+from eval.ampd.bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config, node_of
 from eval.workloads.registry import load_or_generate
 
 PROFILE = "h100-llama-3.1-8b"
@@ -101,6 +101,20 @@ def test_layouts_fill_nodes_and_carry_the_slo():
     assert co.router.strategy == "session"
     assert {r.role for r in co.replicas} == {"colocated"}
     assert [r.node for r in co.replicas] == [0, 0, 0, 0]  # TP1: all four on one node
+
+
+def test_mixed_tp_replicas_take_their_roles_profile_and_stay_inside_a_node():
+    """The paper's DuReader plan, P TP4 x2 + D TP8 x1 on two 8-GPU nodes, interleaved p0, d0,
+    p1, first fit: p0 takes 4 of node 0; d0 (8) does not fit its other 4, so node 1; p1 takes
+    node 0's last 4."""
+    config = cluster_config(RunConfig(STRATEGIES["ampd"], (2, 1)), replicas=3,
+                            profile="h20x4-llama-3.1-70b", slo=SLO(2.0, 0.05), seed=0,
+                            decode_profile="h20x8-llama-3.1-70b")
+    assert [(r.name, r.profile, r.node) for r in config.replicas] == [
+        ("p0", "h20x4-llama-3.1-70b", 0), ("d0", "h20x8-llama-3.1-70b", 1),
+        ("p1", "h20x4-llama-3.1-70b", 0)]
+    assert node_of([4, 4, 4, 4]) == [0, 0, 1, 1]  # one degree: k * tp // 8, as before
+    assert node_of([2, 4, 2]) == [0, 0, 0]
 
 
 @pytest.mark.parametrize(("over", "message"), [

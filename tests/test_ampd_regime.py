@@ -18,15 +18,27 @@ from eval.ampd.regime import Deployment, deployments, regime_map, regime_markdow
 
 def test_deployments_of_8_h20_gpus_for_70b():
     """TP1 is skipped (70B does not fit on one H20); TP2 gives 4 replicas (co-located and the
-    three P/D splits), TP4 two (co-located and 1P1D), TP8 one (co-located only)."""
+    three P/D splits), TP4 two (co-located and 1P1D), TP8 one (co-located only); mixed: 2 x 2
+    + 1 x 4 = 8 and 1 x 4 + 2 x 2 = 8 (TP8 leaves no GPU for the other role)."""
     deps = deployments("h20x4-llama-3.1-70b", 8, [1, 2, 4, 8])
     assert [d.label for d in deps] == ["TP2 x4", "TP2 1P3D", "TP2 2P2D", "TP2 3P1D",
-                                       "TP4 x2", "TP4 1P1D", "TP8 x1"]
+                                       "TP4 x2", "TP4 1P1D", "TP8 x1",
+                                       "TP2 2P + TP4 1D", "TP4 1P + TP2 2D"]
+    mixed = deps[-2]
+    assert (mixed.profile, mixed.decode_profile, mixed.layout) == (
+        "h20x2-llama-3.1-70b", "h20x4-llama-3.1-70b", (2, 1))
+    assert len(deployments("h20x4-llama-3.1-70b", 8, [1, 2, 4, 8], mixed=False)) == 7
     assert {d.profile for d in deps if d.tp == 2} == {"h20x2-llama-3.1-70b"}
-    assert all(d.tp * d.replicas == 8 for d in deps)
+    assert all(d.gpus == 8 for d in deps)
     # a degree that does not divide the GPUs is not tried
     assert [d.label for d in deployments("h20x4-llama-3.1-70b", 6, [2, 4])] == [
-        "TP2 x3", "TP2 1P2D", "TP2 2P1D"]
+        "TP2 x3", "TP2 1P2D", "TP2 2P1D", "TP2 1P + TP4 1D", "TP4 1P + TP2 1D"]
+
+
+def test_the_papers_dureader_plan_is_among_the_16_gpu_deployments():
+    """AMPD's Table 2: Llama-3.1-70B on DuReader, P TP4 x2 + D TP8 x1 (16 GPUs)."""
+    labels = [d.label for d in deployments("h20x4-llama-3.1-70b", 16, [4, 8])]
+    assert "TP4 2P + TP8 1D" in labels and "TP8 1P + TP4 2D" in labels
 
 
 def test_no_fitting_deployment_is_a_clear_error():

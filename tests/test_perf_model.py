@@ -35,8 +35,38 @@ def test_model_specs_match_published_sizes() -> None:
     assert m70.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
 
 
+def test_qwen3_32b_spec_by_hand() -> None:
+    """Qwen3-32B's public config: 64 layers, hidden 5120, 64 heads of 128, 8 KV heads, MLP
+    25600, vocabulary 151936, untied. Per layer: Q 5120*8192 + K,V 2*5120*1024 + O 8192*5120
+    + norms 2*5120 = 94,382,080, MLP 3*5120*25600 = 393,216,000; x64 = 31,206,277,120
+    ("non-embedding 31.2B" on the model card), + 2 * 151936*5120 + 5120 = 32,762,106,880
+    ("32.8B")."""
+    m = ModelSpec.from_config(MODELS_DIR / "qwen3-32b", tp=4)
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim) == (64, 5120, 64, 8, 128)
+    assert m.matmul_params_per_token == 64 * (94_382_080 + 393_216_000) == 31_206_277_120
+    assert m.params == 32_762_106_880
+    assert m.kv_bytes_per_token == 2 * 64 * 8 * 128 * 2 == 262_144
+
+
+def test_mixtral_holds_every_expert_but_multiplies_through_two() -> None:
+    """Mixtral-8x7B: 32 layers, hidden 4096, 32 heads, 8 KV heads, 8 experts of MLP 14336, 2
+    active. Per layer: attention 41,951,232 (Q, K, V, O, norms), an expert 3*4096*14336 =
+    176,160,768, router 4096*8 = 32,768. Held: 32 * (41,951,232 + 8 * 176,160,768 + 32,768) +
+    2 * 32000*4096 + 4096 = 46,702,792,704 ("46.7B"); per token: 32 * (41,951,232 + 2 *
+    176,160,768 + 32,768) = 12,617,777,152 ("12.9B active" with the two embeddings)."""
+    m = ModelSpec.from_config(MODELS_DIR / "mixtral-8x7b", tp=2)
+    assert (m.experts, m.active_experts) == (8, 2)
+    assert m.params == 46_702_792_704
+    assert m.matmul_params_per_token == 12_617_777_152
+    assert m.weight_bytes_read_per_step == (m.params - 32000 * 4096) * 2  # every expert read
+    with pytest.raises(ValueError, match="does not fit on 1 x h20"):
+        load_profile("h20x1-mixtral-8x7b")  # 87 GiB of weights on one 96 GB H20
+    dense = ModelSpec.from_config(MODELS_DIR / "llama-3.1-70b", tp=8)
+    assert (dense.experts, dense.active_experts, dense.router_params) == (1, 1, 0)
+
+
 def test_configs_carry_local_tokenizer_ids() -> None:
-    for name in ("llama-3.1-8b", "llama-3.1-70b"):
+    for name in ("llama-3.1-8b", "llama-3.1-70b", "qwen3-32b", "mixtral-8x7b"):
         for file in ("config.json", "generation_config.json"):
             cfg = json.loads((MODELS_DIR / name / file).read_text())
             assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (0, 4)

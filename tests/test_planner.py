@@ -422,3 +422,76 @@ def test_a_chain_that_turns_flat_does_not_simulate_below_it():
     sim.capacity = dict.fromkeys(sim.capacity, math.inf)
     assert sim.tau("decode", 8, 4.0) == 0.02 and sim.tau("decode", 8, 2.0) == 0.02
     assert sim.asked == [4.0, round(4.0 / 1.5, 6)]  # not 4 / 1.5^2, under 2.0
+
+
+# --- planning for AMPD: its routing, predicted attainment, the bench's engines ------------------
+
+
+class AttSim(FakeSim):
+    """FakeSim that also reports a share within the SLO: 1 - load / 8 (made up, linear)."""
+
+    def simulate(self, role, degree, load):
+        tau = super().simulate(role, degree, load)
+        self._last_att = 1 - load / 8
+        return tau
+
+
+def test_predicted_attainment_is_the_product_of_the_roles_shares_on_the_grid():
+    """Rate 4, grid 4, 4/1.5 = 2.667, ...: at a grid load the simulated share (1 - 4/8 = 0.5
+    at 4); between grid points linear (at 3: 0.5 + (3 - 4) * (0.5 - 0.6667) / (4 - 2.667) ...
+    = 1 - 3/8 = 0.625, as the made-up share is linear); a plan's prediction multiplies its
+    prefill share at 4/1 by its decode share at 4/2 (0.5 x 0.75 = 0.375)."""
+    sim = AttSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
+                 slo=(2.0, 0.05))
+    sim.asked = []
+    sim.capacity = dict.fromkeys(sim.capacity, math.inf)
+    assert sim.attainment("prefill", 4, 4.0) == pytest.approx(0.5)
+    assert sim.attainment("prefill", 4, 3.0) == pytest.approx(0.625)
+    from cluster.planner import Candidate, Plan
+    plan = Plan(Candidate("prefill", 4, 1, 0.0), Candidate("decode", 8, 2, 0.0), 0.0)
+    assert sim.predicted_attainment(plan) == pytest.approx(0.5 * (1 - 2.0 / 8))
+    sim.capacity[("decode", 2)] = 1.0  # above capacity: tau inf, nothing within the SLO
+    assert sim.attainment("decode", 2, 2.0) == 0.0
+
+
+def test_ampd_planning_needs_the_slo_and_pulls_history_by_default():
+    with pytest.raises(PlanError, match="AMPD routes against the SLO"):
+        FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
+                router="ampd")
+    with pytest.raises(PlanError, match="--router 'sglang'"):
+        FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
+                router="sglang")
+    sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
+                  router="ampd", slo=(2.0, 0.05))
+    assert (sim.router, sim.history) == ("ampd", "pull")
+    assert fake().history == "recompute"  # pd planning as before
+
+
+def test_the_bench_and_the_planner_build_pd_replicas_by_one_rule():
+    """`sim.engines.pd_options`: an AMPD prefill replica runs one prefill at a time (Eq. 3),
+    pulled history makes replicas bidirectional, Dynamo's prefill replicas cache nothing."""
+    from sim.engines import pd_options
+
+    assert pd_options("prefill", "ampd") == {"bidirectional": True, "max_num_seqs": 1,
+                                             "enable_prefix_caching": True}
+    assert pd_options("decode", "ampd")["max_num_seqs"] is None
+    assert pd_options("prefill", "vllm", history="recompute", prefill_cache=False) == {
+        "bidirectional": False, "max_num_seqs": None, "enable_prefix_caching": False}
+    assert pd_options("decode", "vllm", prefill_cache=False)["enable_prefix_caching"]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_ampd_planning_routes_prefills_locally_in_its_simulations():
+    """One real whole-plan replay under `ampd` routing (6 dureader programs, TP8 P + TP8 D on
+    H100s, a TTFT SLO no remote prefill meets): AMPD's router takes some prefills local, which
+    `pd` routing never does, and the share within the SLO is kept for the plan."""
+    sim = plan_sim.SimulatedTau("h100-llama-3.1-70b", "dureader", 2.0,
+                                workload=partial(make_trace, "dureader"), router="ampd",
+                                slo=(0.05, 0.1))
+    turns = sim._turns("t", [{"name": "p", "role": "prefill", "profile": sim.profile(8)},
+                             {"name": "d", "role": "decode", "profile": sim.profile(8)}],
+                       sim._workload(6, 2.0))
+    assert any(t.prefill_replica is None for t in turns)  # local: no remote prefill replica
+    sim.deployment((8, 1), (8, 1), 6)
+    assert 0.0 <= sim.replayed[((8, 1), (8, 1), 0)] <= 1.0

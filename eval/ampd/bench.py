@@ -56,9 +56,8 @@ from eval.ampd.plot import plot_slo
 from eval.workloads.ampd import idle_ttft_s
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
-from server.max_model_len import BLOCK_SIZE, context_limit
 from server.perf.registry import load_profile
-from sim.engines import make_engine
+from sim.engines import fitting_context, make_engine, pd_options
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -135,11 +134,14 @@ def run_configs(strategies: Sequence[Strategy],
 
 # -- one run -----------------------------------------------------------------------------------
 def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
-                   num_gpu_blocks: int | None = None) -> Any:
-    """The `ClusterConfig` a strategy runs on. Replicas fill nodes of `GPUS_PER_NODE` GPUs in
-    order; P/D replicas are interleaved (p0, d0, p1, d1, ...) so a node holds both roles where
-    it can, as `cluster/examples/2p2d.yaml` does."""
-    tp = load_profile(profile).model.tp
+                   num_gpu_blocks: int | None = None, decode_profile: str | None = None) -> Any:
+    """The `ClusterConfig` a strategy runs on. `decode_profile`: the decode replicas' profile
+    when it differs from the prefill replicas' `profile` (mixed TP across roles, e.g. the
+    paper's DuReader plan P TP4 x2 + D TP8 x1); co-located replicas take `profile`.
+
+    Replicas fill nodes of `GPUS_PER_NODE` GPUs in order (`node_of`); P/D replicas are
+    interleaved (p0, d0, p1, d1, ...) so a node holds both roles where it can, as
+    `cluster/examples/2p2d.yaml` does."""
     if run.layout is None:
         roles = [("r", "colocated", i) for i in range(replicas)]
     else:
@@ -147,10 +149,13 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
         decode = [("d", "decode", i) for i in range(run.layout[1])]
         roles = [x for pair in zip(prefill, decode, strict=False) for x in pair]
         roles += prefill[len(decode):] + decode[len(prefill):]
+    profiles = [decode_profile if role == "decode" and decode_profile else profile
+                for _, role, _ in roles]
+    nodes = node_of([load_profile(name).model.tp for name in profiles])
     specs = []
-    for k, (prefix, role, i) in enumerate(roles):
-        spec: dict[str, Any] = {"name": f"{prefix}{i}", "role": role, "profile": profile,
-                                "policy": run.strategy.policy, "node": k * tp // GPUS_PER_NODE}
+    for (prefix, role, i), name, node in zip(roles, profiles, nodes, strict=True):
+        spec: dict[str, Any] = {"name": f"{prefix}{i}", "role": role, "profile": name,
+                                "policy": run.strategy.policy, "node": node}
         if num_gpu_blocks is not None:
             spec["num_gpu_blocks"] = num_gpu_blocks
         specs.append(spec)
@@ -164,6 +169,22 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
         raise AmpdBenchError(str(exc)) from None
 
 
+def node_of(degrees: Sequence[int]) -> list[int]:
+    """The node of each replica of TP `degrees`, in order: the first node with that many free
+    GPUs (first fit), so a TP group stays inside one node's NVLink as a real deployment keeps
+    it. With one degree this is ``k * tp // 8``, the placement before mixed TP."""
+    free: list[int] = []
+    nodes = []
+    for tp in degrees:
+        node = next((i for i, f in enumerate(free) if f >= tp), None)
+        if node is None:
+            free.append(GPUS_PER_NODE)
+            node = len(free) - 1
+        free[node] -= tp
+        nodes.append(node)
+    return nodes
+
+
 def _engine_factory(config: Any, seed: int, history: str = "pull",
                     strategy: Strategy | None = None) -> Callable[[Any], Any]:
     """`sim.engines.make_engine` (P/D replicas `bidirectional` when the history is pulled).
@@ -174,28 +195,13 @@ def _engine_factory(config: Any, seed: int, history: str = "pull",
     cache = strategy.prefill_cache if strategy is not None else True
 
     def build(spec: Any) -> Any:
-        prefill = spec.role == "prefill"
         return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
                            spec.offload_gib, spec, config,
                            max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
-                           bidirectional=history == "pull",
-                           max_num_seqs=1 if prefill and spec.policy == "ampd" else None,
-                           enable_prefix_caching=cache or not prefill)
+                           **pd_options(spec.role, spec.policy, history=history,
+                                        prefill_cache=cache))
 
     return build
-
-
-def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:
-    """The `max_model_len` a replica of `profile` is started with: None (the model's own
-    context) when its KV cache holds it, else what the cache holds, as an operator of a small
-    TP group sets `--max-model-len` (vLLM refuses to start otherwise: Llama-3.1-70B at TP2 on
-    H20 holds about 80k of its 131k tokens). A conversation longer than that is refused as
-    `ContextTooLong`, as before."""
-    if num_gpu_blocks is not None:
-        return None  # `context_limit` already caps it by the blocks
-    capacity = load_profile(profile).kv_capacity_tokens(0.9)
-    limit = context_limit(profile, None)
-    return None if capacity >= limit else capacity // BLOCK_SIZE * BLOCK_SIZE
 
 
 def trace_slo(trace: str, slo: SLO, profile: str, ttft_k: float | None) -> SLO:
@@ -242,16 +248,17 @@ def gap_attainment(programs: Sequence[Any], slo: SLO, metric: str) -> float:
 def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
             num_gpu_blocks: int | None = None, history: str = "pull",
             progress: Callable[[int], None] | None = None,
-            itl_slos: Sequence[float] = ()) -> dict[str, Any]:
+            itl_slos: Sequence[float] = (), decode_profile: str | None = None) -> dict[str, Any]:
     """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`). `history`
     (`HISTORY`): how a prefill replica gets the part of a program's history it lacks.
     `itl_slos`: ITL SLOs to score the same turns against as well (``slo_by_itl``, SLO
     attainment with `slo`'s TTFT bound and each ITL bound): a strategy whose router and
-    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd.regime`)."""
+    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd.regime`).
+    `decode_profile`: the decode replicas' profile if not `profile` (`cluster_config`)."""
     if history not in HISTORY:
         raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
     config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
-                            num_gpu_blocks=num_gpu_blocks)
+                            num_gpu_blocks=num_gpu_blocks, decode_profile=decode_profile)
     wall = time.perf_counter()
     cluster = VirtualCluster(config, seed=seed,
                              make_engine=_engine_factory(config, seed, history, run.strategy))

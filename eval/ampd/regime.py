@@ -11,10 +11,11 @@ that regime exists here; the map says, per cell, who wins and by how much.
 Tuning (the same for every strategy, chosen after the fact per cell): every deployment of the
 N GPUs at a uniform tensor-parallel degree d in `--tp` (those the model fits at and that divide
 N): co-located, N/d replicas; disaggregated, every split of the N/d replicas into p prefill
-and N/d - p decode replicas (p >= 1 each). Each strategy's attainment in a cell is its best
-over its deployments, and the map names that deployment. Mixed TP degrees within a deployment
-(e.g. a TP4 prefill and two TP2 decodes) are not tried: the bench builds replicas of one
-profile.
+and N/d - p decode replicas (p >= 1 each); and every *mixed* P/D deployment, p prefill
+replicas at one degree and q decode replicas at another that use all N GPUs (p * d_p + q * d_d
+= N, e.g. the paper's DuReader plan TP4 2P + TP8 1D on 16). Each strategy's attainment in a
+cell is its best over its deployments, and the map names that deployment. Degrees stay one per
+role (the planner's plans are of that form, `cluster.planner`).
 
 Cost: `vllm` and `pd` read neither SLO (FCFS queues, session / least-loaded routing), so each
 runs once per deployment and its turns are scored against every ITL SLO (`run_one`'s
@@ -35,6 +36,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cluster.plan_bounds import prefill_capacity
 from common.atomic import write_text_atomic
 from common.metrics import SLO
 from eval.ampd.bench import (
@@ -66,42 +68,83 @@ _PROFILE = re.compile(r"^(?P<gpu>[a-z][a-z0-9]*?)(?:x\d+)?-(?P<model>.+)$")
 
 @dataclass(frozen=True)
 class Deployment:
-    """N GPUs as replicas of one TP degree: co-located (`layout` None) or P/D."""
+    """N GPUs as replicas of one TP degree: co-located (`layout` None) or P/D; a mixed P/D
+    deployment's decode replicas run `decode_profile` at `decode_tp`."""
 
-    profile: str  # the replicas' profile, `{gpu}x{tp}-{model}`
+    profile: str  # the (prefill) replicas' profile, `{gpu}x{tp}-{model}`
     tp: int
     replicas: int
     layout: tuple[int, int] | None
+    decode_profile: str | None = None
+    decode_tp: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        if self.layout is None or self.decode_tp is None:
+            return self.tp * self.replicas
+        return self.tp * self.layout[0] + self.decode_tp * self.layout[1]
 
     @property
     def label(self) -> str:
         if self.layout is None:
             return f"TP{self.tp} x{self.replicas}"
+        if self.decode_tp is not None:
+            return f"TP{self.tp} {self.layout[0]}P + TP{self.decode_tp} {self.layout[1]}D"
         return f"TP{self.tp} {self.layout[0]}P{self.layout[1]}D"
 
 
-def deployments(profile: str, gpus: int, degrees: Sequence[int]) -> list[Deployment]:
+def same_label(a: str, b: str) -> bool:
+    """Labels compared as `--deployments` gives them: case and spaces do not matter."""
+    return a.replace(" ", "").lower() == b.replace(" ", "").lower()
+
+
+def deployments(profile: str, gpus: int, degrees: Sequence[int],
+                mixed: bool = True) -> list[Deployment]:
     """Every deployment of `gpus` GPUs of `profile`'s GPU and model (its own TP is ignored) at
-    each degree in `degrees` that divides `gpus` and that the model fits at."""
+    each degree in `degrees` that the model fits at: uniform ones (the degree divides `gpus`)
+    and, with `mixed`, P/D ones with one degree per role that use every GPU."""
     m = _PROFILE.match(profile.lower())
     if not m:
         raise AmpdBenchError(f"--profile {profile!r}: expected GPU[xN]-MODEL")
-    out: list[Deployment] = []
+    fits: dict[int, str] = {}
     for tp in sorted(set(degrees)):
-        if tp < 1 or gpus % tp:
-            continue
         name = f"{m['gpu']}x{tp}-{m['model']}"
         try:
             load_profile(name).kv_capacity_tokens(0.9)
         except ValueError:  # the model does not fit on tp GPUs
             continue
+        if tp >= 1:
+            fits[tp] = name
+    out: list[Deployment] = []
+    for tp, name in fits.items():
+        if gpus % tp:
+            continue
         n = gpus // tp
         out.append(Deployment(name, tp, n, None))
         out += [Deployment(name, tp, n, (p, n - p)) for p in range(1, n)]
+    if mixed:
+        for tp_p, name_p in fits.items():
+            for tp_d, name_d in fits.items():
+                if tp_p == tp_d:
+                    continue
+                for p in range(1, gpus // tp_p + 1):
+                    rest = gpus - p * tp_p
+                    if rest >= tp_d and rest % tp_d == 0:
+                        q = rest // tp_d
+                        out.append(Deployment(name_p, tp_p, p + q, (p, q), name_d, tp_d))
     if not out:
         raise AmpdBenchError(f"no deployment of {gpus} GPUs at TP {sorted(set(degrees))} fits "
                              f"{m['model']} on {m['gpu']}; give more GPUs or other --tp")
     return out
+
+
+def prefill_overload(trace: Any, dep: Deployment, load: float) -> float | None:
+    """`load` over what the deployment's prefill replicas sustain (`cluster.plan_bounds`, the
+    planner's capacity bound): above 1 the prefill queue has no steady state. Kept with a run
+    that could not finish, the measured setting of issue 28's TP2 `NoProgress`."""
+    if dep.layout is None:
+        return None
+    return load / (dep.layout[0] * prefill_capacity(trace.programs, load_profile(dep.profile)))
 
 
 def _runs(deps: Sequence[Deployment], itl_slos: Sequence[float],
@@ -131,11 +174,12 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
         raise AmpdBenchError("--itl-slo: give positive seconds, e.g. 0.03,0.05,0.1")
     deps = deployments(profile, gpus, degrees)
     if deployments_only:
-        wanted = {d.replace(" ", "").lower() for d in deployments_only}
-        deps = [d for d in deps if d.label.replace(" ", "").lower() in wanted]
+        deps = [d for d in deps if any(same_label(d.label, w) for w in deployments_only)]
         if not deps:
+            every = deployments(profile, gpus, degrees)
             raise AmpdBenchError(f"--deployments {', '.join(deployments_only)}: none of them "
-                                 f"is a deployment of {gpus} GPUs at TP {sorted(set(degrees))}")
+                                 f"is a deployment of {gpus} GPUs at TP {sorted(set(degrees))}"
+                                 f" (those are: {', '.join(d.label for d in every)})")
     runs = _runs(deps, itl_slos)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -154,12 +198,14 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
                         row = run_one(trace, RunConfig(STRATEGIES[KINDS[kind]], dep.layout),
                                       replicas=dep.replicas, profile=dep.profile, slo=slo,
                                       seed=seed, history=history,
-                                      itl_slos=itl_slos if slo_itl is None else (slo_itl,))
+                                      itl_slos=itl_slos if slo_itl is None else (slo_itl,),
+                                      decode_profile=dep.decode_profile)
                     except (NoProgress, AmpdBenchError) as exc:
                         # the deployment cannot run the trace (a conversation longer than
                         # its KV cache; admission starved): not a candidate, said in the map
                         row = {"slo_by_itl": {}, "wall_s": math.nan,
-                               "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                               "failed": f"{type(exc).__name__}: {str(exc)[:300]}",
+                               "prefill_load_x": prefill_overload(trace, dep, x)}
                     row.update(trace=name, jps=x, kind=kind, deployment=dep.label,
                                itl_slo=slo_itl)
                     rows.append(row)
@@ -249,7 +295,9 @@ def regime_markdown(summary: dict[str, Any]) -> str:
         lines += ["", "Runs that could not finish (not candidates for their kind's best):"]
         lines += [f"- {r['trace']} {r['jps']:g} jobs/s, {r['kind']} {r['deployment']}"
                   + ("" if r["itl_slo"] is None else f" (ITL {r['itl_slo']:g} s)")
-                  + f": {r['failed'].split(' with ')[0]}" for r in failed]
+                  + f": {r['failed'].split(' with ')[0]}"
+                  + (f" (load {r['prefill_load_x']:.1f} x the prefill side's capacity)"
+                     if r.get("prefill_load_x") else "") for r in failed]
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,21 @@ architectures, except ``bos_token_id`` = 0 and ``eos_token_id`` = 4: the ids of
 ``<|begin_of_text|>`` and ``<|eot_id|>`` in our local tokenizer (datasets/tokenizer), not
 Llama's 128000 / 128009. ``vocab_size`` stays 128256 (it sets the LM-head cost); our tokenizer
 has fewer ids, so the emulated executor must sample ids below the tokenizer's size.
+
+``qwen3-32b`` and ``mixtral-8x7b`` (AMPD's other two models, section 7.1) are written the same
+way from their public config.json numbers (layers, hidden, heads, KV heads, head_dim,
+intermediate, vocabulary, context; Mixtral's 8 experts of which 2 are active per token), with
+the same token ids. Two things they have that the arithmetic here leaves out, each below 0.01 %
+of the weights: Qwen3's per-head RMSNorm of Q and K (2 x 128 parameters a layer) and nothing
+else; Mixtral's router is counted.
+
+Mixture of experts (Mixtral): every expert's weights are held (memory, `params`), a token
+multiplies through its ``active_experts`` only (`matmul_params_per_token`), and a step is taken
+to stream *every* expert's weights from HBM (`weight_bytes_read_per_step`). The last is exact
+once a step's tokens touch all experts, which with 8 experts and 2 per token is 90 % likely from
+8 tokens on (1 - (6/8)^8) and is the case for every prefill chunk; a decode step of fewer
+sequences reads fewer experts, so the emulator overstates Mixtral's decode step at small
+batches (at 1 sequence by up to ~3x in the weight-read term). A stated simplification.
 """
 
 from __future__ import annotations
@@ -35,6 +50,8 @@ class ModelSpec:
     vocab: int
     tie_embeddings: bool = False
     tp: int = 1
+    experts: int = 1  # MLP experts per layer (1: a dense model)
+    active_experts: int = 1  # experts each token runs through
     bytes_per_param: int = 2
 
     @classmethod
@@ -63,6 +80,8 @@ class ModelSpec:
                 vocab=int(cfg["vocab_size"]),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 tp=tp,
+                experts=int(cfg.get("num_local_experts", 1)),
+                active_experts=int(cfg.get("num_experts_per_tok", 1)),
             )
         except KeyError as e:
             raise ValueError(f"model config {p} lacks {e.args[0]!r}") from None
@@ -70,6 +89,9 @@ class ModelSpec:
         return spec
 
     def validate(self) -> None:
+        if not 1 <= self.active_experts <= self.experts:
+            raise ValueError(f"{self.name}: {self.active_experts} active experts of "
+                             f"{self.experts}; need 1 <= active <= experts")
         if self.tp < 1:
             raise ValueError(f"tensor-parallel size must be >= 1, got {self.tp}")
         if self.heads % self.tp:
@@ -84,13 +106,33 @@ class ModelSpec:
 
     # parameters ----------------------------------------------------------------------------
     @property
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer (Q, K, V, O, gate, up, down, two RMSNorms)."""
+    def attention_params(self) -> int:
+        """Q, K, V, O of one layer and its two RMSNorms (what every token runs through)."""
         q = self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
-        return q + kv + o + mlp + 2 * self.hidden
+        return q + kv + o + 2 * self.hidden
+
+    @property
+    def expert_params(self) -> int:
+        """One SwiGLU MLP (gate, up, down): the dense model's MLP, or one expert."""
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.experts if self.experts > 1 else 0
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (Q, K, V, O, every expert's gate, up, down, the
+        router, two RMSNorms)."""
+        return self.attention_params + self.experts * self.expert_params + self.router_params
+
+    @property
+    def active_layer_params(self) -> int:
+        """Parameters of one layer a token multiplies through (its active experts only)."""
+        return (self.attention_params + self.active_experts * self.expert_params
+                + self.router_params)
 
     @property
     def embedding_params(self) -> int:
@@ -113,8 +155,9 @@ class ModelSpec:
     @property
     def matmul_params_per_token(self) -> int:
         """Weights every new token multiplies through (the decoder layers; the LM head runs
-        only on each sequence's last token, the embedding is a lookup)."""
-        return self.layers * self.layer_params
+        only on each sequence's last token, the embedding is a lookup); a mixture of experts'
+        token runs through its active experts only."""
+        return self.layers * self.active_layer_params
 
     @property
     def weight_bytes(self) -> int:

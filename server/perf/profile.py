@@ -88,7 +88,8 @@ class Profile:
         m = self.model
         tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
         qkv = (m.heads // m.tp + 2 * m.kv_heads_per_gpu) * m.head_dim
-        per_token = (3 * m.hidden + qkv + 3 * m.intermediate // m.tp) * m.bytes_per_param
+        per_token = (3 * m.hidden + qkv
+                     + 3 * m.active_experts * m.intermediate // m.tp) * m.bytes_per_param
         forward = tokens * per_token
         sampler = seqs * m.vocab * 4 * 3
         per_gpu = self.eff.non_torch_bytes + max(forward, sampler)
