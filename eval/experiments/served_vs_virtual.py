@@ -31,8 +31,11 @@ import httpx
 from cluster.config import ClusterConfigError, load_cluster
 from common.atomic import write_text_atomic
 from eval import ExperimentError
-from eval.bench.specs import ClusterRuns, EngineSettings, HttpTarget
+from eval.bench.runs import BenchSpec, Workload
+from eval.bench.served import Served
+from eval.bench.specs import ClusterRuns, Engines, HttpTarget
 from eval.bench.sweep import bench
+from eval.bench.virtual import Cluster
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
 
@@ -144,11 +147,13 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
     strategies = [s.strip() for s in options.strategies.split(",") if s.strip()]
     if len(strategies) < 2:
         raise ExperimentError("--strategies: give at least two to rank")
-    common = dict(programs=options.programs, jps=[options.jps], profile=config.replicas[0].profile,
-                  seed=options.seed, settings=EngineSettings(), time_scale=options.time_scale)
+    workload = Workload(options.trace, options.programs, (options.jps,), seed=options.seed,
+                        time_scale=options.time_scale)
+    engines = Engines(config.replicas[0].profile, options.seed)
     runs = ClusterRuns.load(options.cluster, strategies)
-    virtual = bench(options.trace, runs.labels(), out=out / "virtual", cluster=runs, **common)
-    rows_virtual = {r["policy"]: r for r in virtual["results"]}
+    virtual = bench(BenchSpec(workload, tuple(runs.labels())), Cluster.of(runs, engines),
+                    out / "virtual")
+    rows_virtual = {r["policy"]: r for r in virtual.results}
     rows_served: dict[str, dict[str, Any]] = {}
     for strategy in strategies:
         path = _served_file(config, strategy, out)
@@ -159,9 +164,9 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
         process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}", ray)
         try:
             _wait(url, process, options.startup_timeout)
-            served = bench(options.trace, [strategy], out=out / f"served-{strategy}", **common,
-                           http=HttpTarget(url))
-            rows_served[strategy] = served["results"][0]
+            served = bench(BenchSpec(workload, (strategy,)), Served(HttpTarget(url), engines),
+                           out / f"served-{strategy}")
+            rows_served[strategy] = served.results[0]
             rows_served[strategy]["router"] = httpx.get(url + "/v1/cluster", timeout=10).json()
         finally:
             _stop(process)
