@@ -109,10 +109,8 @@ def test_every_option_is_a_field_of_its_experiments_options():
 
     from cli.experiments import EXPERIMENTS, register
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    eval_parser = next(a for a in parser._actions
-                       if isinstance(a, argparse._SubParsersAction)).choices["eval"]
+    eval_parser = argparse.ArgumentParser()
+    register(eval_parser)
     subparsers = next(a for a in eval_parser._actions
                       if isinstance(a, argparse._SubParsersAction)).choices
     for experiment in EXPERIMENTS:
