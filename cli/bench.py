@@ -1,16 +1,16 @@
 """`harness bench`: its options, and their translation into one `eval.bench.sweep.bench` call.
 
-Why the parsing lives here: the sweep (`eval.bench`) takes lists, numbers and small dataclasses
-(`EngineSettings`, `ClusterRuns`, `HttpTarget`), so experiments call it from Python; turning
-``--policies a,b``, ``--jps 0.5,1`` or ``--concurrency 16,64`` into those, refusing what no run
-can take (a `BenchError`, which `cli.main` prints as one line), and the defaults that depend on
-the trace are the command line's job.
+Why the parsing lives here: the sweep (`eval.bench.sweep.bench`) takes a `BenchSpec` (the
+workload, the policies, how they are measured) and a back end (one engine, a cluster file or a
+server), so experiments call it from Python; turning ``--policies a,b``, ``--jps 0.5,1`` or
+``--concurrency 16,64`` into those, refusing flags that do not go together (a `BenchError`,
+which `cli.main` prints as one line), and the defaults that depend on the trace are the command
+line's job. Each value checks its own fields when made.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 
@@ -18,10 +18,14 @@ from rich.console import Console
 
 from cli.options import add_offload_copy_model_argument, parse_loads
 from common.metrics import SLO
+from eval.bench.backends import Backend
 from eval.bench.report import print_table
+from eval.bench.runs import BenchSpec, Workload
+from eval.bench.served import Served
 from eval.bench.specs import (
     BenchError,
     ClusterRuns,
+    Engines,
     EngineSettings,
     HttpTarget,
     check_policies,
@@ -29,6 +33,7 @@ from eval.bench.specs import (
 )
 from eval.bench.sweep import bench
 from eval.bench.traces import TRACE_NAMES
+from eval.bench.virtual import Cluster, SingleEngine
 from eval.workloads.registry import TRACES
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
@@ -128,60 +133,58 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     out = Path(args.out or f"runs/bench-{Path(args.trace).stem}")
-    cluster = None
+    spec, backend = plan(args)
+    summary = bench(spec, backend, out, console)
+    print_table(summary.to_json(), console)
+    console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
+                  f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
+    return 0
+
+
+def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
+    """The sweep the options ask for and the back end it runs on; a mistake in them raises
+    `BenchError` (here for what is about flags together, in the values' own checks for the
+    rest)."""
+    settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
+                              args.max_num_batched_tokens, args.offload_gib,
+                              args.offload_copy_model)
+    settings.check(cluster=args.cluster is not None, http=args.url is not None)
+    policies, backend = _backend(args, Engines(args.profile, args.seed, settings))
+    concurrency = None
+    if args.concurrency is not None:
+        if args.url:
+            raise BenchError("--concurrency replays in virtual time; not with --url")
+        concurrency = _concurrency(args.concurrency)
+    if args.jobs > 1 and args.url:
+        raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
+    jps = [None] if concurrency and args.jps is None else _loads(args.jps, args.trace)
+    workload = Workload(args.trace, args.programs, tuple(jps), concurrency and tuple(concurrency),
+                        args.seed, args.time_scale, args.too_long)
+    spec = BenchSpec(workload, tuple(policies), args.steady, SLO(args.slo_ttft, args.slo_tpot),
+                     args.jobs)
+    return spec, backend
+
+
+def _backend(args: argparse.Namespace, engines: Engines) -> tuple[list[str], Backend]:
+    """The policies (or cluster labels) to compare, and where they replay: a cluster file's
+    replicas, a running server, or one in-process engine each (with the reference runs)."""
     if args.cluster:
         if args.url:
             raise BenchError("--cluster replays in virtual time; for a served cluster give "
                              "--url the router of `harness cluster serve` instead")
-        cluster = ClusterRuns.load(args.cluster,
-                                   _names(args.routers) if args.routers else None,
-                                   _names(args.policies) if args.policies else None)
-        policies = cluster.labels()
-    else:
-        if args.routers:
-            raise BenchError("--routers compares routing strategies of a --cluster FILE")
-        policies = check_policies(_names(args.policies or "vllm,continuum"))
-        if not args.no_bounds and not args.url:
-            policies = with_references(policies)
-    http = None
+        runs = ClusterRuns.load(args.cluster, _names(args.routers) if args.routers else None,
+                                _names(args.policies) if args.policies else None)
+        return runs.labels(), Cluster.of(runs, engines)
+    if args.routers:
+        raise BenchError("--routers compares routing strategies of a --cluster FILE")
+    policies = check_policies(_names(args.policies or "vllm,continuum"))
     if args.url:
         if len(policies) != 1:
             raise BenchError("--url replays against one running server: give --policies the "
                              "one policy it runs (a label for the results)")
-        http = HttpTarget(args.url, args.model, args.isolated_over_http)
-    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
-        if not (value > 0 and math.isfinite(value)):
-            raise BenchError(f"{flag} must be a positive number of seconds, not {value}")
-    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
-        raise BenchError(f"--time-scale must be a positive number, not {args.time_scale}")
-    concurrency = None
-    if args.concurrency is not None:
-        if args.jps is not None:
-            raise BenchError("give either --jps (arrivals) or --concurrency (closed loop)")
-        if http is not None:
-            raise BenchError("--concurrency replays in virtual time; not with --url")
-        concurrency = _concurrency(args.concurrency)
-    if not (0.0 <= args.steady < 0.5):
-        raise BenchError(f"--steady {args.steady:g}: give a fraction in [0, 0.5)")
-    if args.jobs < 1:
-        raise BenchError(f"--jobs {args.jobs}: give at least 1")
-    if args.jobs > 1 and args.url:
-        raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
-    settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
-                              args.max_num_batched_tokens, args.offload_gib,
-                              args.offload_copy_model)
-    settings.check(cluster=cluster is not None, http=http is not None)
-    summary = bench(args.trace, policies, programs=args.programs,
-                    jps=[None] if concurrency else _loads(args.jps, args.trace),
-                    concurrency=concurrency, steady=args.steady,
-                    profile=args.profile, seed=args.seed,
-                    out=out, settings=settings, console=console, http=http,
-                    time_scale=args.time_scale, slo=SLO(args.slo_ttft, args.slo_tpot),
-                    cluster=cluster, too_long=args.too_long, jobs=args.jobs)
-    print_table(summary, console)
-    console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
-                  f"{out / 'jct_vs_load.png'}, {out / 'jct_cdf.png'}")
-    return 0
+        return policies, Served(HttpTarget(args.url, args.model, args.isolated_over_http),
+                                engines)
+    return (policies if args.no_bounds else with_references(policies)), SingleEngine(engines)
 
 
 def _names(text: str) -> list[str]:

@@ -20,7 +20,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     parser.add_argument("benchmark", help="gsm8k, hotpotqa, alfworld or swe-bench")
     if policy:
-        parser.add_argument("--policy", default="continuum")
+        parser.add_argument("--policy", default=RunSpec.policy,
+                            help="the co-located server's policy (default %(default)s)")
     parser.add_argument("--model", default=None,
                         help="replay:DIR (recorded trajectories; default: the benchmark's own), "
                         "a served model NAME (with --server), a model PATH (real GPU), or with "
@@ -38,13 +39,16 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         "it out of the process list)")
     parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=RunSpec.concurrency,
+                        help="programs at once (default %(default)s)")
     parser.add_argument("--tasks", default=None, help="a task file instead of the shipped one")
     parser.add_argument("--out", default=None,
                         help="output folder (default runs/BENCH-POLICY-TIMESTAMP)")
     parser.add_argument("--resume", action="store_true",
                         help="skip tasks already finished in --out")
-    parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--max-steps", type=int, default=RunSpec.max_steps,
+                        help="steps per program before it ends at the step limit (default "
+                        "%(default)s)")
     parser.add_argument("--max-tokens", type=int, default=RunSpec.max_tokens,
                         help="each reply's output cap in tokens (default %(default)s)")
     parser.add_argument("--temperature", type=float, default=RunSpec.temperature,

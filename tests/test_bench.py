@@ -9,9 +9,11 @@ import pytest
 
 from cli.main import main
 from common.metrics import MACHINE_DEPENDENT, replay_metrics
-from eval.bench.specs import BenchError, EngineSettings, settings_engine
+from eval.bench.runs import BenchSpec, Workload
+from eval.bench.specs import BenchError, Engines, EngineSettings
 from eval.bench.sweep import bench
 from eval.bench.traces import make_trace
+from eval.bench.virtual import SingleEngine
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
 
@@ -114,9 +116,9 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # isolated JCTs are cached: a second sweep reuses them and gives the same JCTs
     assert list(out.glob("isolated-*.json"))
-    again = bench("swe", ["vllm"], programs=4, jps=[3.0], profile=PROFILE, seed=0,
-                  out=out, settings=EngineSettings(num_gpu_blocks=BLOCKS))
-    assert again["results"][0]["jct_mean_s"] == summary["results"][0]["jct_mean_s"]
+    again = bench(BenchSpec(Workload("swe", 4, (3.0,)), ("vllm",)),
+                  SingleEngine(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS))), out)
+    assert again.results[0]["jct_mean_s"] == summary["results"][0]["jct_mean_s"]
     # what was replayed is in the report: the trace's statistics and the engine settings
     assert summary["trace_stats"]["n_programs"] == 4
     assert "## What was replayed" in report and "| turns / program |" in report
@@ -129,13 +131,13 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
 def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
     """--jobs 2: the isolated JCTs and each replay in their own process; every figure but the
     wall and CPU times is the serial run's."""
-    common = dict(programs=3, jps=[3.0], profile=PROFILE, seed=0,
-                  settings=EngineSettings(num_gpu_blocks=BLOCKS))
-    serial = bench("swe", ["continuum"], out=tmp_path / "serial", **common)
-    parallel = bench("swe", ["continuum"], out=tmp_path / "parallel", jobs=2, **common)
-    assert parallel["jobs"] == 2
+    workload = Workload("swe", 3, (3.0,))
+    engine = SingleEngine(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)))
+    serial = bench(BenchSpec(workload, ("continuum",)), engine, tmp_path / "serial")
+    parallel = bench(BenchSpec(workload, ("continuum",), jobs=2), engine, tmp_path / "parallel")
+    assert parallel.jobs == 2
     timing = set(MACHINE_DEPENDENT)
-    for a, b in zip(serial["results"], parallel["results"], strict=True):
+    for a, b in zip(serial.results, parallel.results, strict=True):
         assert {k: v for k, v in a.items() if k not in timing} == {
             k: v for k, v in b.items() if k not in timing}
     assert (tmp_path / "parallel" / "runs" / "continuum-jps3.json").exists()
@@ -148,11 +150,11 @@ def test_engine_settings_reach_every_policys_engine(autoclose):
     settings = EngineSettings(num_gpu_blocks=BLOCKS, max_num_batched_tokens=2048,
                               offload_gib=2.0)
     for policy in ("vllm", "continuum"):
-        engine = autoclose(settings_engine(policy, PROFILE, 0, settings))
+        engine = autoclose(Engines(PROFILE, 0, settings).make(policy))
         assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
         assert engine.offload_gib == 2.0
         assert engine.vllm_config.kv_transfer_config is not None
-    plain = autoclose(settings_engine("vllm", PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)))
+    plain = autoclose(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)).make("vllm"))
     assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
 
 
@@ -165,15 +167,15 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     sourced = load_profile(PROFILE, offload_copy_model="sourced")
     settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0,
                               offload_copy_model="sourced")
-    engine = autoclose(settings_engine("continuum", PROFILE, 0, settings))
+    engine = autoclose(Engines(PROFILE, 0, settings).make("continuum"))
     worker = engine.core.model_executor._offload
     assert worker._load_seconds(2048) == sourced.load_seconds(2048)
     assert worker._store_seconds(2048) == sourced.store_seconds(2048)
     cost = engine.scheduler.agent_policy.cost_model
     assert cost.offload_copy_model == "sourced"
     assert cost.swap_seconds(2048) == sourced.load_seconds(2048)
-    engine = autoclose(settings_engine("continuum", PROFILE, 0,
-                                       EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0)))
+    settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0)
+    engine = autoclose(Engines(PROFILE, 0, settings).make("continuum"))
     # the env of the previous engine does not leak into the next one
     assert engine.scheduler.agent_policy.cost_model.offload_copy_model == "peak80"
     worker = engine.core.model_executor._offload

@@ -45,11 +45,10 @@ def test_a_bad_option_value_exits_2_naming_it(capsys):
 
 
 def test_an_unknown_router_mode_exits_2_naming_the_choices(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["eval", "router-baseline", "--modes", "vr-hash,nope"])
-    assert exit_.value.code == 2
-    assert ("error: --modes: unknown nope; choose from vr-hash, vr-hash-body, vr-rr"
-            in capsys.readouterr().err)
+    # checked by the options' own __post_init__: one line, before any replica starts
+    assert main(["eval", "router-baseline", "--modes", "vr-hash,nope"]) == 2
+    assert capsys.readouterr().err == (
+        "harness: error: --modes: unknown nope; choose from vr-hash, vr-hash-body, vr-rr\n")
 
 
 def test_an_unknown_served_system_is_a_user_error_naming_the_choices(capsys):
@@ -82,8 +81,13 @@ def test_step_interference_prints_published_and_emulated_inflation(capsys):
 
 
 def test_step_interference_refuses_a_bad_chunk_list(capsys):
-    assert main(["eval", "step-interference", "--chunks", "512,lots"]) == 2
-    assert "--chunks '512,lots'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # not whole numbers: argparse's type refuses it
+        main(["eval", "step-interference", "--chunks", "512,lots"])
+    assert exit_.value.code == 2
+    assert ("argument --chunks: '512,lots': give comma-separated whole numbers"
+            in capsys.readouterr().err)
+    assert main(["eval", "step-interference", "--chunks", "512,0"]) == 2  # a value: the options
+    assert "--chunks '512,0': give positive token counts" in capsys.readouterr().err
 
 
 def test_the_parser_does_not_import_langchain():
@@ -95,3 +99,56 @@ def test_the_parser_does_not_import_langchain():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_every_option_is_a_field_of_its_experiments_options():
+    """The registry's options dataclass is the whole schema: each parser's options are its
+    fields (and nothing else), each with the field's default."""
+    import argparse
+    import dataclasses
+
+    from cli.experiments import EXPERIMENTS, register
+
+    eval_parser = argparse.ArgumentParser()
+    register(eval_parser)
+    subparsers = next(a for a in eval_parser._actions
+                      if isinstance(a, argparse._SubParsersAction)).choices
+    for experiment in EXPERIMENTS:
+        actions = {a.dest: a for a in subparsers[experiment.name]._actions if a.dest != "help"}
+        fields = {f.name: f for f in dataclasses.fields(experiment.options)}
+        assert set(actions) == set(fields), experiment.name
+        for name, f in fields.items():
+            if f.default is not dataclasses.MISSING:
+                assert actions[name].default == f.default, (experiment.name, name)
+
+
+def test_the_langchain_options_have_run_examples_defaults():
+    import inspect
+
+    from cli.experiments import LangchainExampleOptions
+    from eval.examples.langchain_agent import run_example
+
+    defaults = {name: p.default for name, p in inspect.signature(run_example).parameters.items()}
+    assert defaults == {"server": LangchainExampleOptions.server,
+                        "model": LangchainExampleOptions.model,
+                        "free": LangchainExampleOptions.free,
+                        "device": LangchainExampleOptions.device}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fidelity", "--real-runs", "0"], "--real-runs 0: give 1 or more"),
+    (["fidelity", "--tool-scale", "0"], "--tool-scale 0.0: give a positive factor"),
+    (["served-vs-virtual", "--cluster", "x.yaml", "--strategies", "pd"],
+     "--strategies: give at least two to rank"),
+    (["load", "--programs", "0"], "--programs must be at least 1"),
+    (["load", "--mix", "gsm8k=-1"], "--mix: 'gsm8k=-1': the weight must be positive"),
+    (["sched-overhead", "--policies", "vllm,nope"], "--policies: unknown nope"),
+    (["router-overhead", "--url", "http://127.0.0.1:9", "--turns", "0"], "--turns"),
+    (["real-model", "--limit", "0"], "--limit 0: give at least 1"),
+    (["bash-overhead", "-n", "0"], "-n 0: give at least 1 run"),
+])
+def test_a_bad_value_is_refused_by_the_options_in_one_line(argv, message, capsys):
+    assert main(["eval", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("harness: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1

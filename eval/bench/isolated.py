@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from common.trace import Trace
 from eval.bench.rows import write_json
-from eval.bench.specs import EngineSettings, settings_engine
+from eval.bench.specs import Engines, EngineSettings
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from sim.replay import isolated_jcts
 
@@ -45,21 +45,23 @@ def fingerprint(trace: Trace, profile: str, seed: int,
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def isolated_timed(trace: Trace, profile: str, seed: int, out: Path, settings: EngineSettings,
+def isolated_timed(trace: Trace, engines: Engines, out: Path,
                    progress: Callable[[int], None] | None
                    ) -> tuple[dict[str, float], IsolatedCost | None]:
-    """Each program's JCT alone on an engine of the run's settings (no offloading: alone,
-    nothing is evicted), cached in `out` by the programs' contents and the settings; and what
-    measuring them cost, or None when they came from the cache."""
+    """Each program's JCT alone on a `vllm` engine of the run's settings (no offloading:
+    alone, nothing is evicted), cached in `out` by the programs' contents and the settings;
+    and what measuring them cost, or None when they came from the cache."""
     # no copy to price either: the isolated bound is the same whatever the copy model
-    plain = replace(settings, offload_gib=None, offload_copy_model=DEFAULT_OFFLOAD_COPY_MODEL)
-    path = out / f"isolated-{profile}-{fingerprint(trace, profile, seed, plain)}.json"
+    plain = replace(engines.settings, offload_gib=None,
+                    offload_copy_model=DEFAULT_OFFLOAD_COPY_MODEL)
+    profile = engines.profile
+    path = out / f"isolated-{profile}-{fingerprint(trace, profile, engines.seed, plain)}.json"
     if path.exists():
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}, None
     wall, cpu = time.perf_counter(), time.process_time()
-    engine = settings_engine("vllm", profile, seed, plain)
+    engine = replace(engines, settings=plain).make("vllm")
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
         steps = int(engine.scheduler.sched_steps)
@@ -75,7 +77,8 @@ def log_isolated(console: Any, n: int, timing: IsolatedCost | None) -> None:
     if console is None:
         return
     if timing is None:
-        console.print(f"isolated JCTs: {n} programs, read from the output folder's cache")
+        console.print(f"isolated JCTs: {n} programs, not measured here (the output folder's "
+                      "cache, or the server)")
         return
     wall, cpu, steps = timing
     console.print(f"isolated JCTs: {n} programs alone, wall {wall:.1f} s (CPU {cpu:.1f} s), "

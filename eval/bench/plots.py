@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_path
-from eval.bench.rows import jps_label, load_text
+from eval.bench.runs import jps_label, load_text
 
 
 def plot(summary: dict[str, Any], out: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from common.trace import TraceStats
-from eval.bench.rows import load_text
+from eval.bench.runs import load_text
 
 #: The report's table: (row key, header, format); the terminal shows a few of them.
 _COLUMNS = [("policy", "policy", "{}"), ("jps", "jobs/s", "{}"),

@@ -1,8 +1,8 @@
 """A replay's row of metrics, its per-program records, and its line in the log.
 
-Why one place: the serial sweep and the parallel one (`eval.bench.parallel`) must make the
-same row from the same replay, write the same ``runs/<policy>-jps<x>.json`` and log the same
-line, so that `--jobs` changes the wall time and nothing else.
+Why one place: every back end's replay, in this process or a worker's (`--jobs`), must make
+its row the same way, write the same ``runs/<policy>-jps<x>.json`` and log the same line, so
+that neither the back end nor `--jobs` changes the shape of the outputs.
 """
 
 from __future__ import annotations
@@ -14,28 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_text_atomic
-from common.metrics import SLO, cluster_metrics, replay_metrics
-from eval.replay.http_replay import http_replay_metrics
+from eval.bench.runs import Run, jps_label
 
 
-def make_row(result: Any, wall: float, policy: str, x: float | None,
-             isolated: dict[str, float], out: Path, slo: SLO | None, cluster: bool, http: bool,
-             concurrency: int | None, cpu: float | None = None) -> dict[str, Any]:
-    """A replay's metrics row; its per-program records go to ``out/runs/``."""
-    row: dict[str, Any] = {"policy": policy, "jps": x, "concurrency": concurrency}
-    if http:
-        row.update(http_replay_metrics(result, isolated, slo))
-    else:
-        row.update(replay_metrics(result, isolated, slo))
-    if cluster:
-        row.update(cluster_metrics(result, slo))
-    row["wall_s"] = wall
-    row["cpu_s"] = cpu
-    if not http:  # the replay's own speed: engine steps (all replicas) per wall second
-        row["engine_steps_per_s"] = row.get("engine_steps", 0) / max(row["wall_s"], 1e-9)
+def make_row(run: Run, result: Any, metrics: dict[str, Any], isolated: dict[str, float],
+             out: Path) -> dict[str, Any]:
+    """A replay's row: which run, then the back end's `metrics` of its `result`
+    (`eval.bench.backends.Backend.metrics`); its per-program records go to ``out/runs/``."""
+    row: dict[str, Any] = {"policy": run.policy, "jps": run.jps,
+                           "concurrency": run.concurrency, **metrics}
     measured = getattr(result, "measured", None)
     records = {
-        "policy": policy, "jps": x, "concurrency": concurrency,
+        "policy": run.policy, "jps": run.jps, "concurrency": run.concurrency,
         "programs": [
             {"id": p.program_id, "arrival_s": p.arrival, "finished_s": p.finished,
              "jct_s": p.jct, "isolated_jct_s": isolated.get(p.program_id),
@@ -44,7 +34,8 @@ def make_row(result: Any, wall: float, policy: str, x: float | None,
             for p in result.programs.values()
         ],
     }
-    write_json(out / "runs" / f"{policy}-jps{jps_label(x, concurrency)}.json", records)
+    write_json(out / "runs" / f"{run.policy}-jps{jps_label(run.jps, run.concurrency)}.json",
+               records)
     return row
 
 
@@ -61,18 +52,6 @@ def log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:
 
 def _cpu_text(cpu: float | None) -> str:
     return "" if cpu is None else f" (CPU {cpu:.1f} s)"
-
-
-def jps_label(x: float | None, closed: int | None = None) -> str:
-    """A load as it appears in file names: jobs/s, ``trace`` (its own arrivals) or
-    ``closedN`` (closed loop, N at once)."""
-    if closed is not None:
-        return f"closed{closed}"
-    return "trace" if x is None else f"{x:g}"
-
-
-def load_text(x: float | None, closed: int | None) -> str:
-    return f"{closed} at once" if closed is not None else f"{jps_label(x)} jobs/s"
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -16,7 +16,9 @@ from typing import Any
 from cluster.config import ClusterConfig, ClusterConfigError, load_cluster, parse_cluster
 from common.trace import Trace
 from eval import ExperimentError
+from server.max_model_len import context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.perf.registry import load_profile
 from server.policies import POLICIES
 from sim.client import HINT_MODES
 from sim.engines import base_policy, make_engine
@@ -163,14 +165,40 @@ class EngineSettings:
             raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
 
 
-def settings_engine(policy: str, profile: str, seed: int, settings: EngineSettings,
-                    trace: Trace | None = None) -> Any:
-    """`make_engine` for a single-engine run under the run's `EngineSettings`; `trace`: the
-    programs it will replay (only a clairvoyant policy, `oracle`, is told them)."""
-    return make_engine(policy, profile, seed, settings.num_gpu_blocks, settings.offload_gib,
-                       max_model_len=settings.max_model_len,
-                       max_num_batched_tokens=settings.max_num_batched_tokens,
-                       offload_copy_model=settings.offload_copy_model, trace=trace)
+@dataclass(frozen=True)
+class Engines:
+    """Every single engine of a run: the profile it emulates, its seed and the shared
+    `EngineSettings`. One value, so the isolated bound, the replays and the worker processes of
+    `--jobs` build their engines from the same three things, and nothing below the sweep reads
+    them from anywhere else."""
+
+    profile: str
+    seed: int = 0
+    settings: EngineSettings = EngineSettings()
+
+    def check(self) -> None:
+        """Refuse a profile that does not load (a name or table path), naming the flag."""
+        try:
+            load_profile(self.profile, offload_copy_model=self.settings.offload_copy_model)
+        except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
+            raise BenchError(f"--profile {self.profile!r}: {exc}") from None
+
+    def make(self, policy: str, trace: Trace | None = None) -> Any:
+        """`make_engine` for `policy` under the run's settings; `trace`: the programs it will
+        replay (only a clairvoyant policy, `oracle`, is told them)."""
+        settings = self.settings
+        return make_engine(policy, self.profile, self.seed, settings.num_gpu_blocks,
+                           settings.offload_gib, max_model_len=settings.max_model_len,
+                           max_num_batched_tokens=settings.max_num_batched_tokens,
+                           offload_copy_model=settings.offload_copy_model, trace=trace)
+
+    def context_limit(self) -> int:
+        """The longest conversation these engines take (`server.max_model_len`)."""
+        try:
+            return context_limit(self.profile, self.settings.num_gpu_blocks,
+                                 self.settings.max_model_len)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
 
 
 @dataclass(frozen=True)

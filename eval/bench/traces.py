@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from common.trace import Trace, TraceFormatError
-from eval.bench.specs import BenchError, ClusterRuns
+from eval.bench.runs import Workload
+from eval.bench.specs import BenchError
+from eval.replay.http_replay import scale_trace
 from eval.workloads.registry import TRACES, load_or_generate, merge
-from server.max_model_len import context_limit
 from sim.conversation import too_long_turns
 
 #: What `--trace` takes besides a file: the generated traces, and `merge` (SWE + BFCL).
@@ -47,20 +48,22 @@ def make_trace(name: str, programs: int | None, jps: float | None, seed: int) ->
         raise BenchError(str(exc)) from None
 
 
-def fit_context(traces: dict[Any, Trace], cluster: ClusterRuns | None, profile: str,
-                num_gpu_blocks: int | None, max_model_len: int | None,
+def make_traces(workload: Workload) -> dict[float | None, Trace]:
+    """The trace at each open-loop load of `workload`, scaled by its time scale; a closed
+    loop's arrivals are not used, so any rate gives its programs in the same order."""
+    closed = workload.concurrency is not None
+    return {x: scale_trace(make_trace(workload.trace, workload.programs, 1.0 if closed else x,
+                                      workload.seed), workload.time_scale)
+            for x in workload.jps}
+
+
+def fit_context(traces: dict[Any, Trace], limit: int | None,
                 too_long: str) -> tuple[dict[Any, Trace], list[str]]:
-    """Find, before any engine runs, the programs with a turn longer than the engines take
-    (on a cluster: the smallest replica's limit, as a program may land anywhere); stop with
-    their names (``too_long="error"``) or leave them out (``"skip"``, one line each)."""
-    try:
-        if cluster is None:
-            limit = context_limit(profile, num_gpu_blocks, max_model_len)
-        else:
-            limit = min(context_limit(r.profile, r.num_gpu_blocks, max_model_len)
-                        for r in cluster.config.replicas)
-    except ValueError as exc:
-        raise BenchError(str(exc)) from None
+    """Find, before any engine runs, the programs with a turn longer than `limit` (every
+    engine's context; None: not checked here); stop with their names (``too_long="error"``)
+    or leave them out (``"skip"``, one line each)."""
+    if limit is None:
+        return traces, []
     first = next(iter(traces.values()))  # every load replays the same programs
     long = too_long_turns(first, limit)
     if not long:

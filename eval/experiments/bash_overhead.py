@@ -16,7 +16,9 @@ import asyncio
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass, field
 
+from eval import ExperimentError
 from harness.tools.bash import BashTool
 from harness.tools.bash_container import RUNNER, remove_leftovers
 from harness.tools.docker_client import shared_client
@@ -72,8 +74,25 @@ async def measure(n: int, image: str) -> tuple[list[float], list[float], list[fl
         remove_leftovers(shared_client(), owner=owner)
 
 
-def run_bash_overhead(n: int = 30, image: str = DEFAULT_IMAGE) -> int:
+class BashOverheadError(ExperimentError):
+    """A measurement that cannot be made as asked (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class BashOverheadOptions:
+    """One measurement (each field is an option of `harness eval bash-overhead`)."""
+
+    n: int = field(default=30, metadata={"flags": ("-n",), "help": "measured runs of each"})
+    image: str = field(default=DEFAULT_IMAGE, metadata={"help": "sandbox image"})
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise BashOverheadError(f"-n {self.n}: give at least 1 run")
+
+
+def run_bash_overhead(options: BashOverheadOptions) -> int:
     """Measure and print the three lines; exit status 0."""
+    n, image = options.n, options.image
     tool_ms, exec_ms, wrapped_ms = asyncio.run(measure(n, image))
     print(f"N = {n} runs of `true` each (after {WARMUP} warm-up runs)")
     print(summary("BashTool.run('true')", tool_ms))

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from dataclasses import dataclass, field
 
 import httpx
 
+from eval import ExperimentError
 from harness.events_client import EventClient
 from harness.server_process import ServerProcess
 
@@ -42,9 +44,27 @@ async def measure(base_url: str, calls: int) -> None:
           f"{statistics.median(samples):.2f} ms, p95 {sorted(samples)[189]:.2f} ms")
 
 
-def run_event_overhead(server: str | None = None, calls: int = 2000) -> None:
+class EventOverheadError(ExperimentError):
+    """A measurement that cannot be made as asked (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class EventOverheadOptions:
+    """One measurement (each field is an option of `harness eval event-overhead`)."""
+
+    server: str | None = field(default=None, metadata={
+        "help": "a running harness serve (default: start one with --policy continuum)"})
+    calls: int = field(default=2000, metadata={"help": "tool calls to time"})
+
+    def __post_init__(self) -> None:
+        if self.calls < 1:
+            raise EventOverheadError(f"--calls {self.calls}: give at least 1")
+
+
+def run_event_overhead(options: EventOverheadOptions) -> None:
     """Measure against `server` (a base URL), or a `harness serve --policy continuum` started
     for it when None."""
+    server, calls = options.server, options.calls
     if server:
         asyncio.run(measure(server.rstrip("/"), calls))
     else:

@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,31 +69,54 @@ class FidelityError(ExperimentError):
 @dataclass(frozen=True)
 class FidelityOptions:
     """One fidelity run: the trace, the policies, both sides' KV and context limits, how
-    rankings are compared, and where the report goes (`harness eval fidelity --help` says what
-    each means)."""
+    rankings are compared, and where the report goes (each field is an option of
+    `harness eval fidelity`, its help the metadata's)."""
 
-    table: Path = DEFAULT_TABLE
-    policies: str = "vllm,continuum"
-    programs: int = 8
-    jps: float = 1.0
-    scale: float = 0.1
-    tool_scale: float = 1.0
-    kv_tokens: int = 8192
-    max_model_len: int = 6144
-    tie: float = 0.01
-    real_runs: int = 1
-    served_path: bool = True  # False: `--no-served-path`
-    seed: int = 0
-    served_emulator: bool = False
-    out: Path = Path("runs/fidelity")
+    table: Path = field(default=DEFAULT_TABLE, metadata={
+        "help": "CPU step-time table (make it with `harness profile --device cpu`)"})
+    policies: str = field(default="vllm,continuum", metadata={
+        "help": "comma-separated policies to rank"})
+    programs: int = field(default=8, metadata={"help": "programs of the BFCL-like trace"})
+    jps: float = field(default=1.0, metadata={"help": "program arrivals per second"})
+    scale: float = field(default=0.1, metadata={
+        "help": "token counts of the BFCL-like trace times this"})
+    tool_scale: float = field(default=1.0, metadata={
+        "help": "tool-call durations times this (below 1 the trace is compute-bound, where "
+        "policies can differ)"})
+    kv_tokens: int = field(default=8192, metadata={
+        "help": "KV cache size in tokens on both sides"})
+    max_model_len: int = field(default=6144, metadata={
+        "help": "longest conversation in tokens on both sides"})
+    tie: float = field(default=0.01, metadata={
+        "help": "mean JCTs within this fraction are tied when rankings are compared (two "
+        "policies the emulator shows deciding alike differed by up to 0.75% on the real "
+        "engine, quiet machine)"})
+    real_runs: int = field(default=1, metadata={
+        "metavar": "N",
+        "help": "replay each policy N times on the real engine; with N > 1 two policies are "
+        "ranked on the real side only when every run of one beat every run of the other, so "
+        "run-to-run noise is not taken for a ranking (per-program errors are those of the "
+        "first run)"})
+    served_path: bool = field(default=True, metadata={
+        "help": "replay in virtual time without the per-request HTTP/API-server latency the "
+        "served profile measured (table key served_path)"})
+    seed: int = field(default=0, metadata={"help": "trace seed"})
+    served_emulator: bool = field(default=False, metadata={
+        "help": "also replay over HTTP on the emulator (`harness serve --profile TABLE`), "
+        "which tells the step model's error from the HTTP path's"})
+    out: Path = field(default=Path("runs/fidelity"), metadata={"help": "output folder"})
+
+    def __post_init__(self) -> None:
+        if self.real_runs < 1:
+            raise FidelityError(f"--real-runs {self.real_runs}: give 1 or more")
+        if not self.tool_scale > 0:
+            raise FidelityError(f"--tool-scale {self.tool_scale}: give a positive factor")
 
 
 def make_trace(options: FidelityOptions) -> Any:
     trace = bfcl_like(options.programs, options.jps, seed=options.seed, scale=options.scale)
     if options.tool_scale == 1.0:
         return trace
-    if not options.tool_scale > 0:
-        raise FidelityError(f"--tool-scale {options.tool_scale}: give a positive factor")
     # shorter tool calls make the run compute-bound, where retention and ordering can matter
     return trace.model_copy(update={"programs": [
         p.model_copy(update={"turns": [t.model_copy(update={

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,31 @@ CLEAN = {"submitted", "step_limit", "replay_exhausted", "format_error"}
 
 class LoadError(ExperimentError):
     """Bad options; printed without a traceback."""
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """One load run (`harness eval load`: each field is an option, its help the metadata's)."""
+
+    programs: int = field(default=200, metadata={"help": "programs in all"})
+    mix: str = field(default=DEFAULT_MIX, metadata={
+        "help": "benchmarks and weights, e.g. gsm8k,swe-bench=2 (equal shares unless given)"})
+    concurrency: int | None = field(default=None, metadata={
+        "help": "programs at once (default: all of them)"})
+    policy: str = field(default="continuum", metadata={"help": "the started server's policy"})
+    profile: str | None = field(default=None, metadata={
+        "help": "emulated GPU-MODEL for the server"})
+    server: str | None = field(default=None, metadata={
+        "help": "a running harness serve (emulated)"})
+    out: str | None = field(default=None, metadata={
+        "help": "output folder (default runs/load-TIME)"})
+
+    def __post_init__(self) -> None:
+        if self.programs < 1:
+            raise LoadError("--programs must be at least 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise LoadError("--concurrency must be at least 1")
+        parse_mix(self.mix)
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -194,20 +220,16 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def run_load_bench(*, programs: int = 200, mix: str = DEFAULT_MIX, concurrency: int | None = None,
-                   policy: str = "continuum", profile: str | None = None,
-                   server: str | None = None, out: str | Path | None = None) -> int:
+def run_load_bench(options: LoadOptions) -> int:
     """The whole benchmark; the exit status (0: target met, 1: not). `concurrency` None: all
     programs at once; `server` None: start a `harness serve --policy POLICY [--profile ...]`;
-    `out` None: `runs/load-TIME`. Bad options raise `LoadError`; a server that does not start,
-    `ServerStartError`."""
-    if programs < 1:
-        raise LoadError("--programs must be at least 1")
-    concurrency = concurrency or programs
-    if concurrency < 1:
-        raise LoadError("--concurrency must be at least 1")
-    counts = split(programs, parse_mix(mix))
-    out = Path(out or f"runs/load-{time.strftime('%Y%m%d-%H%M%S')}")
+    `out` None: `runs/load-TIME`. Bad options raise `LoadError` (when `options` is made); a
+    server that does not start, `ServerStartError`."""
+    programs, server, policy, profile = (options.programs, options.server, options.policy,
+                                         options.profile)
+    concurrency = options.concurrency or programs
+    counts = split(programs, parse_mix(options.mix))
+    out = Path(options.out or f"runs/load-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):
         raise LoadError(f"{out} is not empty: choose another --out")
     run_id = f"load{int(time.time())}"

@@ -9,6 +9,7 @@ A profile table path (from ``harness profile``) works as an argument too.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from eval import ExperimentError
 from server.perf.profile import Profile
@@ -24,6 +25,24 @@ DEFAULT_PROFILES = (
 
 class PerfTableError(ExperimentError):
     """A profile name or table path that does not load; the message says why."""
+
+
+@dataclass(frozen=True)
+class PerfTableOptions:
+    """The profiles to tabulate (`harness eval perf-table PROFILE ...`)."""
+
+    profiles: tuple[str, ...] = field(default=DEFAULT_PROFILES, metadata={
+        "positional": True, "nargs": "*", "metavar": "PROFILE",
+        "help": "profile names or table paths"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "profiles", tuple(self.profiles) or DEFAULT_PROFILES)
+
+
+def run_perf_table(options: PerfTableOptions) -> int:
+    """Print the tables of `options.profiles`; exit status 0."""
+    print_perf_tables(options.profiles)
+    return 0
 
 
 # (label, prefill chunks as (new tokens, tokens before), decode context lengths)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +56,36 @@ class RealModelError(ExperimentError):
 
 @dataclass(frozen=True)
 class RealModelOptions:
-    bench: str = "gsm8k"
-    model: str = "smollm2-135m-instruct"
-    policies: str = "vllm,continuum,autellix"
-    limit: int = 10
-    concurrency: int = 10
-    kv_tokens: int = 4096  # the KV cache in tokens: small, so that the policies matter
-    max_model_len: int = 4096
-    max_tokens: int = 192
-    max_steps: int = 10
-    repeat: bool = True  # the first policy twice: the engine's own float differences
-    table: Path | None = None  # a CPU profile of the model: replay the runs on the emulator
-    out: Path = Path("runs/real-model")
+    """One comparison (each field is an option of `harness eval real-model`, its help the
+    metadata's)."""
+
+    bench: str = field(default="gsm8k", metadata={"help": "benchmark"})
+    model: str = field(default="smollm2-135m-instruct", metadata={"help": "NAME|DIR|FILE.gguf"})
+    policies: str = field(default="vllm,continuum,autellix", metadata={
+        "help": "comma-separated; the first runs twice"})
+    limit: int = field(default=10, metadata={"help": "tasks"})
+    concurrency: int = field(default=10, metadata={"help": "programs at once"})
+    kv_tokens: int = field(default=4096, metadata={  # small, so that the policies matter
+        "help": "KV cache in tokens, small for memory pressure"})
+    max_model_len: int = field(default=4096, metadata={"help": "longest conversation, tokens"})
+    max_tokens: int = field(default=192, metadata={"help": "output cap per reply"})
+    max_steps: int = field(default=10, metadata={"help": "steps per program"})
+    #: the first policy twice: the engine's own float differences
+    repeat: bool = field(default=True, metadata={
+        "help": "run the first policy once (no float-noise yardstick)"})
+    table: Path | None = field(default=None, metadata={
+        "help": "a CPU profile of the model (`harness profile --device cpu --served --model "
+        "M`): also replay each run on the emulator"})
+    out: Path = field(default=Path("runs/real-model"), metadata={"help": "output folder"})
+
+    def __post_init__(self) -> None:
+        if not [p for p in self.policies.split(",") if p.strip()]:
+            raise RealModelError("--policies: name at least one policy")
+        for name in ("limit", "concurrency", "kv_tokens", "max_model_len", "max_tokens",
+                     "max_steps"):
+            if getattr(self, name) < 1:
+                raise RealModelError(f"--{name.replace('_', '-')} {getattr(self, name)}: give "
+                                     "at least 1")
 
 
 def counters(base_url: str) -> dict[str, float]:

@@ -69,7 +69,7 @@ import math
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,21 +114,39 @@ DEFAULT_MODES = "vr-hash,vr-rr"
 
 @dataclass(frozen=True)
 class RouterBaselineOptions:
-    """One run: the trace, the modes and repeats, the replicas, the output folder
-    (`harness eval router-baseline --help` says what each means)."""
+    """One run: the trace, the modes and repeats, the replicas, the output folder (each field
+    is an option of `harness eval router-baseline`, its help the metadata's)."""
 
-    trace: str = "swe"
-    programs: int = 6
-    jps: float = 1.0
-    seed: int = 3
-    time_scale: float = 0.2
-    modes: tuple[str, ...] = tuple(DEFAULT_MODES.split(","))
-    repeats: int = 1
-    replicas: int = 2
-    policy: str = "vllm"
-    profile: str = "h100-llama-3.1-8b"
-    num_gpu_blocks: int = 1024
-    out: str = "runs/router-baseline"
+    trace: str = field(default="swe", metadata={
+        "help": "trace name (swe, bfcl, mix, merge) or file"})
+    programs: int = field(default=6, metadata={"help": "programs to replay"})
+    jps: float = field(default=1.0, metadata={"help": "arrival rate, jobs/s"})
+    seed: int = field(default=3, metadata={"help": "trace seed"})
+    time_scale: float = field(default=0.2, metadata={
+        "help": "multiply arrival gaps and tool durations"})
+    modes: tuple[str, ...] = field(default=tuple(DEFAULT_MODES.split(",")), metadata={
+        "help": f"comma-separated, from {', '.join(MODES)}"})
+    repeats: int = field(default=1, metadata={
+        "help": "run every mode this many times (program ids, hence hash placement, differ "
+        "per run)"})
+    replicas: int = field(default=2, metadata={"help": "emulated replicas behind the router"})
+    policy: str = field(default="vllm", metadata={"help": "the replicas' policy"})
+    profile: str = field(default="h100-llama-3.1-8b", metadata={
+        "help": "the replicas' emulated GPU-MODEL"})
+    num_gpu_blocks: int = field(default=1024, metadata={
+        "help": "KV cache per replica in 16-token blocks"})
+    out: str = field(default="runs/router-baseline", metadata={
+        "help": "folder for summary.json and the replicas' and routers' logs"})
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            raise RouterBaselineInputError(
+                f"--modes: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                f"{', '.join(MODES)}")
+        if self.replicas < 1 or self.repeats < 1 or self.num_gpu_blocks < 16:
+            raise RouterBaselineInputError("--replicas and --repeats must be >= 1, "
+                                           "--num-gpu-blocks >= 16")
 
 
 def run_mode(mode: Mode, trace: Trace, replicas: Sequence[ServerProcess], out: Path,

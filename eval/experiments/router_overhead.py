@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -27,12 +27,23 @@ import httpx
 from eval import ExperimentError
 
 
+class RouterOverheadError(ExperimentError):
+    """A measurement that cannot be made as asked (printed without a traceback)."""
+
+
 @dataclass(frozen=True)
 class RouterOverheadOptions:
-    url: str
-    programs: int = 64
-    turns: int = 8
-    prompt_words: int = 64
+    """One measurement (each field is an option of `harness eval router-overhead`)."""
+
+    url: str = field(metadata={"help": "the running `harness cluster serve` router"})
+    programs: int = field(default=64, metadata={"help": "programs at once"})
+    turns: int = field(default=8, metadata={"help": "one-token turns per program"})
+    prompt_words: int = field(default=64, metadata={"help": "words of each turn's prompt"})
+
+    def __post_init__(self) -> None:
+        if self.programs < 1 or self.turns < 1 or self.prompt_words < 1:
+            raise RouterOverheadError("--programs, --turns and --prompt-words must be at "
+                                      "least 1")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -95,8 +106,6 @@ def measure(options: RouterOverheadOptions) -> dict[str, Any]:
 
 
 def run_router_overhead(options: RouterOverheadOptions) -> int:
-    if options.programs < 1 or options.turns < 1:
-        raise ExperimentError("--programs and --turns must be at least 1")
     result = measure(options)
     print(f"router overhead at {options.url} ({'Ray Serve' if result['ray'] else 'local'}, "
           f"{result['replicas']} replicas), {options.programs} programs x {options.turns} "

@@ -17,11 +17,12 @@ CPU per step at the same batch size (128 running), the scheduler's work per deci
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.atomic import write_json_atomic
 from common.trace import Program, Trace, Turn
+from eval import ExperimentError
 from server.engine import VirtualEngine
 from server.policies import POLICIES
 from server.settings import DEFAULT_OFFLOAD_GIB
@@ -29,6 +30,37 @@ from sim.replay import replay
 
 #: `vllm` and `vllm+offload` first: the baselines the ratios divide by
 DEFAULT_POLICIES = ("vllm", "vllm+offload", *(p for p in POLICIES if p != "vllm"))
+
+
+class SchedOverheadError(ExperimentError):
+    """A measurement that cannot be made as asked (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class SchedOverheadOptions:
+    """One measurement (each field is an option of `harness eval sched-overhead`)."""
+
+    programs: int = field(default=320, metadata={"help": "programs of the burst"})
+    min_running: int = field(default=128, metadata={
+        "help": "count only steps with at least this many requests running"})
+    policies: tuple[str, ...] = field(default=DEFAULT_POLICIES, metadata={
+        "help": "policies; vllm+offload is stock vLLM with KV offloading on"})
+    profile: str = field(default="h100-llama-3.1-8b", metadata={"help": "emulated GPU-MODEL"})
+    repeat: int = field(default=2, metadata={
+        "help": "rounds over the policies; each policy's least CPU per step is kept (other "
+        "load on the machine only ever adds time)"})
+    out: str | None = field(default=None, metadata={
+        "help": "also write the rows to this JSON file"})
+
+    def __post_init__(self) -> None:
+        for name in ("programs", "min_running", "repeat"):
+            if getattr(self, name) < 1:
+                raise SchedOverheadError(f"--{name.replace('_', '-')} {getattr(self, name)}: "
+                                         "give at least 1")
+        unknown = [p for p in self.policies if p.removesuffix("+offload") not in POLICIES]
+        if unknown or not self.policies:
+            raise SchedOverheadError(f"--policies: unknown {', '.join(unknown) or '(none)'}; "
+                                     f"choose from {', '.join(sorted(POLICIES))} (+offload)")
 
 
 def burst_trace(programs: int, turns: int = 3) -> Trace:
@@ -86,12 +118,12 @@ def measure(policy: str, trace: Trace, min_running: int, profile: str) -> dict[s
             "cpu_per_step_ms": per_step * 1e3}
 
 
-def run_sched_overhead(*, programs: int = 320, min_running: int = 128,
-                       policies: Sequence[str] = DEFAULT_POLICIES,
-                       profile: str = "h100-llama-3.1-8b", repeat: int = 2,
-                       out: str | None = None) -> list[dict[str, Any]]:
+def run_sched_overhead(options: SchedOverheadOptions) -> list[dict[str, Any]]:
     """Measure every policy `repeat` times, print the table, write it to `out` (JSON) if
     given; returns the rows."""
+    programs, min_running, policies, profile, repeat, out = (
+        options.programs, options.min_running, options.policies, options.profile,
+        options.repeat, options.out)
     trace = burst_trace(programs)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     for _ in range(repeat):  # rounds over all policies, so drift hits every policy alike

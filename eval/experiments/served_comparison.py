@@ -42,7 +42,7 @@ import math
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -134,22 +134,43 @@ def by_policy(systems: Sequence[System]) -> list[tuple[str, list[System]]]:
 
 @dataclass(frozen=True)
 class ServedComparisonOptions:
-    """One run (`harness eval served-comparison --help` says what each means)."""
+    """One run (each field is an option of `harness eval served-comparison`, its help the
+    metadata's)."""
 
-    trace: str = "swe"
-    programs: int = 8
-    jps: float = 1.0
-    seed: int = 3
-    time_scale: float = 0.2
-    systems: str = DEFAULT_SYSTEMS
-    repeats: int = 1
-    replicas: int = 2
-    profile: str = "h100-llama-3.1-8b"
-    num_gpu_blocks: int = 1024
+    trace: str = field(default="swe", metadata={
+        "help": "trace name (swe, swe-long, bfcl, mix, merge) or file"})
+    programs: int = field(default=8, metadata={"help": "programs to replay"})
+    jps: float = field(default=1.0, metadata={"help": "arrival rate, jobs/s"})
+    seed: int = field(default=3, metadata={"help": "trace seed"})
+    time_scale: float = field(default=0.2, metadata={
+        "help": "multiply arrival gaps and tool durations"})
+    systems: str = field(default=DEFAULT_SYSTEMS, metadata={
+        "help": f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)} or session:POLICY "
+        "(our router in front of POLICY replicas)"})
+    repeats: int = field(default=1, metadata={
+        "help": "run every system this many times (program ids, hence placement, differ per "
+        "run) and print the means too"})
+    replicas: int = field(default=2, metadata={"help": "emulated replicas behind each router"})
+    profile: str = field(default="h100-llama-3.1-8b", metadata={
+        "help": "the replicas' emulated GPU-MODEL (vllm-router's cost models are calibrated "
+        "on it)"})
+    num_gpu_blocks: int = field(default=1024, metadata={
+        "help": "KV cache per replica in 16-token blocks, for every system"})
     #: vllm-router's `stats_window_size`: samples before its growth reserve and Progress-TTL
     #: turn on (its default, 100, is more requests than a short run makes: TTLs stay 0)
-    vr_stats_window: int = 20
-    out: str = "runs/served-comparison"
+    vr_stats_window: int = field(default=20, metadata={
+        "help": "vllm-router's stats_window_size: observed requests before its growth "
+        "reserve and Progress-TTL turn on (its own default, 100, is more than a short run "
+        "makes, so its TTLs stay 0)"})
+    out: str = field(default="runs/served-comparison", metadata={
+        "help": "folder for summary.json and the replicas' and routers' logs"})
+
+    def __post_init__(self) -> None:
+        parse_systems(self.systems)
+        if (self.replicas < 1 or self.repeats < 1 or self.num_gpu_blocks < 16
+                or self.vr_stats_window < 1):
+            raise ServedComparisonInputError("--replicas, --repeats and --vr-stats-window "
+                                             "must be >= 1, --num-gpu-blocks >= 16")
 
 
 # -- the routers ------------------------------------------------------------------------------
@@ -273,10 +294,6 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     if any(not s.ours for s in systems) and importlib.util.find_spec("vllm_router") is None:
         raise ServedComparisonInputError("the `vllm-router` package is not installed; run "
                                          "`.venv/bin/pip install vllm-router==0.1.17`")
-    if (options.replicas < 1 or options.repeats < 1 or options.num_gpu_blocks < 16
-            or options.vr_stats_window < 1):
-        raise ServedComparisonInputError("--replicas, --repeats and --vr-stats-window must be "
-                                         ">= 1, --num-gpu-blocks >= 16")
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale

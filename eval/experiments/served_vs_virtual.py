@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,11 @@ import httpx
 from cluster.config import ClusterConfigError, load_cluster
 from common.atomic import write_text_atomic
 from eval import ExperimentError
-from eval.bench.specs import ClusterRuns, EngineSettings, HttpTarget
+from eval.bench.runs import BenchSpec, Workload
+from eval.bench.served import Served
+from eval.bench.specs import ClusterRuns, Engines, HttpTarget
 from eval.bench.sweep import bench
+from eval.bench.virtual import Cluster
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
 
@@ -40,24 +43,41 @@ KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
 @dataclass(frozen=True)
 class ServedVsVirtualOptions:
     """One comparison: the cluster file, the strategies to rank, the trace, how close is a
-    tie, and where the served cluster listens (`harness eval served-vs-virtual --help`)."""
+    tie, and where the served cluster listens (each field is an option of
+    `harness eval served-vs-virtual`, its help the metadata's)."""
 
-    cluster: str
-    strategies: str = "pd,ampd"
-    trace: str = "hotpotqa"
-    programs: int = 24
-    jps: float = 4.0
-    seed: int = 0
-    time_scale: float = 1.0
-    tie: float = 0.1
-    port: int = 8390
-    base_port: int = 8400
-    startup_timeout: float = 600.0
-    out: str = "runs/served-vs-virtual"
-    #: serve on Ray (`harness cluster serve --ray`): a local Ray, or the cluster at `ray_address`
-    ray: bool = False
-    ray_address: str | None = None
-    ray_transport: str = "http"  # on Ray: `harness cluster serve --transport`
+    cluster: str = field(metadata={"help": "cluster file or shipped example name"})
+    strategies: str = field(default="pd,ampd", metadata={
+        "help": "router strategies to rank, comma-separated (at least two)"})
+    trace: str = field(default="hotpotqa", metadata={"help": "trace name or file"})
+    programs: int = field(default=24, metadata={"help": "programs to replay"})
+    jps: float = field(default=4.0, metadata={"help": "arrival rate, jobs/s"})
+    seed: int = field(default=0, metadata={"help": "trace and engine seed"})
+    time_scale: float = field(default=1.0, metadata={
+        "help": "multiply arrival gaps and tool times (both modes alike)"})
+    tie: float = field(default=0.1, metadata={
+        "help": "relative difference under which two strategies tie (wall-clock runs on "
+        "shared cores vary by several percent)"})
+    port: int = field(default=8390, metadata={"help": "the served router's port"})
+    base_port: int = field(default=8400, metadata={"help": "the replicas' first port"})
+    startup_timeout: float = field(default=600.0, metadata={
+        "help": "seconds to wait for the served cluster"})
+    out: str = field(default="runs/served-vs-virtual", metadata={"help": "output folder"})
+    ray: bool = field(default=False, metadata={
+        "help": "serve the cluster on Ray Serve (a local Ray), not local processes"})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "serve the cluster on the running Ray cluster at this address"})
+    ray_transport: str = field(default="http", metadata={
+        "choices": ("serve", "http"),
+        "help": "on Ray, how the router reaches the engines (`harness cluster serve "
+        "--transport`)"})
+
+    def __post_init__(self) -> None:
+        if len(self.strategy_names()) < 2:
+            raise ExperimentError("--strategies: give at least two to rank")
+
+    def strategy_names(self) -> list[str]:
+        return [s.strip() for s in self.strategies.split(",") if s.strip()]
 
 
 def _served_file(config: Any, strategy: str, out: Path) -> Path:
@@ -141,14 +161,14 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
         config = load_cluster(options.cluster)
     except ClusterConfigError as exc:
         raise ExperimentError(str(exc)) from None
-    strategies = [s.strip() for s in options.strategies.split(",") if s.strip()]
-    if len(strategies) < 2:
-        raise ExperimentError("--strategies: give at least two to rank")
-    common = dict(programs=options.programs, jps=[options.jps], profile=config.replicas[0].profile,
-                  seed=options.seed, settings=EngineSettings(), time_scale=options.time_scale)
+    strategies = options.strategy_names()
+    workload = Workload(options.trace, options.programs, (options.jps,), seed=options.seed,
+                        time_scale=options.time_scale)
+    engines = Engines(config.replicas[0].profile, options.seed)
     runs = ClusterRuns.load(options.cluster, strategies)
-    virtual = bench(options.trace, runs.labels(), out=out / "virtual", cluster=runs, **common)
-    rows_virtual = {r["policy"]: r for r in virtual["results"]}
+    virtual = bench(BenchSpec(workload, tuple(runs.labels())), Cluster.of(runs, engines),
+                    out / "virtual")
+    rows_virtual = {r["policy"]: r for r in virtual.results}
     rows_served: dict[str, dict[str, Any]] = {}
     for strategy in strategies:
         path = _served_file(config, strategy, out)
@@ -159,9 +179,9 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
         process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}", ray)
         try:
             _wait(url, process, options.startup_timeout)
-            served = bench(options.trace, [strategy], out=out / f"served-{strategy}", **common,
-                           http=HttpTarget(url))
-            rows_served[strategy] = served["results"][0]
+            served = bench(BenchSpec(workload, (strategy,)), Served(HttpTarget(url), engines),
+                           out / f"served-{strategy}")
+            rows_served[strategy] = served.results[0]
             rows_served[strategy]["router"] = httpx.get(url + "/v1/cluster", timeout=10).json()
         finally:
             _stop(process)

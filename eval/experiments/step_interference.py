@@ -27,7 +27,7 @@ The emulated rows are `server.perf` step times, computed (no run): nothing here 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eval import ExperimentError
 from server.perf.profile import Profile
@@ -62,6 +62,36 @@ DEFAULT_PROFILES = ("h20x2-llama-3.1-70b", "h20x4-llama-3.1-70b", "h20x8-llama-3
 DEFAULT_CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_DECODES = 32
 DEFAULT_DECODE_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class StepInterferenceOptions:
+    """The sweep's profiles and batch (each field is an option of
+    `harness eval step-interference`)."""
+
+    profiles: tuple[str, ...] = field(default=DEFAULT_PROFILES, metadata={
+        "positional": True, "nargs": "*", "metavar": "PROFILE",
+        "help": "profiles of the chunk-size sweep"})
+    chunks: tuple[int, ...] = field(default=DEFAULT_CHUNKS, metadata={
+        "help": "comma-separated prefill chunk sizes, tokens"})
+    decodes: int = field(default=DEFAULT_DECODES, metadata={
+        "help": "decoding sequences in the step"})
+    context: int = field(default=DEFAULT_DECODE_CONTEXT, metadata={
+        "help": "each decode's context, tokens"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "profiles", tuple(self.profiles) or DEFAULT_PROFILES)
+        if not self.chunks or min(self.chunks) < 1:
+            raise StepInterferenceError(f"--chunks {','.join(map(str, self.chunks))!r}: give "
+                                        "positive token counts, e.g. 512,2048")
+        if self.decodes < 1 or self.context < 1:
+            raise StepInterferenceError("--decodes and --context: give at least 1")
+
+
+def run_step_interference(options: StepInterferenceOptions) -> int:
+    """Print the report for `options`; exit status 0."""
+    print(report(options.profiles, options.chunks, options.decodes, options.context))
+    return 0
 
 
 def step_ms(profile: Profile, chunk: int, decodes: int, context: int) -> float:
