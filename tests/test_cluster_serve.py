@@ -827,7 +827,8 @@ def test_served_turns_read_prompts_answers_and_queues():
 
 
 def test_served_ampd_routes_by_what_the_router_observes():
-    """`ampd` behind the served router: the first turn goes remote; the prefill's round trip
+    """`ampd` behind the served router: the first turn goes remote (through Algorithm 1, as
+    every prefill: both replicas idle, the prefill replica has the slack); the prefill's round trip
     becomes the prefill replica's TTFT and the decode stream's chunk gaps the decode replica's
     ITL; each turn's prompt and history reach Algorithm 1; with the prefill replica over its
     TTFT slack, a turn is prefilled locally. Nothing stays queued."""
@@ -864,7 +865,7 @@ def test_served_ampd_routes_by_what_the_router_observes():
         assert third.status_code == 200 and "x-harness-prefill" not in third.headers  # local
         state = client.get("/v1/cluster").json()
     assert [(i.prompt_tokens, i.history_tokens) for i in seen] == [(50, 0), (80, 50), (95, 80)]
-    assert state["decisions"] == {"initial": 1, "remote_slack": 1, "local_slack": 1}
+    assert state["decisions"] == {"initial_remote_slack": 1, "remote_slack": 1, "local_slack": 1}
     assert app.state.cluster.book.queued == {}
 
 
