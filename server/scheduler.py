@@ -42,6 +42,7 @@ from server.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
+from server.policies.base import UnpinReason
 from server.prefetch import PrefetchBook
 from server.settings import ServeOptionsError, ServeSettings
 from server.step_log import StepRecord, StepTimer, sink_from_env
@@ -278,15 +279,16 @@ class PolicyScheduler(Scheduler):
             return
         super()._free_request_blocks(request)
 
-    def _unpin(self, program_id: str, reason: str, now: float) -> None:
+    def _unpin(self, program_id: str, reason: UnpinReason, now: float) -> None:
         if program_id not in self.pins:
             return
         self.account_pins(now)
         pin = self.pins.pop(program_id)
         self._pinned_blocks -= len(pin.blocks)
         self.kv_cache_manager.block_pool.free_blocks(reversed(pin.blocks))
+        # each reason is a counter (`test_policy_scheduler` checks that every one is)
         setattr(self.pin_stats, reason, getattr(self.pin_stats, reason) + 1)
-        self.agent_policy.on_unpin(program_id, reason, now)  # type: ignore[arg-type]
+        self.agent_policy.on_unpin(program_id, reason, now)
 
     def _expire_pins(self, now: float) -> None:
         waiting_programs = {r.session_id for r in self.waiting}
@@ -312,7 +314,7 @@ class PolicyScheduler(Scheduler):
             victim = self.agent_policy.pin_victim(others) if others else own
             self._unpin(victim, "pressure", clock().now())
 
-    def release_all_pins(self, reason: str) -> None:
+    def release_all_pins(self, reason: UnpinReason) -> None:
         now = clock().now()
         for program_id in list(self.pins):
             self._unpin(program_id, reason, now)

@@ -36,7 +36,7 @@ turn prefilled locally leaves the prefill replica behind).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from cluster.pd import decode_params, prefill_params
@@ -46,14 +46,15 @@ from common.metrics import percentile
 from common.trace import Program, Trace
 from server.clock import use_clock
 from server.engine import ContextTooLong
+from server.scheduler import PinStats
 from sim.agenda import Agenda, AgendaItem, PrefillHandover, RequestArrives, TurnDue
 from sim.client import ClientPredictions, turn_hints
 from sim.conversation import ProgramState, too_long_turns
 from sim.records import ProgramRecord, ReplayResult, TurnRecord
 from sim.virtual_cluster import Replica, VirtualCluster
 
-PIN_COUNTERS = ("pinned", "handoff", "expired", "program_end", "pressure", "reset", "replaced",
-                "shutdown", "block_seconds", "prefetched", "prefetch_dropped")
+#: what each engine's `PinStats` counts, summed over the replicas
+PIN_COUNTERS = tuple(f.name for f in fields(PinStats) if not f.name.startswith("_"))
 
 #: Suffix of a remote turn's request id on its prefill replica (the decode replica's has none).
 PREFILL_SUFFIX = "@p"

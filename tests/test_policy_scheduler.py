@@ -13,8 +13,11 @@ import pytest
 from vllm_driver import Driver, make_scheduler
 
 from server.events import EventSender, read_status
+from server.policies.base import UNPIN_REASONS
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
+from server.scheduler import PinStats
 from server.settings import ServeOptionsError
+from sim.loop import PIN_COUNTERS
 
 pytestmark = pytest.mark.engine
 BLOCK = 16
@@ -152,6 +155,18 @@ def test_memory_pressure_releases_latest_program_pin(monkeypatch):
     d.run_until_finished("C-0")
     assert d.scheduler.pin_stats.pressure == 1
     assert set(d.scheduler.pins) == {"A", "C"} or set(d.scheduler.pins) == {"A"}
+
+
+def test_every_unpin_reason_is_counted_and_summed_by_the_benchmark(monkeypatch):
+    """The reasons are written once (`UnpinReason`); each is a `PinStats` counter that the
+    virtual-time loop sums over replicas: giving pins up for any reason counts it there."""
+    assert set(UNPIN_REASONS) <= set(PinStats().counts()) <= set(PIN_COUNTERS)
+    d = continuum_driver(monkeypatch)
+    for reason in UNPIN_REASONS:
+        first_turn(d, f"P-{reason}", n=40, seed=len(reason))
+        assert f"P-{reason}" in d.scheduler.pins
+        d.scheduler.release_all_pins(reason)
+        assert getattr(d.scheduler.pin_stats, reason) >= 1 and not d.scheduler.pins
 
 
 def test_pinned_program_goes_before_older_unpinned_program(monkeypatch):
