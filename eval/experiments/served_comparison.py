@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
+from common.processes import free_port
 from eval import ExperimentError
 from eval.bench.traces import make_trace
 from eval.replay.http_replay import HttpReplayError, scale_trace
@@ -66,7 +67,7 @@ from eval.replay.routers import (
     run_front,
     start_replicas,
 )
-from harness.server_process import ServerProcess, free_port
+from harness.server_process import ServerProcess
 from server.perf.registry import load_profile
 from server.policies import policy_class
 

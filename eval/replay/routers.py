@@ -13,12 +13,9 @@ and logs around it: a `ModeResult`. The experiments that compare routers stand o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import math
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +28,7 @@ from typing import Any, cast
 
 import httpx
 
+from common.processes import free_port, stop_process_group
 from common.trace import Trace
 from eval.replay.http_replay import (
     SERVER_COUNTERS,
@@ -42,7 +40,7 @@ from eval.replay.http_replay import (
 )
 from eval.replay.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
-from harness.server_process import ServerProcess, ServerStartError, free_port
+from harness.server_process import ServerProcess, ServerStartError
 from server.max_model_len import served_max_model_len
 
 
@@ -112,17 +110,8 @@ class RouterProcess:
                           f"{self._tail()}")
 
     def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGINT, 10.0), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            try:
-                process.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        if self.process is not None:
+            stop_process_group(self.process, grace_s=10.0)
 
     def __enter__(self) -> RouterProcess:
         return self.start()
