@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -48,3 +49,18 @@ def stop_process_group(process: subprocess.Popen, grace_s: float, *,
         return process.wait(timeout=reap_s)
     except subprocess.TimeoutExpired:
         return None
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside, SIGTERM raises KeyboardInterrupt (main thread), so the caller's `finally` stops
+    the servers it started instead of leaving them behind; the old handler returns after."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -319,9 +319,6 @@ class PolicyScheduler(Scheduler):
         for program_id in list(self.pins):
             self._unpin(program_id, reason, now)
 
-    def pinned_blocks(self) -> int:
-        return self._pinned_blocks
-
     def account_pins(self, now: float) -> None:
         """Bring `pin_stats.block_seconds` (pinned blocks integrated over time) up to `now`."""
         stats = self.pin_stats

@@ -50,6 +50,10 @@ class RouterError(RuntimeError):
 
 
 # -- vllm-router ---------------------------------------------------------------------------------
+#: the vllm-router release whose behaviour with our traffic was read and is relied on
+VLLM_ROUTER_REQUIREMENT = "vllm-router==0.1.17"
+
+
 def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int,
                 extra: Sequence[str] = ()) -> list[str]:
     """The `vllm-router` command for ``policy`` in front of ``workers``, plus ``extra``
@@ -120,6 +124,15 @@ class RouterProcess:
         self.stop()
 
 
+def vllm_router_missing() -> str | None:
+    """What to do when the `vllm-router` package is not installed (None: it is), for each
+    caller to raise as its own error before anything starts."""
+    if importlib.util.find_spec("vllm_router") is not None:
+        return None
+    return ("the `vllm-router` package is not installed; run "
+            f"`.venv/bin/pip install {VLLM_ROUTER_REQUIREMENT}`")
+
+
 class VllmRouter(RouterProcess):
     """`vllm-router` with ``policy`` in front of ``workers`` (``extra``: more options)."""
 
@@ -131,9 +144,9 @@ class VllmRouter(RouterProcess):
                          log_path, name="vllm-router", startup_timeout_s=startup_timeout_s)
 
     def start(self) -> RouterProcess:
-        if importlib.util.find_spec("vllm_router") is None:
-            raise RouterError("the `vllm-router` package is not installed; run "
-                              "`.venv/bin/pip install vllm-router==0.1.17`")
+        missing = vllm_router_missing()
+        if missing:
+            raise RouterError(missing)
         return super().start()
 
     def router_metrics(self) -> dict[str, float]:
