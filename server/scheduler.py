@@ -117,7 +117,7 @@ class PolicyScheduler(Scheduler):
         self.pins: dict[str, Pin] = {}
         self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
         self.pin_stats = PinStats()
-        self.sched_cpu_seconds = 0.0  # time inside schedule() (single-threaded: its CPU time)
+        self.sched_seconds = 0.0  # wall time inside schedule() (perf_counter), summed
         self.sched_steps = 0
         self.last_scheduled_tokens = 0  # of the latest step (`VirtualEngine` watches progress)
         self.events_received = 0
@@ -208,7 +208,7 @@ class PolicyScheduler(Scheduler):
                                        self.requests,
                                        (new.req_id for new in output.scheduled_new_reqs),
                                        waiting=queued, pins=self.pin_stats.counts())
-        self.sched_cpu_seconds += time.perf_counter() - started
+        self.sched_seconds += time.perf_counter() - started
         self.sched_steps += 1
         return output
 

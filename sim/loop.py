@@ -362,7 +362,7 @@ class Simulation:
         cluster = self.cluster
         end = max(r.now() for r in cluster.replicas)
         pin_stats = dict.fromkeys(PIN_COUNTERS, 0.0)
-        sched_cpu = 0.0
+        sched_s = 0.0
         sched_steps = 0
         total_blocks = 0
         for replica in cluster.replicas:
@@ -370,7 +370,7 @@ class Simulation:
             scheduler.account_pins(end)
             for key in PIN_COUNTERS:
                 pin_stats[key] += getattr(scheduler.pin_stats, key)
-            sched_cpu += float(scheduler.sched_cpu_seconds)
+            sched_s += float(scheduler.sched_seconds)
             sched_steps += int(scheduler.sched_steps)
             total_blocks += int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks)
             moved = getattr(replica.engine, "kv_transfer_stats", None)
@@ -384,7 +384,7 @@ class Simulation:
             makespan=(max(finishes) - first_arrival) if finishes else 0.0,
             total_blocks=total_blocks,
             pin_stats=pin_stats,
-            sched_cpu_seconds=sched_cpu,
+            sched_seconds=sched_s,
             sched_steps=sched_steps,
             engine_steps=self.engine_steps,
             replicas=[r.stats for r in cluster.replicas],
