@@ -146,7 +146,7 @@ MACHINE_DEPENDENT = ("sched_cpu_ms_per_step", "wall_s", "cpu_s", "engine_steps_p
 
 
 def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:
-    """What a replay on several replicas adds (a `cluster.virtual.ClusterReplayResult`).
+    """What a replay on several replicas adds (a `sim.records.ReplayResult` of several replicas).
 
     TTFT split into initial prefill (a program's first turn: its whole prompt) and incremental
     prefill (later turns: the tool return and new input on top of the history), each with its
