@@ -72,7 +72,7 @@ class Replica:
         queued = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
                      for queue in (scheduler.waiting, scheduler.running) for r in queue)
         return ReplicaLoad(self.name, self.spec.role, kv_usage=usage,
-                           running=len(scheduler.running), waiting=len(scheduler.waiting),
+                           in_flight=len(scheduler.running) + len(scheduler.waiting),
                            queued_prefill_tokens=queued)
 
 

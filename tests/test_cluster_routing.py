@@ -90,7 +90,8 @@ def test_least_loaded_takes_fewest_in_flight_then_lowest_kv():
 # -- P/D ---------------------------------------------------------------------------------------
 def test_pd_binds_decode_to_lowest_kv_usage_and_prefills_remotely():
     router = PDRouter()
-    replicas = [ReplicaLoad("p0", "prefill", running=2), ReplicaLoad("p1", "prefill", waiting=1),
+    replicas = [ReplicaLoad("p0", "prefill", in_flight=2),
+                ReplicaLoad("p1", "prefill", in_flight=1),
                 ReplicaLoad("d0", "decode", kv_usage=0.4), ReplicaLoad("d1", "decode",
                                                                         kv_usage=0.3)]
     route = router.route("x", 0, replicas)
