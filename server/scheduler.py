@@ -111,7 +111,7 @@ def hints_from(extra_args: dict[str, Any] | None) -> Hints:
 class PolicyScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        settings = ServeSettings.from_env()
+        settings = ServeSettings.from_vllm_config(self.vllm_config)
         self.agent_policy = make_policy(settings.policy, cost_model=policy_cost_model(settings),
                                         **settings.policy_options())
         self.pins: dict[str, Pin] = {}
@@ -123,7 +123,7 @@ class PolicyScheduler(Scheduler):
         self.events_received = 0
         self._events: EventReceiver | None = None
         self._status: StatusFile | None = None
-        address = os.environ.get(ENV_EVENTS_IPC) or None
+        address = (os.environ.get(ENV_EVENTS_IPC) or None) if settings.events else None
         if address:
             self._events = EventReceiver(address)
             self._status = StatusFile(address)

@@ -46,15 +46,19 @@ from common.metrics import percentile
 from common.trace import Program, Trace
 from server.clock import use_clock
 from server.engine import ContextTooLong
-from server.scheduler import PinStats
 from sim.agenda import Agenda, AgendaItem, PrefillHandover, RequestArrives, TurnDue
 from sim.client import ClientPredictions, turn_hints
 from sim.conversation import ProgramState, too_long_turns
 from sim.records import ProgramRecord, ReplayResult, TurnRecord
 from sim.virtual_cluster import Replica, VirtualCluster
 
-#: what each engine's `PinStats` counts, summed over the replicas
-PIN_COUNTERS = tuple(f.name for f in fields(PinStats) if not f.name.startswith("_"))
+def pin_counters() -> tuple[str, ...]:
+    """What each engine's `PinStats` counts (the loop sums them over the replicas)."""
+    # vLLM, which server.scheduler imports: start-up cost, and only once an engine has chosen
+    # vLLM's platform (`server.engine`), so not at this module's import
+    from server.scheduler import PinStats
+
+    return tuple(f.name for f in fields(PinStats) if not f.name.startswith("_"))
 
 #: Suffix of a remote turn's request id on its prefill replica (the decode replica's has none).
 PREFILL_SUFFIX = "@p"
@@ -361,14 +365,15 @@ class Simulation:
         """The records, and what every engine counted, once the loop has ended."""
         cluster = self.cluster
         end = max(r.now() for r in cluster.replicas)
-        pin_stats = dict.fromkeys(PIN_COUNTERS, 0.0)
+        counters = pin_counters()
+        pin_stats = dict.fromkeys(counters, 0.0)
         sched_s = 0.0
         sched_steps = 0
         total_blocks = 0
         for replica in cluster.replicas:
             scheduler = replica.engine.scheduler
             scheduler.account_pins(end)
-            for key in PIN_COUNTERS:
+            for key in counters:
                 pin_stats[key] += getattr(scheduler.pin_stats, key)
             sched_s += float(scheduler.sched_seconds)
             sched_steps += int(scheduler.sched_steps)
