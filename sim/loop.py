@@ -52,6 +52,7 @@ from sim.conversation import ProgramState, too_long_turns
 from sim.records import ProgramRecord, ReplayResult, TurnRecord
 from sim.virtual_cluster import Replica, VirtualCluster
 
+
 def pin_counters() -> tuple[str, ...]:
     """What each engine's `PinStats` counts (the loop sums them over the replicas)."""
     # vLLM, which server.scheduler imports: start-up cost, and only once an engine has chosen
