@@ -97,7 +97,8 @@ class ReplicaState:
 
     def load(self) -> ReplicaLoad:
         return ReplicaLoad(name=self.name, role=self.role, kv_usage=self.kv_usage,
-                           in_flight=self.in_flight, alive=self.alive)
+                           in_flight=self.in_flight, running=self.engine_running,
+                           waiting=self.engine_waiting, alive=self.alive)
 
     def not_answering(self, exc: BaseException | str) -> str:
         detail = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)

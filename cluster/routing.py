@@ -42,9 +42,13 @@ class ReplicaLoad:
     name: str
     role: str  # colocated | prefill | decode
     kv_usage: float = 0.0  # share of the KV cache in use, 0..1
-    #: requests sent here and not finished, computed or queued: served, the router's own count
-    #: (it cannot see the engine's queues); in virtual time, the engine's running + waiting
+    #: requests sent here and not finished, computed or queued (what the strategies balance):
+    #: served, the router's own count (exact, no delay); in virtual time, the engine's queues
     in_flight: int = 0
+    #: the engine's own queues: in virtual time from its scheduler, served from its last
+    #: metrics poll (a poll interval behind)
+    running: int = 0
+    waiting: int = 0
     alive: bool = True
     #: prompt tokens queued or part-computed here, not yet prefilled (AMPD's prefill queue)
     queued_prefill_tokens: int = 0

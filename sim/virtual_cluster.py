@@ -73,6 +73,7 @@ class Replica:
                      for queue in (scheduler.waiting, scheduler.running) for r in queue)
         return ReplicaLoad(self.name, self.spec.role, kv_usage=usage,
                            in_flight=len(scheduler.running) + len(scheduler.waiting),
+                           running=len(scheduler.running), waiting=len(scheduler.waiting),
                            queued_prefill_tokens=queued)
 
 

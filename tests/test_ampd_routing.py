@@ -49,7 +49,7 @@ def test_windowed_mean_forgets_what_is_older_than_the_window():
 def test_first_turn_binds_to_the_least_kv_decode_replica_and_prefills_remotely():
     r = router()
     replicas = cluster()
-    replicas[0].running = 2  # p0 busier: the initial prefill goes to p1, as under `pd`
+    replicas[0].in_flight = 2  # p0 busier: the initial prefill goes to p1, as under `pd`
     assert r.route("x", 0, replicas, TurnInfo(now=0.0, prompt_tokens=800)) == Route("d0", "p1")
     replicas[2].kv_usage = 0.9  # d0 fills up: x stays, a new program binds to d1
     assert r.route("x", 1, replicas, TurnInfo(now=1.0, prompt_tokens=900,
@@ -116,7 +116,7 @@ def congested(r: AMPDRouter) -> None:
 def bound_with_history_on_p1(r: AMPDRouter) -> None:
     """x is bound to d0 and its first turn (1000 tokens) was prefilled on p1."""
     replicas = cluster(p0=10_000)  # p0 busy at the time: turn 0 goes to p1
-    replicas[0].running = 1
+    replicas[0].in_flight = 1
     assert r.route("x", 0, replicas, TurnInfo(now=0.0, prompt_tokens=1000)) == Route("d0", "p1")
 
 
