@@ -13,7 +13,6 @@ import argparse
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -36,12 +35,10 @@ from eval.workloads.registry import TRACES
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
 
 
-def register(subparsers: Any) -> None:
-    """Add `harness bench` to the `harness` command's subparsers."""
-    p = subparsers.add_parser("bench",
-                              help="compare policies on a trace in virtual time (JCT vs load)")
-    add_arguments(p)
-    p.set_defaults(func=run)
+def register(parser: argparse.ArgumentParser) -> None:
+    """`harness bench`'s options on the parser `cli.main` made for it."""
+    add_arguments(parser)
+    parser.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,6 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -51,10 +50,8 @@ from eval.workloads.registry import TRACES
 from server.perf.registry import load_profile
 
 
-def register(subparsers: Any) -> None:
-    """Add `harness cluster` (and its actions) to the `harness` command's subparsers."""
-    parser = subparsers.add_parser(
-        "cluster", help="serve a cluster file's replicas behind one router, or check the file")
+def register(parser: argparse.ArgumentParser) -> None:
+    """`harness cluster`'s actions on the parser `cli.main` made for it."""
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     serve = sub.add_parser("serve", help="start every replica of a cluster file and the router")
@@ -94,6 +91,11 @@ def register(subparsers: Any) -> None:
                        "reports the replicas) or through Serve (a handle call to the replica's "
                        "actor, which relays to its engine: a Ray message per streamed token, "
                        "and requests that sometimes wait seconds; docs/cluster.md)")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="clients must send `Authorization: Bearer KEY` on /v1 (as `vllm "
+                       "serve --api-key`), and every replica wants it too (VLLM_API_KEY), so "
+                       "none is open beside the router (default: $HARNESS_CLUSTER_API_KEY; "
+                       "none: open, a client's key is passed on to the replicas)")
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
     check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
@@ -123,6 +125,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    ": AMPD's H20 and Llama-3.1-70B at TP4)")
     p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
                    help=f"TTFT SLO per turn, seconds (default {SLO.ttft_s:g})")
+    p.add_argument("--slo-ttft-x", type=float, default=None, metavar="K",
+                   help="TTFT SLO per trace: K x the trace's idle TTFT (its Table 1 prefill "
+                   "length from scratch on an idle --profile replica; hotpotqa 0.69 s at "
+                   "TP4), instead of --slo-ttft (AMPD's traces only)")
     p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
                    help=f"mean inter-token latency SLO per turn, seconds (default "
                    f"{SLO.tpot_s:g})")
@@ -139,6 +145,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", default=ampd_regime.DEFAULT_TP,
                    help="with --gpus: TP degrees to deploy at (default %(default)s; those the "
                    "model does not fit at are skipped)")
+    p.add_argument("--deployments", default=None,
+                   help="with --gpus: comma-separated deployments to try (e.g. 'TP8 x1,TP4 "
+                   "x2,TP4 1P1D'; default: all)")
     p.add_argument("--itl-slo", default=None,
                    help="with --gpus: comma-separated ITL SLOs, seconds (default "
                    f"{ampd_regime.DEFAULT_ITL_SLOS})")
@@ -219,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
             raise ClusterConfigError("--transport chooses how the router reaches the replicas "
                                      "on Ray: give it with --ray or --address")
         return serve_cluster(config, host=args.host, port=args.port, base_port=args.base_port,
-                             log_dir=log_dir, startup_timeout_s=args.startup_timeout)
+                             log_dir=log_dir, startup_timeout_s=args.startup_timeout,
+                             api_key=cluster_api_key(args))
     except LauncherError as exc:  # the cluster did not start: exit 1
         print(f"harness: error: {exc}", file=sys.stderr)
         return 1
@@ -246,12 +256,19 @@ def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) ->
     return serve_on_ray(config, address=args.address, host=args.host, port=args.port,
                         log_dir=log_dir, resources=resources,
                         startup_timeout_s=args.startup_timeout,
-                        transport=args.transport or "http")
+                        transport=args.transport or "http", api_key=cluster_api_key(args))
+
+
+def cluster_api_key(args: argparse.Namespace) -> str | None:
+    """`--api-key`, else $HARNESS_CLUSTER_API_KEY (a variable of its own: a client's
+    HARNESS_API_KEY in the same shell must not turn a key check on by surprise)."""
+    return args.api_key or os.environ.get("HARNESS_CLUSTER_API_KEY") or None
 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Validate, sweep, print the table. A user mistake raises `AmpdBenchError`."""
-    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
+    for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl),
+                        ("--slo-ttft-x", args.slo_ttft_x or 1.0)):
         if not (value > 0 and math.isfinite(value)):
             raise AmpdBenchError(f"{flag} must be a positive number of seconds, not {value}")
     if args.replicas < 2:
@@ -281,7 +298,8 @@ def run_bench(args: argparse.Namespace) -> int:
             programs=args.programs, replicas=args.replicas, profile=args.profile,
             slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed, out=Path(args.out),
             num_gpu_blocks=args.num_gpu_blocks, history=args.history, plot=not args.no_plot,
-            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            ttft_k=args.slo_ttft_x)
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
@@ -307,7 +325,10 @@ def run_regime(args: argparse.Namespace) -> int:
             traces, {t: loads for t in traces}, gpus=args.gpus, profile=args.profile,
             degrees=degrees, itl_slos=itl_slos, ttft_slo=args.slo_ttft,
             programs=args.programs, seed=args.seed, out=Path(args.out), history=args.history,
-            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            ttft_k=args.slo_ttft_x,
+            deployments_only=(None if args.deployments is None
+                              else _names(args.deployments, "--deployments")))
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)

@@ -12,9 +12,7 @@ from cli import run as run_cli
 from harness.compare import compare_policies
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "compare", help="run a benchmark under several policies, side by side")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -8,9 +8,7 @@ import argparse
 from harness.demo import run_demo
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="run a batch of agent programs through a co-located server")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 

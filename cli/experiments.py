@@ -48,12 +48,10 @@ from harness.tools.sandbox_image import DEFAULT_IMAGE
 LANGCHAIN_EXAMPLE = "eval.examples.langchain_agent"
 
 
-def register(subparsers: Any) -> None:
-    """Add the `eval` group and its experiments to the `harness` command's subparsers."""
-    group = subparsers.add_parser(
-        "eval", help="experiments that print figures: load, fidelity, overheads, baselines",
-        description=__doc__.split("\n\n")[0])
-    experiments = group.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+def register(parser: argparse.ArgumentParser) -> None:
+    """The `eval` group's experiments on the parser `cli.main` made for it."""
+    parser.description = __doc__.split("\n\n")[0]
+    experiments = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     _add_load(experiments)
     _add_fidelity(experiments)
     _add_served_vs_virtual(experiments)

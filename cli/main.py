@@ -3,40 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from cli import (
-    bench,
-    cluster,
-    compare,
-    demo,
-    experiments,
-    model,
-    plan,
-    predictor,
-    profile,
-    run,
-    sandbox,
-    serve,
-)
 from cli.errors import exit_status
 
-#: Every subcommand, in the order `harness --help` lists them: each adds its parser (with
-#: `func`, what runs it) to the subparsers it is given.
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    serve.register, run.register, compare.register, demo.register, cluster.register,
-    bench.register, plan.register, sandbox.register, profile.register, predictor.register,
-    experiments.register, model.register)
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: the module whose `register(parser)` adds its options (imported only
+    when the command runs or its own help is asked for) and its line in `harness --help`."""
+
+    module: str
+    help: str
+    add_help: bool = True  # False: the module parses `-h` itself (`profile`)
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Every subcommand, in the order `harness --help` lists them. Why a table and not imports: the
+#: command modules import what their commands run (vLLM's config, eval/, the cluster, rich,
+#: pydantic: about 0.6 s), and a process runs one command, so only its module is imported;
+#: the one-line help lives here so `harness --help` needs none of them.
+COMMANDS: dict[str, Command] = {
+    "serve": Command("cli.serve", "start the vLLM server with a policy (emulated GPU if none)"),
+    "run": Command("cli.run", "run a benchmark's agent programs and score them"),
+    "compare": Command("cli.compare", "run a benchmark under several policies, side by side"),
+    "demo": Command("cli.demo", "run a batch of agent programs through a co-located server"),
+    "cluster": Command("cli.cluster", "serve a cluster file's replicas behind one router, or "
+                       "check the file"),
+    "bench": Command("cli.bench", "compare policies on a trace in virtual time (JCT vs load)"),
+    "plan": Command("cli.plan", "choose prefill/decode replicas and TP degrees for N GPUs "
+                    "(AMPD planner)"),
+    "sandbox": Command("cli.sandbox", "the Docker sandbox image"),
+    "profile": Command("cli.profile", "measure step times on a real GPU or the CPU engine "
+                       "(--device cpu) and write a table for the emulator", add_help=False),
+    "predictor": Command("cli.predictor", "train / evaluate the output-length and "
+                         "tool-duration predictor"),
+    "eval": Command("cli.experiments", "experiments that print figures: load, fidelity, "
+                    "overheads, baselines"),
+    "model": Command("cli.model", "add and list real models (GGUF, folders)"),
+}
+
+
+def build_parser(load: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The `harness` parser: every command listed with its help; the options of the commands
+    in `load` (default: all of them) added by their modules, the others left empty."""
+    wanted = set(COMMANDS if load is None else load)
     parser = argparse.ArgumentParser(prog="harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for register in COMMANDS:
-        register(sub)
+    for name, command in COMMANDS.items():
+        child = sub.add_parser(name, help=command.help, add_help=command.add_help)
+        if name in wanted:
+            importlib.import_module(command.module).register(child)
     return parser
+
+
+def command_of(args: Sequence[str]) -> str | None:
+    """The subcommand a command line names: its first word that is not an option (the
+    `harness` parser itself takes no option but --help)."""
+    return next((a for a in args if not a.startswith("-")), None)
 
 
 #: Commands whose figures must not depend on Python's per-process string-hash seed: vLLM's
@@ -49,7 +76,7 @@ _DETERMINISTIC_COMMANDS = frozenset({"bench", "plan", "cluster"})
 def _pin_hash_seed(args: Sequence[str]) -> None:
     """Re-run this command under PYTHONHASHSEED=0 when the seed is unset (a user's explicit
     seed is kept), so the same command gives the same numbers; worker processes inherit it."""
-    command = next((a for a in args if not a.startswith("-")), None)
+    command = command_of(args)
     if command not in _DETERMINISTIC_COMMANDS or "PYTHONHASHSEED" in os.environ:
         return
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -67,9 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse and run one command. Its user mistakes (`common.errors.UserError`, whatever the
     layer that found them) are one line on stderr and status 2, Ctrl-C is 130 (`cli.errors`);
     any other exception keeps its traceback."""
+    args_given = sys.argv[1:] if argv is None else list(argv)
     if argv is None:
-        _pin_hash_seed(sys.argv[1:])
-    parser = build_parser()
+        _pin_hash_seed(args_given)
+    command = command_of(args_given)
+    parser = build_parser([command] if command in COMMANDS else [])
     # a command that passes its options on unparsed (`profile`) names the argument that holds
     # them (`passthrough`); argparse's REMAINDER does not take options that come first
     # (`harness profile --device cpu`), so collect those too

@@ -14,8 +14,7 @@ import argparse
 from server.model_store import KNOWN_MODELS, add_model, list_models, models_home
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("model", help="add and list real models (GGUF, folders)")
+def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     add = sub.add_parser(
         "add", help="make a model folder from a known name, a GGUF file or a local folder",

@@ -19,7 +19,6 @@ import argparse
 import sys
 import time
 from functools import partial
-from typing import Any
 
 from cluster import plan_verify
 from cluster.planner import (
@@ -36,12 +35,10 @@ from eval.bench.traces import make_trace
 from sim import planning as plan_sim
 
 
-def register(subparsers: Any) -> None:
-    """Add `harness plan` to the `harness` command's subparsers."""
-    p = subparsers.add_parser(
-        "plan", help="choose prefill/decode replicas and TP degrees for N GPUs (AMPD planner)")
-    add_arguments(p)
-    p.set_defaults(func=run)
+def register(parser: argparse.ArgumentParser) -> None:
+    """`harness plan`'s options on the parser `cli.main` made for it."""
+    add_arguments(parser)
+    parser.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -34,9 +34,7 @@ from predictor.data import DEFAULT_DATA, DataError, file_digest, load_examples, 
 HELD_OUT = 0.2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "predictor", help="train / evaluate the output-length and tool-duration predictor")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 

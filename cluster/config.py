@@ -75,6 +75,9 @@ class RouterSpec(_Strict):
     #: `ampd`: the SLOs its routing keeps slack against (TTFT_thres, ITL_thres, seconds).
     ttft_slo_s: float = Field(default=TTFT_SLO_S, gt=0)
     itl_slo_s: float = Field(default=0.1, gt=0)
+    #: `ampd`: charge Eq. 2's T_kv(l_hist) only for the history a prefill replica is believed
+    #: to lack (off: the paper's rule, the whole history every time; `cluster.ampd`)
+    ampd_credit_held_history: bool = False
 
     @field_validator("strategy")
     @classmethod

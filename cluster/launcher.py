@@ -85,15 +85,18 @@ def replica_ports(config: ClusterConfig, base_port: int = DEFAULT_BASE_PORT) -> 
 def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                     host: str = "127.0.0.1", side_channel_port: int | None = None,
                     events_ipc: str | None = None,
-                    side_channel_host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
+                    side_channel_host: str = "127.0.0.1",
+                    api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
     builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
     the virtual-time cluster's engines do (`sim.engines.make_engine`). A P/D replica advertises
-    `side_channel_host:side_channel_port` to its peers (on Ray: its node's address)."""
+    `side_channel_host:side_channel_port` to its peers (on Ray: its node's address).
+    `api_key`: the replica wants it, as the router does (`VLLM_API_KEY`, which vLLM reads as
+    `--api-key`: in the environment, not in the process list)."""
     # server.launch, server.events (pydantic): start-up cost (~0.5 s), paid only when replicas
     # are built; the reaper (`python -m cluster.launcher reap`) runs this module too
     from server.events import ENV_EVENTS_IPC, default_ipc_path
-    from server.launch import ServeError, build_command
+    from server.launch import ENV_API_KEY, ServeError, build_command
     from server.settings import offload_gib
 
     extra: list[str] = []
@@ -125,7 +128,7 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                                 ttft_slo_s=config.router.ttft_slo_s)
     except ServeError as exc:
         raise LauncherError(f"replica {spec.name}: {exc}") from None
-    env = {**command.env, **env}
+    env = {**command.env, **env, **({ENV_API_KEY: api_key} if api_key else {})}
     # each replica its own channel from its API server to its scheduler
     env[ENV_EVENTS_IPC] = events_ipc or default_ipc_path()
     return command.argv, env
@@ -253,8 +256,9 @@ class Launcher:
     def __init__(self, config: ClusterConfig, *, base_port: int = DEFAULT_BASE_PORT,
                  log_dir: str | Path, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  out: Callable[[str], None] | None = None,
-                 reap_grace_s: float = 20.0) -> None:
+                 reap_grace_s: float = 20.0, api_key: str | None = None) -> None:
         self.config = config
+        self.api_key = api_key  # every replica wants it (`replica_command`)
         self.log_dir = Path(log_dir)
         self.startup_timeout_s = startup_timeout_s
         self.out = out or (lambda line: print(line, flush=True))
@@ -275,7 +279,8 @@ class Launcher:
                                 "them, or pick another --base-port")
         for r in self.replicas:
             side = free_port() if r.spec.role in ("prefill", "decode") else None
-            r.argv, r.env = replica_command(self.config, r.spec, r.port, side_channel_port=side)
+            r.argv, r.env = replica_command(self.config, r.spec, r.port, side_channel_port=side,
+                                            api_key=self.api_key)
 
     def start(self) -> Launcher:
         """Start all replicas and wait until every one answers `/health`; on any failure stop
@@ -459,9 +464,10 @@ class _Stop(Exception):
 def serve_cluster(config: ClusterConfig, *, host: str = "127.0.0.1",
                   port: int = DEFAULT_ROUTER_PORT, base_port: int = DEFAULT_BASE_PORT,
                   log_dir: str | Path, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-                  out: Callable[[str], None] | None = None) -> int:
+                  out: Callable[[str], None] | None = None, api_key: str | None = None) -> int:
     """Start the replicas, serve the router on `host:port` until SIGINT / SIGTERM (or every
-    replica is gone), then stop everything. Returns the exit code (0 on a requested stop)."""
+    replica is gone), then stop everything. Returns the exit code (0 on a requested stop).
+    `api_key`: the router and every replica want it from clients."""
     # uvicorn, FastAPI (cluster.router_app): start-up cost (~1 s), as above
     import uvicorn
 
@@ -472,7 +478,7 @@ def serve_cluster(config: ClusterConfig, *, host: str = "127.0.0.1",
     if not port_free(port, host if host not in ("0.0.0.0", "::") else "127.0.0.1"):
         raise LauncherError(f"router port {port} is already in use; pass --port")
     launcher = Launcher(config, base_port=base_port, log_dir=log_dir,
-                        startup_timeout_s=startup_timeout_s, out=say)
+                        startup_timeout_s=startup_timeout_s, out=say, api_key=api_key)
     if port in {r.port for r in launcher.replicas}:
         raise LauncherError(f"router port {port} is also a replica's port; pass another "
                             "--port or --base-port")
@@ -491,7 +497,8 @@ def serve_cluster(config: ClusterConfig, *, host: str = "127.0.0.1",
             return 0
         endpoints = [ReplicaEndpoint(name=r.name, role=r.spec.role, url=r.url, pid=r.pid)
                      for r in launcher.replicas]
-        app = create_app(endpoints, config.router, name=config.name, cluster=config)
+        app = create_app(endpoints, config.router, name=config.name, cluster=config,
+                         api_key=api_key)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                access_log=False, timeout_keep_alive=30))
         state = app.state.cluster

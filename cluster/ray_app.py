@@ -75,8 +75,9 @@ class ClusterIngress:
     """The router: our FastAPI router app, its upstream through the replicas' handle."""
 
     def __init__(self, config: dict[str, Any], replicas: DeploymentHandle,
-                 transport: str = "http") -> None:
+                 transport: str = "http", api_key: str | None = None) -> None:
         self.config = ClusterConfig.model_validate(config)
+        self.api_key = api_key
         self.replicas = replicas
         self.transport = transport
         self.view = view_for(replicas.app_name, replicas.deployment_name)
@@ -86,7 +87,7 @@ class ClusterIngress:
         endpoints = [ReplicaEndpoint(name=s.name, role=s.role, url=replica_url(s.name))
                      for s in self.config.replicas]
         app = create_app(endpoints, self.config.router, name=self.config.name,
-                         poll_interval_s=None, cluster=self.config,
+                         poll_interval_s=None, cluster=self.config, api_key=self.api_key,
                          transport=(EngineTransport(self.view) if self.transport == "http"
                                     else ServeTransport(self.replicas, self.view)))
         self.view.attach(app.state.cluster)
@@ -96,8 +97,9 @@ class ClusterIngress:
 def build_app(config: ClusterConfig, *, log_dir: str | Path,
               resources: RayResources | None = None,
               startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-              transport: str = "http") -> Any:
-    """The Serve application (bound deployments) of a cluster file."""
+              transport: str = "http", api_key: str | None = None) -> Any:
+    """The Serve application (bound deployments) of a cluster file. `api_key`: the router
+    and the replicas' engines want it (it travels in the deployments' arguments)."""
     resources = resources or RayResources()
     data = config.model_dump()
     replicas = serve.deployment(ReplicaProcess).options(
@@ -111,13 +113,13 @@ def build_app(config: ClusterConfig, *, log_dir: str | Path,
                                  f"{HarnessRequestRouter.__name__}",
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
             request_routing_stats_timeout_s=5.0),
-    ).bind(data, str(Path(log_dir).resolve()), startup_timeout_s)
+    ).bind(data, str(Path(log_dir).resolve()), startup_timeout_s, api_key)
     router = serve.deployment(ClusterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=MAX_ONGOING,
         # on the head node, with Serve's controller: the routing state (and what the router
         # knows of each replica's node) outlives the loss of any other node
         ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}})
-    return router.bind(data, replicas, transport)
+    return router.bind(data, replicas, transport, api_key)
 
 
 class _Stop(Exception):
@@ -129,9 +131,10 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
                  resources: RayResources | None = None,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  out: Callable[[str], None] | None = None,
-                 until: threading.Event | None = None, transport: str = "http") -> int:
+                 until: threading.Event | None = None, transport: str = "http",
+                 api_key: str | None = None) -> int:
     """Deploy the cluster on Ray and serve it until SIGINT / SIGTERM (or `until` is set);
-    returns the exit code (0 on a requested stop)."""
+    returns the exit code (0 on a requested stop). `api_key`: as `build_app`'s."""
     say = out or (lambda line: print(line, flush=True))
     started_ray = address is None and not ray.is_initialized()
     if not ray.is_initialized():
@@ -163,7 +166,8 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
             host, port = http.host, http.port
         began = time.monotonic()
         app = build_app(config, log_dir=log_dir, resources=resources,
-                        startup_timeout_s=startup_timeout_s, transport=transport)
+                        startup_timeout_s=startup_timeout_s, transport=transport,
+                        api_key=api_key)
         try:
             serve.run(app, name=config.name, route_prefix="/", blocking=False)
         except Exception as exc:  # noqa: BLE001 - a replica failed to start: Serve's message

@@ -98,7 +98,8 @@ class ReplicaProcess:
     `HttpCall`s to it, stops it when Serve stops the replica."""
 
     def __init__(self, config: dict[str, Any], log_dir: str,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S,
+                 api_key: str | None = None) -> None:
         self.config = ClusterConfig.model_validate(config)
         context = serve.get_replica_context()
         rank = context.rank.rank
@@ -113,7 +114,8 @@ class ReplicaProcess:
         self.url = f"http://{self.node_ip}:{self.port}"
         side = free_port() if self.spec.role in ("prefill", "decode") else None
         argv, env = replica_command(self.config, self.spec, self.port, host=self.node_ip,
-                                    side_channel_port=side, side_channel_host=self.node_ip)
+                                    side_channel_port=side, side_channel_host=self.node_ip,
+                                    api_key=api_key)
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_path = Path(log_dir) / f"{self.spec.name}.log"
         self.engine_record = Path(log_dir) / f"{self.spec.name}.engine.json"

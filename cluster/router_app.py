@@ -40,6 +40,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from cluster.router_auth import RequireApiKey
 from cluster.router_proxy import RouterProxy
 from cluster.router_state import ReplicaEndpoint
 from cluster.router_wire import Reply
@@ -49,9 +50,11 @@ from cluster.routing import Router
 def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                name: str = "cluster", poll_interval_s: float | None = 0.5,
                transport: httpx.AsyncBaseTransport | None = None,
-               connect_timeout_s: float = 5.0, cluster: Any = None) -> FastAPI:
+               connect_timeout_s: float = 5.0, cluster: Any = None,
+               api_key: str | None = None) -> FastAPI:
     """The router app over a `RouterProxy` (see it for the arguments); `app.state.cluster` is
-    its `ClusterState`, `app.state.proxy` the proxy."""
+    its `ClusterState`, `app.state.proxy` the proxy. `api_key`: clients must send it
+    (`cluster.router_auth`); either way a client's `Authorization` goes on to the replicas."""
     proxy = RouterProxy(replicas, router, name=name, poll_interval_s=poll_interval_s,
                         transport=transport, connect_timeout_s=connect_timeout_s,
                         cluster=cluster)
@@ -64,6 +67,8 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
     app = FastAPI(title=f"harness cluster router ({name})", lifespan=lifespan)
     app.state.cluster = proxy.state
     app.state.proxy = proxy
+    if api_key:
+        app.add_middleware(RequireApiKey, api_key=api_key)
 
     async def completions(request: Request, path: str) -> Response:
         return render(await proxy.complete(path, await request.body(), request.headers,
@@ -79,11 +84,11 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
 
     @app.post("/v1/agent/events")
     async def agent_events(request: Request) -> Response:
-        return render(await proxy.post_events(await request.body()))
+        return render(await proxy.post_events(await request.body(), request.headers))
 
     @app.get("/v1/models")
-    async def models() -> Response:
-        return render(await proxy.models())
+    async def models(request: Request) -> Response:
+        return render(await proxy.models(request.headers))
 
     @app.get("/health")
     async def health() -> Response:

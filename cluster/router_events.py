@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from cluster.router_state import ClusterState
-from cluster.router_wire import GONE, Reply
+from cluster.router_wire import GONE, Reply, auth_of
 from server.events import EventError, parse_events
 
 
@@ -33,9 +33,11 @@ class EventFanout:
         self.state = state
         self.client = client  # the router's upstream client, opened when it starts
 
-    async def receive(self, raw: bytes) -> Reply:
+    async def receive(self, raw: bytes, headers: Any = None) -> Reply:
         """`POST /v1/agent/events`: one JSON event, a JSON list or NDJSON lines in; per
-        replica, how many of its events it forwarded to its scheduler."""
+        replica, how many of its events it forwarded to its scheduler. The client's
+        `Authorization` goes on to the replicas (`headers`, its request's)."""
+        auth = auth_of(headers)
         state = self.state
         try:
             events = parse_events(raw)
@@ -53,7 +55,7 @@ class EventFanout:
                 kept.add(id(event))
 
         async def send(target: str, indices: list[int]) -> tuple[str, int, str | None]:
-            forwarded, problem = await self.send(target, [lines[i] for i in indices])
+            forwarded, problem = await self.send(target, [lines[i] for i in indices], auth)
             return target, forwarded, problem
 
         results = await asyncio.gather(*(send(t, ix) for t, ix in per_target.items()))
@@ -77,14 +79,15 @@ class EventFanout:
         return Reply(payload={"accepted": len(events), "forwarded": len(reached),
                               "held": held, "replicas": report})
 
-    async def send(self, target: str, lines: list[str]) -> tuple[int, str | None]:
+    async def send(self, target: str, lines: list[str],
+                   auth: dict[str, str] | None = None) -> tuple[int, str | None]:
         """Send event lines to one replica: (how many it forwarded to its scheduler, the
-        problem if none)."""
+        problem if none). `auth`: the client's `Authorization` header (`auth_of`)."""
         replica = self.state.replicas[target]
         try:
             answer = await self.client().post(
                 replica.url + "/v1/agent/events", content="\n".join(lines).encode(),
-                headers={"content-type": "application/x-ndjson"}, timeout=5.0)
+                headers={"content-type": "application/x-ndjson", **(auth or {})}, timeout=5.0)
         except GONE as exc:
             replica.mark_dead(replica.not_answering(exc))
             return 0, replica.not_answering(exc)

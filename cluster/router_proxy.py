@@ -21,7 +21,7 @@ import httpx
 from cluster.router_events import EventFanout
 from cluster.router_state import ClusterState, ReplicaEndpoint, poll_forever
 from cluster.router_turns import TurnForwarder
-from cluster.router_wire import GONE, Reply, error_reply, failed_reply, gone_reply
+from cluster.router_wire import GONE, Reply, auth_of, error_reply, failed_reply, gone_reply
 from cluster.routers import make_router
 from cluster.routing import Router
 
@@ -34,13 +34,14 @@ class ClusterInfo:
         self.state = state
         self.client = client  # the router's upstream client, opened when it starts
 
-    async def models(self) -> Reply:
+    async def models(self, headers: Any = None) -> Reply:
         live = self.state.live()
         if not live:
             return error_reply("no live replica", 503)
         replica = live[0]
         try:
-            answer = await self.client().get(replica.url + "/v1/models", timeout=10.0)
+            answer = await self.client().get(replica.url + "/v1/models", timeout=10.0,
+                                             headers=auth_of(headers))
         except GONE as exc:
             return gone_reply(replica, exc, self.state.counters)
         except httpx.HTTPError as exc:
@@ -120,12 +121,12 @@ class RouterProxy:
         """`POST /v1/chat/completions` or `POST /v1/completions` (`TurnForwarder.complete`)."""
         return await self.turns.complete(path, raw, headers, client_gone)
 
-    async def post_events(self, raw: bytes) -> Reply:
+    async def post_events(self, raw: bytes, headers: Any = None) -> Reply:
         """`POST /v1/agent/events` (`EventFanout.receive`)."""
-        return await self.events.receive(raw)
+        return await self.events.receive(raw, headers)
 
-    async def models(self) -> Reply:
-        return await self.info.models()
+    async def models(self, headers: Any = None) -> Reply:
+        return await self.info.models(headers)
 
     def health(self) -> Reply:
         return self.info.health()

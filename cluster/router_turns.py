@@ -38,6 +38,7 @@ from cluster.router_wire import (
     PREFILL_HEADER,
     REPLICA_HEADER,
     Reply,
+    auth_of,
     error_reply,
     failed_reply,
     forward_headers,
@@ -92,7 +93,7 @@ class TurnForwarder:
         upstream_headers = forward_headers(headers, given)
         if given is not None:
             for name in state.placed(program, route):
-                await self.events.send(name, [state.starts[program]])
+                await self.events.send(name, [state.starts[program]], auth_of(headers))
         turn = RelayedTurn(program, tokens, info.new_tokens)
         if route.prefill is not None:
             work = self._pd_turn(path, body, upstream_headers, route, turn)

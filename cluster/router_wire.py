@@ -92,6 +92,13 @@ def forward_headers(headers: Any, program_id: str | None,
     return out
 
 
+def auth_of(headers: Any) -> dict[str, str]:
+    """The client's `Authorization` header, for the requests the router makes on its behalf
+    (events, models, a kept program_start): replicas started with `--api-key` want it."""
+    value = headers.get("authorization") if headers is not None else None
+    return {"Authorization": value} if value else {}
+
+
 def error_body(message: str, status: int, kind: str = "replica_unavailable",
                replica: str | None = None) -> dict[str, Any]:
     """An OpenAI-style error object (what the `openai` package shows as the message)."""

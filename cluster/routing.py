@@ -52,6 +52,12 @@ class ReplicaLoad:
     alive: bool = True
     #: prompt tokens queued or part-computed here, not yet prefilled (AMPD's prefill queue)
     queued_prefill_tokens: int = 0
+    #: the same queue task by task, as (tokens already cached for it, tokens to compute): a
+    #: task's cached history is not priced again (Eq. 1-2 sum T_pre(l_hist_k, l_incr_k));
+    #: None where only the total is known (the served router)
+    queued_prefills: tuple[tuple[int, int], ...] | None = None
+    #: context tokens of the requests decoding here, in all (a decode step's cost)
+    decode_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from harness.model_client import api_root
+from harness.model_client import api_root, auth_headers
 
 
 class EventSink(Protocol):
@@ -32,8 +32,11 @@ class EventSink(Protocol):
 
 class EventClient:
     def __init__(self, base_url: str, *, max_queue: int = 10_000, timeout_s: float = 2.0,
-                 max_batch: int = 512) -> None:
+                 max_batch: int = 512, api_key: str | None = None) -> None:
+        """`api_key`: for a server started with `--api-key` (its events endpoint is behind
+        the same check as its completions)."""
         self.url = api_root(base_url) + "/v1/agent/events"
+        self._headers = {"content-type": "application/x-ndjson", **auth_headers(api_key)}
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_queue)
         self._timeout = timeout_s
         self._max_batch = max_batch
@@ -82,7 +85,7 @@ class EventClient:
             body = "\n".join(json.dumps(e) for e in batch).encode()
             try:
                 response = await self._client.post(
-                    self.url, content=body, headers={"content-type": "application/x-ndjson"})
+                    self.url, content=body, headers=self._headers)
                 if response.status_code == 200:
                     forwarded = int(response.json().get("forwarded", len(batch)))
                     self.sent += forwarded

@@ -89,18 +89,19 @@ def new_program_id(prefix: str = "lc") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-_shared: dict[str, BackgroundEventClient] = {}
+_shared: dict[tuple[str, str], BackgroundEventClient] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_events(base_url: str) -> BackgroundEventClient:
-    """One background event client per server, shared by every model and handler of this
-    process and flushed at exit."""
+def shared_events(base_url: str, api_key: str | None = None) -> BackgroundEventClient:
+    """One background event client per server (and key), shared by every model and handler of
+    this process and flushed at exit."""
     root = api_root(base_url)
+    key = (root, api_key or "")
     with _shared_lock:
-        client = _shared.get(root)
+        client = _shared.get(key)
         if client is None or client.closed:
-            client = _shared[root] = BackgroundEventClient(root)
+            client = _shared[key] = BackgroundEventClient(root, api_key=api_key)
         return client
 
 
@@ -310,7 +311,8 @@ class ChatHarness(BaseChatModel):
     @property
     def events(self) -> BackgroundEventClient:
         """The shared event client for this model's server."""
-        return shared_events(self.base_url)
+        key = self.api_key.get_secret_value()
+        return shared_events(self.base_url, None if key == "unused" else key)
 
     def with_program(self, program_id: str) -> ChatHarness:
         """A copy of this model whose calls belong to `program_id`."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class Completion:
 
 
 class ChatClient:
-    def __init__(self, base_url: str, model: str, *, api_key: str = "unused",
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
                  timeout_s: float = 600.0, max_retries: int = 4,
                  backoff_s: float = 0.5, stream: bool = True, token_ids: bool = False,
                  agentic_context: bool = False) -> None:
@@ -77,7 +78,8 @@ class ChatClient:
         stop string's tokens, so the text kept in the history must hold it as well.
         `agentic_context`: send the hints in the canonical `vllm_xargs.agentic_context` too
         (for `vllm-router`'s program scheduling; our server accepts it, a stock vLLM server
-        does not)."""
+        does not). `api_key`: sent as `Authorization: Bearer KEY` (a server started with
+        `--api-key`); None sends no key."""
         self.url = api_root(base_url) + "/v1/chat/completions"
         self.token_ids = token_ids
         self.agentic_context = agentic_context
@@ -85,8 +87,7 @@ class ChatClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.stream = stream
-        self._client = httpx.AsyncClient(timeout=timeout_s,
-                                         headers={"Authorization": f"Bearer {api_key}"})
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key))
 
     async def complete(self, messages: list[dict[str, Any]], *, program_id: str | None = None,
                        max_tokens: int = 512, temperature: float = 0.0,
@@ -168,6 +169,22 @@ def api_root(url: str) -> str:
     if "://" not in root:
         root = "http://" + root
     return root.removesuffix("/v1")
+
+
+#: Where the key for a server started with `--api-key` comes from when none is given, first
+#: set wins: ours (the LangChain model reads it too), then the one OpenAI clients read. Ours
+#: first so that a real OpenAI key in the environment is not what a harness server is sent.
+API_KEY_VARS = ("HARNESS_API_KEY", "OPENAI_API_KEY")
+
+
+def api_key_of(given: str | None) -> str | None:
+    """The key to send: `given` (`--api-key`), else the first of `API_KEY_VARS` set."""
+    return given or next((os.environ[v] for v in API_KEY_VARS if os.environ.get(v)), None)
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The `Authorization` header vLLM's `--api-key` check reads (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 #: The program id as a header too: vLLM reads the body's `session_id`, but routers in front of

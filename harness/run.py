@@ -38,7 +38,7 @@ from common.metrics import summarize
 from harness.agent import Agent, Limits, Replay
 from harness.benchmarks import Benchmark, RunContext, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
-from harness.model_client import ChatClient, api_root
+from harness.model_client import ChatClient, api_key_of, api_root, auth_headers
 from harness.sandbox_prune import leftover_warning, sweep_run
 from harness.server_process import CPU_STARTUP_TIMEOUT_S, ServerProcess
 from harness.task_result import TaskResult
@@ -48,7 +48,7 @@ from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
 from predictor.durations import ToolDurationModel
 from server.launch import DEVICES
-from server.model_store import resolve_model
+from server.model_store import servable_model
 
 EMULATED_MODEL = "llama-3.1-8b"
 #: the progress line: programs finished (of all) and how many of them passed
@@ -91,6 +91,9 @@ class RunSpec:
     tool_calls: bool = False  # send the actions as OpenAI `tools` (needs a tool parser)
     #: also send the hints as the canonical `vllm_xargs.agentic_context` (for vllm-router)
     agentic_context: bool = False
+    #: the key of a `server` started with `--api-key`; None: $HARNESS_API_KEY, else
+    #: $OPENAI_API_KEY (`harness.model_client.api_key_of`), else none
+    api_key: str | None = None
 
 
 @dataclass
@@ -261,6 +264,7 @@ class RunPlan:
     agentic_context: bool = False
     #: what became of a co-located model server (None: a `--server` nobody watches)
     diagnose: Callable[[], str | None] | None = None
+    api_key: str | None = None  # for a server started with `--api-key`
 
 
 async def run_all(plan: RunPlan, console: Console) -> dict[str, int]:
@@ -269,7 +273,7 @@ async def run_all(plan: RunPlan, console: Console) -> dict[str, int]:
     bench, limits = plan.bench, plan.limits
     client = ChatClient(plan.base_url, plan.model, token_ids=plan.token_ids,
                         agentic_context=plan.agentic_context,
-                        max_retries=limits.model_retries)
+                        max_retries=limits.model_retries, api_key=plan.api_key)
     semaphore = asyncio.Semaphore(plan.concurrency)
     halted: str | None = None  # why no new program starts: the model server is gone
 
@@ -278,7 +282,7 @@ async def run_all(plan: RunPlan, console: Console) -> dict[str, int]:
 
     run = RunContext(out_dir=plan.out, run_id=f"r{int(time.time())}", model_name=plan.model,
                      log=log)
-    async with EventClient(plan.base_url) as events:
+    async with EventClient(plan.base_url, api_key=plan.api_key) as events:
         agent = Agent(client, events, ToolDurationModel(), plan.out / "trajectories", limits,
                       plan.text_model, plan.tool_calls)
         columns = (TextColumn("[bold]{task.description}"), BarColumn(),
@@ -329,10 +333,10 @@ def sweep_containers(run_id: str, log: Callable[[str], None]) -> None:
         log(problem)
 
 
-def server_events_received(base_url: str) -> int | None:
+def server_events_received(base_url: str, api_key: str | None = None) -> int | None:
     try:
-        return int(httpx.get(api_root(base_url) + "/v1/agent/events", timeout=5)
-                   .json()["received"])
+        return int(httpx.get(api_root(base_url) + "/v1/agent/events", timeout=5,
+                             headers=auth_headers(api_key)).json()["received"])
     except (httpx.HTTPError, KeyError, ValueError):
         return None
 
@@ -424,6 +428,9 @@ def run_benchmark(spec: RunSpec) -> int:
         raise RunError("--temperature must be at least 0")
     if spec.model_retries < 0:
         raise RunError("--model-retries must be at least 0")
+    if spec.api_key and not spec.server:
+        raise RunError("--api-key is the key of a running server: give it with --server URL "
+                       "(the server harness run starts itself needs none)")
     if spec.resume and not spec.out:
         raise RunError("--resume needs --out: the folder of the run to continue")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -446,10 +453,11 @@ def run_benchmark(spec: RunSpec) -> int:
     limits = Limits(max_steps=spec.max_steps, max_tokens=spec.max_tokens,
                     temperature=spec.temperature, model_retries=spec.model_retries)
     diagnose: Callable[[], str | None] | None = None
+    api_key = api_key_of(spec.api_key) if spec.server else None
     with contextlib.ExitStack() as stack:
         if spec.server:
             base_url = api_root(spec.server)
-            check_reachable(base_url)
+            check_reachable(base_url, api_key)
         else:
             serve_args = ["--model", model_spec.value] if model_spec.kind == "path" else []
             if spec.device:
@@ -462,12 +470,12 @@ def run_benchmark(spec: RunSpec) -> int:
                 startup_timeout_s=CPU_STARTUP_TIMEOUT_S if spec.device == "cpu" else 240.0))
             base_url = server.base_url
             diagnose = server.exit_description
-        before = server_events_received(base_url)
+        before = server_events_received(base_url, api_key)
         plan = RunPlan(bench, todo, base_url, model, out, replays, spec.concurrency, limits,
                        text_model, spec.token_ids, spec.tool_calls, spec.agentic_context,
-                       diagnose)
+                       diagnose, api_key)
         events = asyncio.run(run_all(plan, console)) if todo else {"sent": 0, "dropped": 0}
-        received = received_during(before, server_events_received(base_url))
+        received = received_during(before, server_events_received(base_url, api_key))
     summary = build_summary(bench, spec.policy, tasks, out, events, model,
                             time.monotonic() - started, received)
     write_json_atomic(out / "summary.json", summary)
@@ -490,7 +498,7 @@ def served_model(spec: RunSpec, console: Console) -> tuple[ModelSpec, str]:
             raise RunError("--device cpu runs a real model: give --model NAME|DIR|FILE.gguf "
                            "(e.g. smollm2-135m-instruct); recorded trajectories (replay) need "
                            "the emulated GPU")
-        resolved = resolve_model(model_spec.value, progress=lambda m: console.print(
+        resolved = servable_model(model_spec.value, progress=lambda m: console.print(
             f"model: {m}", markup=False, highlight=False))
         return ModelSpec("path", model_spec.value), resolved.name
     if model_spec.kind == "name" and not spec.server:
@@ -504,15 +512,21 @@ def served_model(spec: RunSpec, console: Console) -> tuple[ModelSpec, str]:
     return model_spec, EMULATED_MODEL
 
 
-def check_reachable(base_url: str) -> None:
-    """A `--server` nobody answers at is a mistake to say before any program starts (any
-    HTTP answer will do: servers differ in what they serve at `/v1/models`)."""
+def check_reachable(base_url: str, api_key: str | None = None) -> None:
+    """A `--server` nobody answers at, or one that refuses our key, is a mistake to say before
+    any program starts (any other HTTP answer will do: servers differ in what they serve at
+    `/v1/models`)."""
     try:
-        httpx.get(base_url + "/v1/models", timeout=10)
+        answer = httpx.get(base_url + "/v1/models", timeout=10, headers=auth_headers(api_key))
     except httpx.HTTPError as exc:
         raise RunError(f"--server {base_url}: no server answers there ({type(exc).__name__}: "
                        f"{exc}); start one (`harness serve`) or leave out --server to have "
                        "harness run start it") from None
+    if answer.status_code == 401:
+        raise RunError(f"--server {base_url} answered 401 Unauthorized: "
+                       + ("it does not take this API key" if api_key else "it wants an API "
+                          "key") + "; give --api-key KEY or set HARNESS_API_KEY (or "
+                       "OPENAI_API_KEY)")
 
 
 def report_unfinished(console: Console, summary: dict[str, Any], spec: RunSpec,

@@ -15,7 +15,7 @@ import httpx
 
 from common.errors import UserError
 from common.processes import free_port, stop_process_group
-from server.model_store import resolve_model
+from server.model_store import servable_model
 
 #: how long a CPU engine (`--device cpu`) may take to come up: importing, loading, compiling and
 #: warming up a real 135M model on 2 cores shared with other work took 4.5-10 minutes when it
@@ -147,7 +147,7 @@ def model_server(model: str, device: str = "cpu", policy: str = "continuum",
     its `served_model` the name to send requests to. On the CPU engine the model is resolved
     first (`server.model_store`: a known name such as smollm2-135m-instruct is added now,
     saying so), so the server only finds it. `serve_args`: more `harness serve` options."""
-    name = resolve_model(model).name if device == "cpu" else Path(model).name
+    name = servable_model(model).name if device == "cpu" else Path(model).name
     server = ServerProcess(policy=policy,
                            serve_args=["--device", device, "--model", model, *(serve_args or [])],
                            startup_timeout_s=CPU_STARTUP_TIMEOUT_S if device == "cpu" else 240.0,

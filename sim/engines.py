@@ -38,14 +38,16 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                 max_num_batched_tokens: int | None = None,
                 bidirectional: bool = False,
                 offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                trace: Trace | None = None) -> Any:
+                trace: Trace | None = None, max_num_seqs: int | None = None,
+                enable_prefix_caching: bool = True) -> Any:
     """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
     as `server.max_model_len.context_limit` says. `replica` and `cluster` (a cluster file's
     replica and the file): a prefill or decode replica also gets its KV-transfer connector
     (`bidirectional`: a prefill replica may read a program's history from its decode replica,
     `cluster.pd`), and every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`)
     for its policy. `trace`: what a clairvoyant policy (`oracle`) is told of the future
-    (`futures`); other policies never get it."""
+    (`futures`); other policies never get it. `max_num_seqs`, `enable_prefix_caching`: vLLM's,
+    as `server.engine.VirtualEngine` takes them."""
     max_len = context_limit(profile, num_gpu_blocks, max_model_len)
     name, offload = base_policy(policy)
     if offload and offload_gib is None:
@@ -62,7 +64,8 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
                          num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
                          max_num_batched_tokens=max_num_batched_tokens,
-                         offload_copy_model=offload_copy_model, **options)
+                         offload_copy_model=offload_copy_model, max_num_seqs=max_num_seqs,
+                         enable_prefix_caching=enable_prefix_caching, **options)
 
 
 def futures(trace: Trace) -> dict[str, tuple[TurnFuture, ...]]:

@@ -91,6 +91,8 @@ class TurnInFlight:
     record: TurnRecord
     route: Route
     replica: str  # where its current request runs (the prefill replica, then the decode one)
+    gaps_seen: int = 0  # token gaps already told to a latency-aware router
+    ttft_seen: bool = False  # its first token already told
 
 
 class Simulation:
@@ -129,8 +131,9 @@ class Simulation:
         self.in_flight: dict[str, TurnInFlight] = {}
         self.exports: dict[str, dict[str, Any]] = {}  # program -> its decode replica's last export
         self.placement = Placement()  # who hears which event (`cluster.placement`)
-        # what a latency-aware router (AMPD) is told: prefill latency per prefill replica, mean
-        # token gap per decoded turn
+        # what a latency-aware router (AMPD) is told, as it happens: each turn's TTFT at its
+        # first token (under the replica that prefilled it), each token gap under its decode
+        # replica
         self.observe_ttft = getattr(self.router, "observe_ttft", None)
         self.observe_itl = getattr(self.router, "observe_itl", None)
         self.programs_done = 0
@@ -197,6 +200,8 @@ class Simulation:
         self.records[pid].turns.append(record)
         rid = f"{pid}#{i}"
         if route.prefill is None:
+            # prefilled where the history is: the decode replica's export will not be read
+            self.release(route.decode, self.exports.pop(pid, None))
             self.in_flight[rid] = TurnInFlight(record, route, route.decode)
             self.send(t, RequestArrives(decoder, rid, pid, i, max_one=False, params=None))
             return
@@ -240,6 +245,14 @@ class Simulation:
         self.request_arrives(t, RequestArrives(decoder, rid, pid, i, max_one=False,
                                                params=handover.params))
 
+    def release(self, name: str, exported: dict[str, Any] | None) -> None:
+        """Free an export of replica `name` that no prefill will read (the program's last
+        turn, or a next turn prefilled locally) now, not at the end of its TTL (vLLM's
+        `decoder_kv_blocks_ttl`, 480 s), which would hold its blocks for nothing."""
+        if exported:
+            with self.cluster.by_name[name].active() as engine:
+                engine.release_export(exported)
+
     def tell(self, name: str | None, kind: str, pid: str, **fields: Any) -> None:
         """Send a program event (`tool_start`, ...) to replica `name`."""
         assert name is not None, f"an event for {pid}, which has no replica"
@@ -265,6 +278,7 @@ class Simulation:
         stats.engine_steps += 1
         stats.busy_s += now - step_start
         name = replica.name
+        watch = self.observe_itl is not None
         for rid, turn in self.in_flight.items():
             if turn.replica != name:
                 continue
@@ -277,6 +291,10 @@ class Simulation:
             preemptions = request.num_preemptions
             if preemptions > record.preemptions:
                 record.preemptions = int(preemptions)
+            if watch and not rid.endswith(PREFILL_SUFFIX):
+                pending = engine.in_flight(rid)
+                if pending is not None:
+                    self.observe_tokens(turn, pending.first_token, pending.token_gaps, now)
         for fin in finished:
             turn = self.in_flight.get(fin.request_id)
             if turn is not None and turn.record.admitted is None:
@@ -305,23 +323,36 @@ class Simulation:
             return
         self.turn_finished(replica, record, state, fin)
 
+    def observe_tokens(self, turn: TurnInFlight, first_token: float | None,
+                       gaps: list[float], now: float) -> None:
+        """Tell the router what a decoding turn's tokens showed since last asked: its TTFT
+        once (the window of the replica that prefilled it: the prefill replica, or the decode
+        replica for a local prefill) and each new token gap (its decode replica's window)."""
+        if first_token is not None and not turn.ttft_seen and self.observe_ttft is not None:
+            turn.ttft_seen = True
+            where = turn.route.prefill or turn.route.decode
+            self.observe_ttft(where, first_token - turn.record.arrival, first_token)
+        if self.observe_itl is not None and len(gaps) > turn.gaps_seen:
+            for gap in gaps[turn.gaps_seen:]:
+                self.observe_itl(turn.route.decode, gap, now)
+            turn.gaps_seen = len(gaps)
+
     def prefill_finished(self, replica: Replica, record: TurnRecord, fin: Any) -> None:
-        if self.observe_ttft is not None:  # the prefill replica's latency, as AMPD watches it
-            self.observe_ttft(replica.name, fin.finished - record.arrival, fin.finished)
         self.agenda.push(fin.finished, PrefillHandover(record.program_id, record.turn,
                                                        decode_params(fin.kv_transfer_params)))
 
     def turn_finished(self, replica: Replica, record: TurnRecord, state: ProgramState,
                       fin: Any) -> None:
-        del self.in_flight[fin.request_id]
+        turn = self.in_flight.pop(fin.request_id)
+        if self.observe_itl is not None:  # what its last step showed
+            self.observe_tokens(turn, fin.first_token, getattr(fin, "token_gaps", []),
+                                fin.finished)
         if fin.kv_transfer_params:  # a bidirectional decode replica exported this turn
-            self.exports[record.program_id] = fin.kv_transfer_params
+            if record.turn == state.program.n_turns - 1:
+                self.release(replica.name, fin.kv_transfer_params)  # no turn will read it
+            else:
+                self.exports[record.program_id] = fin.kv_transfer_params
         replica.stats.turns_decoded += 1
-        if (self.observe_itl is not None and fin.first_token is not None
-                and fin.output_tokens > 1):
-            self.observe_itl(replica.name,
-                             (fin.finished - fin.first_token) / (fin.output_tokens - 1),
-                             fin.finished)
         seen = fin.finished + self.delivery_s  # when the client has the last token
         record.first_token = None if fin.first_token is None else fin.first_token + self.delivery_s
         record.finished = seen

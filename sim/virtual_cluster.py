@@ -66,15 +66,49 @@ class Replica:
         return self.engine.has_work()
 
     def load(self) -> ReplicaLoad:
+        """The router's view: KV usage, queue lengths, and the prefill queue task by task
+        (AMPD's Eq. 1-2 queue term: what each task has cached is not priced again)."""
         scheduler = self.engine.scheduler
         pool = scheduler.kv_cache_manager.block_pool
         usage = 1.0 - pool.get_num_free_blocks() / max(1, pool.num_gpu_blocks)
-        queued = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                     for queue in (scheduler.waiting, scheduler.running) for r in queue)
+        tasks: list[tuple[int, int]] = []
+        decode_tokens = 0
+        for r in scheduler.running:
+            left = r.num_prompt_tokens - r.num_computed_tokens
+            if left > 0:
+                tasks.append((r.num_computed_tokens, left))
+            else:
+                decode_tokens += r.num_tokens
+        holding = getattr(scheduler, "kv_holding_waiting", ())
+        for queue in (holding, scheduler.waiting):
+            for r in queue:
+                cached = min(r.num_prompt_tokens, self._cached(r))
+                if r.num_prompt_tokens > cached:
+                    tasks.append((cached, r.num_prompt_tokens - cached))
         return ReplicaLoad(self.name, self.spec.role, kv_usage=usage,
-                           in_flight=len(scheduler.running) + len(scheduler.waiting),
-                           running=len(scheduler.running), waiting=len(scheduler.waiting),
-                           queued_prefill_tokens=queued)
+                           in_flight=len(scheduler.running) + len(scheduler.waiting)
+                           + len(holding),
+                           running=len(scheduler.running),
+                           waiting=len(scheduler.waiting) + len(holding),
+                           queued_prefill_tokens=sum(new for _, new in tasks),
+                           queued_prefills=tuple(tasks), decode_tokens=decode_tokens)
+
+    def _cached(self, request: Any) -> int:
+        """Tokens of a waiting request that need no compute here: computed already, a hit in
+        this replica's prefix cache, or KV read from a peer (a decode replica's request whose
+        prompt a prefill replica computed: all of it; a prefill replica's request that reads
+        the program's history from its decode replica: that history)."""
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_prefill"):
+            return request.num_prompt_tokens
+        external = int(params.get("remote_num_tokens") or 0) if params.get(
+            "remote_block_ids") else 0
+        manager = self.engine.scheduler.kv_cache_manager
+        hit = 0
+        if manager.enable_caching and request.block_hashes:
+            hit = manager.coordinator.find_longest_cache_hit(
+                request.block_hashes, request.num_tokens - 1)[1]
+        return max(request.num_computed_tokens, hit, external)
 
 
 class VirtualCluster:

@@ -42,11 +42,11 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
                                                    row["itl_slo_attainment"])
         assert row["jct_p90_s"] >= row["jct_mean_s"] * 0.5
     decisions = ampd["decisions"]
-    assert decisions["initial"] == 6
-    assert sum(decisions.values()) == turns
-    local = decisions.get("local_slack", 0) + decisions.get("local_cost", 0)
-    remote = turns - local  # initial turns are remote too
-    assert local > 0 and decisions.get("remote_slack", 0) > 0
+    assert sum(v for k, v in decisions.items() if k.startswith("initial_")) == 6
+    assert sum(decisions.values()) == turns  # every prefill, initial ones too (D1)
+    local = sum(v for k, v in decisions.items() if "local_" in k)
+    remote = turns - local
+    assert local > 0 and remote > 0
     assert ampd["local_prefills"] == local and ampd["remote_prefills"] == remote
     assert 0.0 < ampd["local_prefill_share"] < 1.0
     assert ampd["kv_bytes_moved"] > 0
@@ -60,7 +60,7 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     assert [r["config"] for r in written["rows"]] == ["ampd 1P1D", "vllm"]
     report = (tmp_path / "report.md").read_text()
     assert "| hotpotqa | 2 | ampd 1P1D |" in report
-    assert "init 6" in report
+    assert "init " in report
     assert (tmp_path / "slo_vs_load.png").stat().st_size > 0
 
 
@@ -106,7 +106,7 @@ def test_layouts_fill_nodes_and_carry_the_slo():
 @pytest.mark.parametrize(("over", "message"), [
     ({"layouts": "1p2d"}, "1p2d has 3 replicas but --replicas is 4"),
     ({"layouts": "3x1"}, "write prefill and decode replica counts as e.g. 1p3d"),
-    ({"strategies": "ampd,dynamo"}, "unknown 'dynamo'"),
+    ({"strategies": "ampd,sglang"}, "unknown 'sglang'"),
     ({"traces": "hotpot"}, "unknown 'hotpot'; AMPD's workloads are"),
     ({"jps": "1,fast"}, "give numbers separated by commas"),
     ({"jps": "0"}, "loads must be positive"),

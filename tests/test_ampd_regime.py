@@ -38,7 +38,7 @@ def test_ampd_runs_once_per_itl_slo_and_the_baselines_once():
     runs = ampd_regime._runs([Deployment("p", 2, 2, None), Deployment("p", 2, 2, (1, 1))],
                              [0.03, 0.1])
     assert [(k, s) for k, _, s in runs] == [("co-located", None), ("disaggregated", None),
-                                            ("ampd", 0.03), ("ampd", 0.1)]
+                                            ("dynamo", None), ("ampd", 0.03), ("ampd", 0.1)]
 
 
 def _row(kind, deployment, by_itl, itl_slo=None):
@@ -51,6 +51,7 @@ def test_the_map_takes_each_kinds_best_deployment_and_names_the_winner():
         _row("co-located", "TP2 x4", {"0.03": 0.2, "0.1": 0.9}),
         _row("co-located", "TP8 x1", {"0.03": 0.4, "0.1": 0.7}),
         _row("disaggregated", "TP2 2P2D", {"0.03": 0.5, "0.1": 0.6}),
+        _row("dynamo", "TP2 1P3D", {"0.03": 0.25, "0.1": 0.3}),
         _row("ampd", "TP2 2P2D", {"0.03": 0.8}, 0.03),
         _row("ampd", "TP2 1P3D", {"0.03": 0.6}, 0.03),
         _row("ampd", "TP2 2P2D", {"0.1": 0.9}, 0.1),
@@ -61,14 +62,15 @@ def test_the_map_takes_each_kinds_best_deployment_and_names_the_winner():
     assert tight["winner"] == "ampd"
     assert tight["gain_over_co-located"] == pytest.approx(1.0)  # 0.8 vs 0.4: +100 %
     assert tight["gain_over_disaggregated"] == pytest.approx(0.6)
+    assert tight["gain_over_dynamo"] == pytest.approx(2.2)  # 0.8 vs 0.25
     assert tight["margin"] == pytest.approx(0.3)
     # a tie goes to the baseline: AMPD has to beat it
     assert loose["winner"] == "co-located" and loose["margin"] == pytest.approx(0.0)
     text = regime_markdown({"maps": {"mean": [tight, loose]}, "gpus": 8, "ttft_slo_s": 2.0,
                             "programs": 4, "seed": 0, "deployments": ["TP2 x4"],
                             "wall_s": 1.0, "command": "harness cluster bench --gpus 8"})
-    assert "| t | 1 | 0.03 | 0.800 (TP2 2P2D) | 0.400 (TP8 x1) | 0.500 (TP2 2P2D) | ampd | " \
-        "+100% | +60% |" in text
+    assert "| t | 1 | 0.03 | 0.800 (TP2 2P2D) | 0.400 (TP8 x1) | 0.500 (TP2 2P2D) | " \
+        "0.250 (TP2 1P3D) | ampd | +100% | +60% | +220% |" in text
     assert "AMPD beats every tuned baseline in 1 of 2 cells: t 1 jobs/s ITL 0.03 s" in text
 
 
@@ -109,8 +111,9 @@ def test_tiny_regime_sweep_end_to_end(tmp_path):
         itl_slos=[0.005, 0.1], ttft_slo=2.0, programs=4, seed=0, out=tmp_path)
     kinds = [(r["kind"], r["deployment"], r["itl_slo"]) for r in summary["rows"]]
     assert kinds == [("co-located", "TP1 x2", None), ("disaggregated", "TP1 1P1D", None),
+                     ("dynamo", "TP1 1P1D", None),
                      ("ampd", "TP1 1P1D", 0.005), ("ampd", "TP1 1P1D", 0.1)]
-    for r in summary["rows"][:2]:
+    for r in summary["rows"][:3]:
         assert r["slo_by_itl"]["0.005"] <= r["slo_by_itl"]["0.1"]
     assert [c["itl_slo"] for c in summary["maps"]["mean"]] == [0.005, 0.1]
     # per-token bounds are stricter than the mean: the same turns meet them less often

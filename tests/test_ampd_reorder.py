@@ -115,6 +115,31 @@ def test_postponed_w_times_then_run():
     assert "A" not in policy.postponed
 
 
+def test_postponement_is_counted_once_per_decision():
+    """Algorithm 2 line 7: the tasks the chosen ordering postpones count one postponement per
+    decision. A(900), B(100), C(100), SLO 0.5 s: the ordering is B, C, A (A postponed). A step
+    whose budget admits B and C together is one decision: A counts 1, not 2."""
+    policy = AMPDPolicy(Linear(), ttft_slo_s=0.5)
+    waiting = arrive(policy, view("A", 900), view("B", 100), view("C", 100))
+    order = policy.order_waiting(waiting, now=0.0)
+    assert [v.request_id for v in order] == ["B", "C", "A"]
+    policy.on_scheduled(order[0], now=0.0)
+    policy.on_scheduled(order[1], now=0.0)  # same step, no new ordering
+    assert policy.postponed == {"A": 1} and policy.decisions == 1
+
+
+def test_a_task_the_ordering_postpones_counts_before_anything_overtakes_it():
+    """A(100), B(900), C(100), SLO 0.5 s: FCFS meets 1 (A), the ordering A, C, B meets 2. It
+    postpones B (C from behind it placed ahead), so admitting its head A counts B once, though
+    A was ahead of B anyway."""
+    policy = AMPDPolicy(Linear(), ttft_slo_s=0.5)
+    waiting = arrive(policy, view("A", 100), view("B", 900), view("C", 100))
+    order = policy.order_waiting(waiting, now=0.0)
+    assert [v.request_id for v in order] == ["A", "C", "B"]
+    policy.on_scheduled(order[0], now=0.0)
+    assert policy.postponed == {"B": 1, "C": 0}
+
+
 def test_incremental_prefill_is_priced_on_top_of_the_programs_history():
     policy = AMPDPolicy(Linear())
     first = view("x#0", 700, program="x")

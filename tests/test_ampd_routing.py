@@ -1,8 +1,9 @@
 """AMPD's binding and adaptive routing (Algorithm 1), each decision worked out by hand.
 
 Costs are exact by construction: prefilling n new tokens takes n ms anywhere (whatever is
-cached), and moving n tokens' KV takes n / 10 ms on any link. SLOs: TTFT 1 s, ITL 100 ms, so a
-prefill replica has slack at a windowed TTFT <= 0.9 s and a decode replica at an ITL <= 85 ms.
+cached), moving n tokens' KV takes n / 10 ms on any link, and a decode step of b requests takes
+b ms. SLOs: TTFT 1 s, ITL 100 ms, so a prefill replica has slack at a windowed TTFT <= 0.9 s
+and a decode replica at an ITL <= 85 ms.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ from cluster.routers import make_router
 from cluster.routing import ReplicaLoad, Route, TurnInfo
 
 COSTS = Costs(prefill_s=lambda replica, new, cached: new / 1000,
-              transfer_s=lambda src, dst, tokens: tokens / 10_000)
+              transfer_s=lambda src, dst, tokens: tokens / 10_000,
+              decode_s=lambda replica, batch, tokens: batch / 1000)
 
 
-def router(seed: int = 0) -> AMPDRouter:
-    return AMPDRouter(COSTS, ttft_slo_s=1.0, itl_slo_s=0.1, seed=seed)
+def router(seed: int = 0, **options) -> AMPDRouter:
+    return AMPDRouter(COSTS, ttft_slo_s=1.0, itl_slo_s=0.1, seed=seed, **options)
 
 
 def cluster(**queued: int) -> list[ReplicaLoad]:
-    """p0, p1 (prefill), d0, d1 (decode; d0 the emptier); `queued`: prefill tokens queued."""
+    """p0, p1 (prefill), d0, d1 (decode; d0 the emptier); `queued`: prefill tokens queued
+    (one task from scratch each)."""
     kv = {"d0": 0.2, "d1": 0.5}
     return [ReplicaLoad(n, "prefill" if n[0] == "p" else "decode", kv_usage=kv.get(n, 0.0),
-                        queued_prefill_tokens=queued.get(n, 0)) for n in ("p0", "p1", "d0", "d1")]
+                        queued_prefill_tokens=queued.get(n, 0),
+                        queued_prefills=((0, queued[n]),) if queued.get(n) else ())
+            for n in ("p0", "p1", "d0", "d1")]
 
 
 def test_constants_are_the_papers():
@@ -46,18 +51,44 @@ def test_windowed_mean_forgets_what_is_older_than_the_window():
 
 
 # -- binding (section 3, step 1) --------------------------------------------------------------
-def test_first_turn_binds_to_the_least_kv_decode_replica_and_prefills_remotely():
+def test_first_turn_binds_to_the_least_kv_decode_replica():
     r = router()
     replicas = cluster()
-    replicas[0].in_flight = 2  # p0 busier: the initial prefill goes to p1, as under `pd`
-    assert r.route("x", 0, replicas, TurnInfo(now=0.0, prompt_tokens=800)) == Route("d0", "p1")
+    assert r.route("x", 0, replicas, TurnInfo(now=0.0, prompt_tokens=800)).decode == "d0"
     replicas[2].kv_usage = 0.9  # d0 fills up: x stays, a new program binds to d1
     assert r.route("x", 1, replicas, TurnInfo(now=1.0, prompt_tokens=900,
                                                history_tokens=850)).decode == "d0"
     assert r.route("y", 0, replicas, TurnInfo(now=1.0, prompt_tokens=10)).decode == "d1"
-    assert r.decisions["initial"] == 2
     r.program_end("x")
     assert r.bound("x") is None
+
+
+# -- D1: an initial prefill goes through Algorithm 1 like an incremental one ------------------
+def test_initial_prefill_is_routed_by_algorithm_1():
+    """The paper routes "either its initial prefill or an incremental prefill": a first turn
+    (no history) takes steps 1, 2 and 3 as a later one does."""
+    r = router()
+    for p in ("p0", "p1"):
+        r.observe_ttft(p, 2.0, now=10.0)  # no TTFT slack anywhere
+    r.observe_itl("d0", 0.05, now=10.0)  # d0 has ITL slack (50 <= 85 ms)
+    assert r.route("a", 0, cluster(), TurnInfo(now=10.5, prompt_tokens=800)) == Route("d0")
+    assert r.decisions["initial_local_slack"] == 1
+    r.observe_ttft("p1", 0.5, now=11.0)  # p1's window: (2.0 + 0.5) / 2 = 1.25 s, still none
+    r.observe_ttft("p1", 0.2, now=11.0)  # (2.0 + 0.5 + 0.2) / 3 = 0.9 s: slack
+    assert r.route("b", 0, cluster(), TurnInfo(now=11.5, prompt_tokens=800)) == Route("d0",
+                                                                                     "p1")
+    assert r.decisions["initial_remote_slack"] == 1
+    # step 3 on a first turn of 1000 tokens: l_hist = 0, so no history moves
+    r.observe_ttft("p1", 5.0, now=11.9)
+    r.observe_itl("d0", 0.3, now=11.9)  # d0: (0.05 + 0.3) / 2 = 175 ms, no slack
+    replicas = cluster(d0=500, p1=200)
+    first = TurnInfo(now=12.0, prompt_tokens=1000)
+    assert r.local_s(replicas[2], first) == pytest.approx(1.0 + 0.5)
+    # p0: queue 0 + T_kv(0) = 0 + prefill 1.0 s + 1000 tokens back 0.1 s
+    assert r.remote_s("c", replicas[0], "d0", first) == pytest.approx(1.1)
+    assert r.route("c", 0, replicas, first) == Route("d0", "p0")
+    assert r.decisions["initial_remote_cost"] == 1
+    assert "initial" not in r.decisions
 
 
 # -- Algorithm 1, steps 1 and 2 -------------------------------------------------------------
@@ -115,8 +146,8 @@ def congested(r: AMPDRouter) -> None:
 
 def bound_with_history_on_p1(r: AMPDRouter) -> None:
     """x is bound to d0 and its first turn (1000 tokens) was prefilled on p1."""
-    replicas = cluster(p0=10_000)  # p0 busy at the time: turn 0 goes to p1
-    replicas[0].in_flight = 1
+    r.observe_ttft("p1", 0.5, now=0.0)  # p1 has TTFT slack; p0's window is empty and its
+    replicas = cluster(p0=10_000)  # queue of 10 s stands in for it: no slack, turn 0 -> p1
     assert r.route("x", 0, replicas, TurnInfo(now=0.0, prompt_tokens=1000)) == Route("d0", "p1")
 
 
@@ -133,16 +164,29 @@ def test_argmin_takes_remote_when_eq2_is_cheapest():
     assert r.local_s(replicas[2], TURN1) == pytest.approx(1.5)
     # Eq. 2, p0: queue 0 + history 2000 d0->p0 0.2 s + prefill 1.0 s + 1000 back 0.1 s -> 1.3 s
     assert r.remote_s("x", replicas[0], "d0", TURN1) == pytest.approx(1.3)
-    # Eq. 2, p1: queue 0.2 s + only the 1000 history tokens it lacks 0.1 s + 1.0 + 0.1 -> 1.4 s
-    assert r.remote_s("x", replicas[1], "d0", TURN1) == pytest.approx(1.4)
+    # Eq. 2, p1: queue 0.2 s + the whole history 0.2 s (the paper's T_kv(l_hist)) + 1.1 s
+    assert r.remote_s("x", replicas[1], "d0", TURN1) == pytest.approx(1.5)
     assert r.route("x", 1, replicas, TURN1) == Route("d0", "p0")
     assert r.decisions["remote_cost"] == 1
 
 
-def test_argmin_counts_only_the_history_the_prefill_replica_lacks():
+# -- D3: T_kv(l_hist) in Eq. 2, charged in full unless the option says otherwise ---------------
+def test_eq2_charges_the_whole_history_by_default():
+    """Eq. 2's t_kv = T_kv(l_hist; d -> p) + T_kv(l_incr; p -> d), whatever p held before."""
     r = router()
+    assert not r.credit_held_history
+    bound_with_history_on_p1(r)  # p1 prefilled x's first 1000 tokens
+    p1 = cluster()[1]
+    # 0 queue + 2000 history 0.2 s + 1000 new 1.0 s + 1000 back 0.1 s
+    assert r.remote_s("x", p1, "d0", TURN1) == pytest.approx(1.3)
+
+
+def test_credit_held_history_counts_only_the_history_the_prefill_replica_lacks():
+    r = router(credit_held_history=True)
     bound_with_history_on_p1(r)
     congested(r)
+    # p1 lacks 1000 of the 2000 history tokens: 0.2 + 0.1 + 1.0 + 0.1 = 1.4 s
+    assert r.remote_s("x", cluster(p1=200)[1], "d0", TURN1) == pytest.approx(1.4)
     # p0 now queues 300 tokens: 0.3 + 1.3 = 1.6 s; p1 still 1.4 s; local 1.5 s
     assert r.route("x", 1, cluster(d0=500, p0=300, p1=200), TURN1) == Route("d0", "p1")
     # p1 now holds that turn's 3000 tokens: turn 2 (4000, history 3500) moves 500 of the
@@ -151,6 +195,62 @@ def test_argmin_counts_only_the_history_the_prefill_replica_lacks():
     turn2 = TurnInfo(now=101.0, prompt_tokens=4000, history_tokens=3500)
     assert r.remote_s("x", replicas[1], "d0", turn2) == pytest.approx(0.5 + 0.05 + 0.05)
     assert r.route("x", 2, replicas, turn2) == Route("d0", "p1")
+
+
+def test_credit_held_history_comes_from_the_cluster_file():
+    config = parse_cluster({
+        "router": {"strategy": "ampd", "ampd_credit_held_history": True},
+        "replicas": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode"}]})
+    assert make_router(config.router, config).credit_held_history
+
+
+# -- D2: the queue term sums T_pre(l_hist, l_incr) per queued task ----------------------------
+def test_queue_term_prices_each_task_on_top_of_what_is_cached_for_it():
+    """Prefill now costs 1 ms a new token plus 0.1 ms a cached token it attends to. Queued:
+    a turn with 4000 history tokens cached and 1000 new (1.0 + 0.4 s), a first turn of 500
+    (0.5 s), and a request whose KV comes from a peer (0 new: no compute). The paper's sum is
+    1.9 s; the whole prompts priced as one prefill from scratch would be 5.5 s."""
+    costs = Costs(prefill_s=lambda replica, new, cached: new / 1000 + cached / 10_000,
+                  transfer_s=COSTS.transfer_s, decode_s=COSTS.decode_s)
+    r = AMPDRouter(costs, ttft_slo_s=1.0, itl_slo_s=0.1)
+    load = ReplicaLoad("d0", "decode", queued_prefill_tokens=1500,
+                       queued_prefills=((4000, 1000), (0, 500), (3000, 0)))
+    assert r.queue_s(load) == pytest.approx(1.9)
+    # Eq. 1 of a turn of 200 new tokens on 1000 cached: 0.2 + 0.1 s on top of the queue
+    turn = TurnInfo(now=0.0, prompt_tokens=1200, history_tokens=1000)
+    assert r.local_s(load, turn) == pytest.approx(0.3 + 1.9)
+    # only a total known (the served router's book): one prefill of it from scratch
+    assert r.queue_s(ReplicaLoad("d0", "decode", queued_prefill_tokens=1500)) == (
+        pytest.approx(1.5))
+
+
+# -- D4: an empty window is not slack ---------------------------------------------------------
+def test_an_empty_ttft_window_stands_for_the_eq2_estimate():
+    """Nothing finished on p0 in the window, but 10,000 tokens wait there: its TTFT-hat is this
+    task's Eq. 2 estimate (10 s + 0.5 s + 0.05 s), no slack; p1, idle, has slack (0.55 s)."""
+    r = router()
+    replicas = cluster(p0=10_000)
+    info = TurnInfo(now=0.0, prompt_tokens=500)
+    r.route("x", 0, replicas, info)
+    assert r.windowed_ttft("x", replicas[0], "d0", info) == pytest.approx(10.55)
+    assert r.windowed_ttft("x", replicas[1], "d0", info) == pytest.approx(0.55)
+    for seed in range(6):  # whatever the visiting order, only p1 has slack
+        assert router(seed).route("y", 0, replicas, info) == Route("d0", "p1")
+
+
+def test_an_empty_itl_window_stands_for_one_decode_step_of_the_batch():
+    r = router()
+    for p in ("p0", "p1"):
+        r.observe_ttft(p, 2.0, now=0.0)
+    replicas = cluster()
+    replicas[2].running = 40  # d0 decodes 40: a step with x in it is 41 ms <= 85 ms
+    assert r.windowed_itl(replicas[2], now=0.5) == pytest.approx(0.041)
+    assert r.route("x", 0, replicas, TurnInfo(now=0.5, prompt_tokens=100)) == Route("d0")
+    replicas[2].running = 90  # 91 ms: no slack, step 3 decides (local 0.1 s < p0's 0.11 s)
+    assert r.route("y", 0, replicas, TurnInfo(now=0.5, prompt_tokens=100)) == Route("d0")
+    assert r.decisions == {"initial_local_slack": 1, "initial_local_cost": 1}
+    blind = AMPDRouter(Costs(COSTS.prefill_s, COSTS.transfer_s), ttft_slo_s=1.0, itl_slo_s=0.1)
+    assert blind.windowed_itl(replicas[2], now=0.5) == float("inf")  # no model: no slack
 
 
 def test_argmin_takes_local_when_eq1_is_cheapest():

@@ -72,3 +72,18 @@ def test_bench_knows_the_names():
         assert name in TRACE_NAMES and name in DEFAULT_JPS
         trace = make_trace(name, 5, 1.0, 0)
         assert len(trace.programs) == 5
+
+
+def test_context_reading_solves_the_new_tokens_so_the_mean_prompt_is_the_tables():
+    """Read as the whole prompt, hotpotqa's 1569.8 tokens a round over 3 rounds of new tokens
+    m and answers d = 80.03: prompts m, 2m + d, 3m + 2d average 2m + d, so m = 744.885."""
+    from eval.workloads.ampd import new_tokens_per_round
+
+    row = ROWS["hotpotqa"]
+    assert new_tokens_per_round(row, "new") == row.prefill
+    assert new_tokens_per_round(row, "context") == pytest.approx((1569.8 - 80.03) / 2)
+    for name in ("hotpotqa", "toolbench"):
+        trace = load_or_generate(f"{name}-ctx", 400, 2.0, seed=3)
+        prompts = [p.prompt_tokens(i) for p in trace.programs for i in range(p.n_turns)]
+        assert np.mean(prompts) == pytest.approx(ROWS[name].prefill, rel=0.05)
+        assert trace.params["targets"]["reading"] == "context"

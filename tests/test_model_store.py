@@ -173,6 +173,37 @@ def test_an_interrupted_conversion_leaves_nothing(home):
         resolve_model("m")
 
 
+def test_the_architecture_is_read_from_the_header_alone(tmp_path):
+    """Keys before `general.architecture` (a string array, a number) are skipped, either byte
+    order; a file that ends early is not a readable GGUF file."""
+    import struct
+
+    from server.model_convert import gguf_architecture
+
+    def text(s: str, order: str) -> bytes:
+        return struct.pack(order + "Q", len(s)) + s.encode()
+
+    for order in "<>":
+        kvs = [text("tokenizer.ggml.tokens", order) + struct.pack(order + "IIQ", 9, 8, 2)
+               + text("a", order) + text("bc", order),
+               text("general.file_type", order) + struct.pack(order + "II", 4, 3),
+               text("general.architecture", order) + struct.pack(order + "I", 8)
+               + text("llama", order)]
+        data = b"GGUF" + struct.pack(order + "IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+        (tmp_path / "m.gguf").write_bytes(data)
+        assert gguf_architecture(tmp_path / "m.gguf") == "llama"
+        (tmp_path / "m.gguf").write_bytes(data[:40])
+        with pytest.raises(ModelConvertError, match="not a readable GGUF file"):
+            gguf_architecture(tmp_path / "m.gguf")
+    big = gguf.GGUFWriter(str(tmp_path / "big.gguf"), "llama",
+                          endianess=gguf.GGUFEndian.BIG)
+    big.add_block_count(2)
+    big.write_header_to_file()
+    big.write_kv_data_to_file()
+    big.close()
+    assert gguf_architecture(tmp_path / "big.gguf") == "llama"
+
+
 def test_only_llama_gguf_files_are_converted(tmp_path):
     assert check_convertible(gguf_file(tmp_path / "ok.gguf", "llama")) == "llama"
     with pytest.raises(ModelConvertError, match="a 'gpt2' model; only llama"):

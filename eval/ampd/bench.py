@@ -17,6 +17,7 @@ Strategies (every one on the same number of replicas of the same profile):
 | `vllm` | co-located | `session` (a program stays on its replica) | `vllm` (FCFS) |
 | `continuum` | co-located | `session` | `continuum` (pins the KV cache over tool calls) |
 | `pd` | P/D | `pd` (every prefill remote, Dynamo-like) | `vllm` |
+| `dynamo` | P/D | `pd`, every prefill from scratch (no history pull, no cache on P) | `vllm` |
 | `ampd` | P/D | `ampd` (Algorithm 1: remote / local per prefill) | `ampd` (Algorithm 2) |
 | `ampd-noroute` | P/D | `pd` | `ampd` (reordering only) |
 | `ampd-noreorder` | P/D | `ampd` | `vllm` (routing only) |
@@ -52,6 +53,7 @@ from common.metrics import SLO, cluster_metrics, percentile, replay_metrics
 from common.trace import Trace
 from eval import ExperimentError
 from eval.ampd.plot import plot_slo
+from eval.workloads.ampd import idle_ttft_s
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
 from server.max_model_len import BLOCK_SIZE, context_limit
@@ -86,6 +88,10 @@ class Strategy:
     router: str  # `cluster.routing` strategy
     policy: str  # `server.policies` name every replica runs
     about: str
+    #: how a prefill replica gets history (`HISTORY`); None: the bench's `--history`
+    history: str | None = None
+    #: prefix caching on the prefill replicas (off: every prefill from scratch)
+    prefill_cache: bool = True
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
@@ -93,6 +99,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("continuum", False, "session", "continuum",
              "co-located, session-affine, Continuum's KV pinning over tool calls"),
     Strategy("pd", True, "pd", "vllm", "P/D, every prefill remote (Dynamo-like)"),
+    Strategy("dynamo", True, "pd", "vllm", "P/D, every prefill remote and from scratch (the "
+             "paper's Dynamo)", history="recompute", prefill_cache=False),
     Strategy("ampd", True, "ampd", "ampd", "P/D, adaptive routing + prefill reordering"),
     Strategy("ampd-noroute", True, "pd", "ampd", "P/D, every prefill remote + reordering"),
     Strategy("ampd-noreorder", True, "ampd", "vllm", "P/D, adaptive routing, FCFS queues"),
@@ -156,16 +164,23 @@ def cluster_config(run: RunConfig, *, replicas: int, profile: str, slo: SLO, see
         raise AmpdBenchError(str(exc)) from None
 
 
-def _engine_factory(config: Any, seed: int,
-                    history: str = "pull") -> Callable[[Any], Any]:
-    """`sim.engines.make_engine` (P/D replicas `bidirectional` when `history` is ``pull``). The
-    AMPD queue policy gets the run's TTFT SLO from the cluster (`cluster_config` puts it in
-    `router.ttft_slo_s`), as a served replica does."""
+def _engine_factory(config: Any, seed: int, history: str = "pull",
+                    strategy: Strategy | None = None) -> Callable[[Any], Any]:
+    """`sim.engines.make_engine` (P/D replicas `bidirectional` when the history is pulled).
+    The AMPD queue policy gets the run's TTFT SLO from the cluster (`cluster_config` puts it in
+    `router.ttft_slo_s`), as a served replica does. A prefill replica running the `ampd` policy
+    runs one prefill at a time (Eq. 3 assumes so); `strategy` may turn its prefix cache off."""
+    history = (strategy.history if strategy is not None and strategy.history else history)
+    cache = strategy.prefill_cache if strategy is not None else True
+
     def build(spec: Any) -> Any:
+        prefill = spec.role == "prefill"
         return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
                            spec.offload_gib, spec, config,
                            max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
-                           bidirectional=history == "pull")
+                           bidirectional=history == "pull",
+                           max_num_seqs=1 if prefill and spec.policy == "ampd" else None,
+                           enable_prefix_caching=cache or not prefill)
 
     return build
 
@@ -181,6 +196,23 @@ def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:
     capacity = load_profile(profile).kv_capacity_tokens(0.9)
     limit = context_limit(profile, None)
     return None if capacity >= limit else capacity // BLOCK_SIZE * BLOCK_SIZE
+
+
+def trace_slo(trace: str, slo: SLO, profile: str, ttft_k: float | None) -> SLO:
+    """`slo`, or with `ttft_k` its TTFT bound set to k x the trace's idle TTFT on `profile`
+    (`eval.workloads.ampd.idle_ttft_s`): one TTFT SLO per trace, as long rounds need."""
+    if ttft_k is None:
+        return slo
+    try:
+        return SLO(ttft_k * idle_ttft_s(trace, profile), slo.tpot_s)
+    except ValueError as exc:
+        raise AmpdBenchError(f"--slo-ttft-x: {exc}") from None
+
+
+def program_attainment(programs: Sequence[Any], slo: SLO) -> float:
+    """Share of finished programs whose every turn meets `slo`."""
+    met = [all(slo.met(t) for t in p.turns) for p in programs]
+    return sum(met) / len(met) if met else math.nan
 
 
 def attainment(programs: Sequence[Any], slo: SLO) -> float:
@@ -222,7 +254,7 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
                             num_gpu_blocks=num_gpu_blocks)
     wall = time.perf_counter()
     cluster = VirtualCluster(config, seed=seed,
-                             make_engine=_engine_factory(config, seed, history))
+                             make_engine=_engine_factory(config, seed, history, run.strategy))
     try:
         result = replay_cluster(trace, cluster, progress=progress)
         decisions = dict(getattr(cluster.router, "decisions", {}))
@@ -246,6 +278,9 @@ def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: S
         key = "slo_by_itl" if metric == "mean" else f"slo_by_itl_{metric}"
         row[key] = {f"{x:g}": gap_attainment(programs, SLO(slo.ttft_s, x), metric)
                     for x in itl_slos}
+    row["slo_by_itl_program"] = {f"{x:g}": program_attainment(programs, SLO(slo.ttft_s, x))
+                                 for x in itl_slos}
+    row["ttft_slo_s"] = slo.ttft_s
     row["kv_bytes_to_prefill"] = sum(r["kv_bytes_in"] for r in metrics["replicas"]
                                      if r["role"] == "prefill")
     row["decisions"] = decisions
@@ -268,10 +303,11 @@ ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_
 def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[float], *,
           programs: int, replicas: int, profile: str, slo: SLO, seed: int, out: Path,
           num_gpu_blocks: int | None = None, history: str = "pull", plot: bool = True,
-          console: Any = None, command: str = "") -> dict[str, Any]:
+          console: Any = None, command: str = "", ttft_k: float | None = None) -> dict[str, Any]:
     """Every trace x load x config; writes ``rows.json``, ``report.md`` (and the plot).
     The same programs (trace, count, seed) are replayed at every load and by every config.
-    `command`: the command line that asked for it, kept in ``rows.json``."""
+    `command`: the command line that asked for it, kept in ``rows.json``. `ttft_k`: each
+    trace's TTFT SLO is k x its idle TTFT on `profile` (`trace_slo`) instead of `slo`'s."""
     if programs < 1:
         raise AmpdBenchError("--programs must be at least 1")
     rows: list[dict[str, Any]] = []
@@ -287,7 +323,8 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                 for run in configs:
                     label = f"{name} @ {x:g} jobs/s: {run.label}"
                     task = bar.add_task(label, total=len(trace))
-                    row = run_one(trace, run, replicas=replicas, profile=profile, slo=slo,
+                    row = run_one(trace, run, replicas=replicas, profile=profile,
+                                  slo=trace_slo(name, slo, profile, ttft_k),
                                   seed=seed, num_gpu_blocks=num_gpu_blocks, history=history,
                                   progress=lambda k, t=task: bar.update(t, completed=k))
                     row.update(trace=name, jps=x)
@@ -304,7 +341,7 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
         "traces": list(traces), "jps": list(loads), "programs": programs,
         "replicas": replicas, "profile": profile, "gpus_per_node": GPUS_PER_NODE,
         "num_gpu_blocks": num_gpu_blocks, "seed": seed, "history": history,
-        "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.tpot_s},
+        "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.tpot_s}, "ttft_k": ttft_k,
         "configs": [{"config": c.label, "router": c.strategy.router,
                      "policy": c.strategy.policy, "about": c.strategy.about} for c in configs],
         "wall_s": time.perf_counter() - started,
@@ -333,7 +370,9 @@ COLUMNS = [("trace", "trace", "{}"), ("jps", "jobs/s", "{:g}"), ("config", "conf
 
 #: short names of `cluster.ampd.AMPDRouter.decisions` for the table
 _DECISION_ABBREV = {"initial": "init", "remote_slack": "R-slack", "local_slack": "L-slack",
-                    "local_cost": "L-cost", "remote_cost": "R-cost"}
+                    "local_cost": "L-cost", "remote_cost": "R-cost",
+                    "initial_remote_slack": "init R-slack", "initial_local_slack": "init L-slack",
+                    "initial_local_cost": "init L-cost", "initial_remote_cost": "init R-cost"}
 
 
 def cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -382,9 +421,9 @@ def report_markdown(summary: dict[str, Any]) -> str:
         f"{summary.get('history', 'pull')}. Wall time {summary['wall_s']:.0f} s.", "",
         "Configs: " + "; ".join(f"`{c['config']}` = {c['about']}"
                                 for c in summary["configs"]) + ".", "",
-        "AMPD decisions: init = first turn (remote, binds the decode replica); R-slack / "
-        "L-slack = remote / local by slack (Algorithm 1 steps 1-2); R-cost / L-cost = by the "
-        "Eq. 1-2 estimate (step 3).", "",
+        "AMPD decisions (initial prefills prefixed init): R-slack / L-slack = remote / local "
+        "by slack (Algorithm 1 steps 1-2); R-cost / L-cost = by the Eq. 1-2 estimate (step "
+        "3).", "",
         "| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r, k, f) for k, _, f in COLUMNS) + " |"

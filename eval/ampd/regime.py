@@ -44,6 +44,7 @@ from eval.ampd.bench import (
     AmpdBenchError,
     RunConfig,
     run_one,
+    trace_slo,
 )
 from eval.workloads.registry import load_or_generate
 from server.engine import NoProgress
@@ -54,8 +55,11 @@ DEFAULT_TP = "2,4,8"
 #: AMPD's published average gains in SLO attainment (abstract and section 7): over Dynamo
 #: (disaggregated) and over vLLM (co-located).
 PAPER_GAIN = {"disaggregated": 0.67, "co-located": 3.40}
-#: The three kinds of the map and the strategy each runs.
-KINDS = {"co-located": "vllm", "disaggregated": "pd", "ampd": "ampd"}
+#: The kinds of the map and the strategy each runs (`dynamo`: every prefill remote and from
+#: scratch, the paper's baseline; `disaggregated`: ours, which pulls the history's KV).
+KINDS = {"co-located": "vllm", "disaggregated": "pd", "dynamo": "dynamo", "ampd": "ampd"}
+#: The baselines AMPD has to beat in a cell.
+BASELINES = ("co-located", "disaggregated", "dynamo")
 
 _PROFILE = re.compile(r"^(?P<gpu>[a-z][a-z0-9]*?)(?:x\d+)?-(?P<model>.+)$")
 
@@ -100,27 +104,38 @@ def deployments(profile: str, gpus: int, degrees: Sequence[int]) -> list[Deploym
     return out
 
 
-def _runs(deps: Sequence[Deployment], itl_slos: Sequence[float]
-          ) -> list[tuple[str, Deployment, float | None]]:
+def _runs(deps: Sequence[Deployment], itl_slos: Sequence[float],
+          kinds: Sequence[str] = tuple(KINDS)) -> list[tuple[str, Deployment, float | None]]:
     """(kind, deployment, the ITL SLO it runs against or None for all) of one cell group."""
     runs: list[tuple[str, Deployment, float | None]] = []
     for d in deps:
         if d.layout is None:
-            runs.append(("co-located", d, None))
+            if "co-located" in kinds:
+                runs.append(("co-located", d, None))
         else:
-            runs.append(("disaggregated", d, None))
-            runs += [("ampd", d, x) for x in itl_slos]
+            runs += [(k, d, None) for k in kinds if k in ("disaggregated", "dynamo")]
+            if "ampd" in kinds:
+                runs += [("ampd", d, x) for x in itl_slos]
     return runs
 
 
 def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: int,
            profile: str, degrees: Sequence[int], itl_slos: Sequence[float], ttft_slo: float,
            programs: int, seed: int, out: Path, history: str = "pull", console: Any = None,
-           command: str = "") -> dict[str, Any]:
-    """Run the sweep; write ``regime.json`` and ``regime.md``. `loads`: jobs/s per trace."""
+           command: str = "", ttft_k: float | None = None, slo_profile: str | None = None,
+           deployments_only: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the sweep; write ``regime.json`` and ``regime.md``. `loads`: jobs/s per trace.
+    `ttft_k`: each trace's TTFT SLO is k x its idle TTFT on `slo_profile` (default `profile`)
+    instead of `ttft_slo`. `deployments_only`: labels (``TP8 x1``, ``TP4 1P1D``) to keep."""
     if not itl_slos or any(not (x > 0 and math.isfinite(x)) for x in itl_slos):
         raise AmpdBenchError("--itl-slo: give positive seconds, e.g. 0.03,0.05,0.1")
     deps = deployments(profile, gpus, degrees)
+    if deployments_only:
+        wanted = {d.replace(" ", "").lower() for d in deployments_only}
+        deps = [d for d in deps if d.label.replace(" ", "").lower() in wanted]
+        if not deps:
+            raise AmpdBenchError(f"--deployments {', '.join(deployments_only)}: none of them "
+                                 f"is a deployment of {gpus} GPUs at TP {sorted(set(degrees))}")
     runs = _runs(deps, itl_slos)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -131,8 +146,10 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
         for name in traces:
             for x in loads[name]:
                 trace = load_or_generate(name, programs, x, seed)
+                ttft = trace_slo(name, SLO(ttft_slo, max(itl_slos)), slo_profile or profile,
+                                 ttft_k).ttft_s
                 for kind, dep, slo_itl in runs:
-                    slo = SLO(ttft_slo, slo_itl if slo_itl is not None else max(itl_slos))
+                    slo = SLO(ttft, slo_itl if slo_itl is not None else max(itl_slos))
                     try:
                         row = run_one(trace, RunConfig(STRATEGIES[KINDS[kind]], dep.layout),
                                       replicas=dep.replicas, profile=dep.profile, slo=slo,
@@ -158,10 +175,10 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
         "traces": list(traces), "loads": {t: list(loads[t]) for t in traces},
         "programs": programs, "gpus": gpus, "gpus_per_node": GPUS_PER_NODE,
         "deployments": [d.label for d in deps], "ttft_slo_s": ttft_slo,
-        "itl_slos": list(itl_slos), "seed": seed, "history": history,
+        "itl_slos": list(itl_slos), "seed": seed, "history": history, "ttft_k": ttft_k,
         "wall_s": time.perf_counter() - started, "rows": rows,
     }
-    summary["maps"] = {m: regime_map(rows, itl_slos, m) for m in ITL_METRICS}
+    summary["maps"] = {m: regime_map(rows, itl_slos, m) for m in (*ITL_METRICS, "program")}
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "regime.json",
                       json.dumps(summary, indent=1, allow_nan=True, default=str) + "\n")
@@ -189,13 +206,13 @@ def regime_map(rows: Sequence[dict[str, Any]], itl_slos: Sequence[float],
                 value, where = _best([r for r in mine if r["kind"] == kind], itl, metric)
                 cell[kind] = value
                 cell[f"{kind}_deployment"] = where
-            baselines = {k: cell[k] for k in ("co-located", "disaggregated")}
+            baselines = {k: cell[k] for k in BASELINES if not math.isnan(cell[k])}
             # a tie goes to a baseline: AMPD has to beat it
             cell["winner"] = max(KINDS, key=lambda k: (
                 -1.0 if math.isnan(cell[k]) else cell[k], k != "ampd"))
             for k, v in baselines.items():
                 cell[f"gain_over_{k}"] = (cell["ampd"] / v - 1) if v > 0 else math.inf
-            cell["margin"] = cell["ampd"] - max(baselines.values())
+            cell["margin"] = cell["ampd"] - max(baselines.values(), default=math.nan)
             cells.append(cell)
     return cells
 
@@ -208,13 +225,17 @@ def _pct(x: float) -> str:
 
 #: What each ITL metric's table says the SLO bounds.
 METRIC_WORDS = {"mean": "the turn's mean inter-token latency (the project's SLO)",
+                "program": "the turn's mean inter-token latency, attainment per program (every "
+                           "turn of it within both SLOs)",
                 "p90": "the P90 of the turn's token gaps",
                 "max": "every token gap of the turn (its longest)"}
 
 
 def regime_markdown(summary: dict[str, Any]) -> str:
     lines = [
-        f"# AMPD's regime map: {summary['gpus']} GPUs, TTFT SLO {summary['ttft_slo_s']:g} s",
+        f"# AMPD's regime map: {summary['gpus']} GPUs, TTFT SLO "
+        + (f"{summary['ttft_k']:g} x each trace's idle TTFT" if summary.get("ttft_k")
+           else f"{summary['ttft_slo_s']:g} s"),
         "", f"`{summary['command']}`" if summary.get("command") else "",
         "", f"{summary['programs']} programs per trace and load, seed {summary['seed']}; "
         f"deployments tried by every strategy: {', '.join(summary['deployments'])}. SLO "
@@ -232,17 +253,22 @@ def regime_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _best_cell(c: dict[str, Any], kind: str) -> str:
+    return "-" if math.isnan(c[kind]) else f"{c[kind]:.3f} ({c[f'{kind}_deployment']})"
+
+
 def map_table(cells: Sequence[dict[str, Any]]) -> list[str]:
     """One map as markdown lines: the table and the cells where AMPD wins."""
-    lines = ["| trace | jobs/s | ITL SLO | AMPD (best) | co-located vLLM (best) | P/D "
-             "Dynamo-like (best) | winner | AMPD vs co-located | AMPD vs P/D |",
-             "|---|---:|---:|---|---|---|---|---:|---:|"]
+    lines = ["| trace | jobs/s | ITL SLO | AMPD (best) | co-located vLLM (best) | P/D, history "
+             "pulled (best) | Dynamo, from scratch (best) | winner | AMPD vs co-located | "
+             "AMPD vs P/D | AMPD vs Dynamo |",
+             "|---|---:|---:|---|---|---|---|---|---:|---:|---:|"]
     for c in cells:
         lines.append(
-            f"| {c['trace']} | {c['jps']:g} | {c['itl_slo']:g} | {c['ampd']:.3f} "
-            f"({c['ampd_deployment']}) | {c['co-located']:.3f} ({c['co-located_deployment']}) | "
-            f"{c['disaggregated']:.3f} ({c['disaggregated_deployment']}) | {c['winner']} | "
-            f"{_pct(c['gain_over_co-located'])} | {_pct(c['gain_over_disaggregated'])} |")
+            f"| {c['trace']} | {c['jps']:g} | {c['itl_slo']:g} | {_best_cell(c, 'ampd')} | "
+            f"{_best_cell(c, 'co-located')} | {_best_cell(c, 'disaggregated')} | "
+            f"{_best_cell(c, 'dynamo')} | {c['winner']} | "
+            + " | ".join(_pct(c.get(f"gain_over_{k}", math.nan)) for k in BASELINES) + " |")
     wins = [c for c in cells if c["margin"] > 0]
     lines += ["", f"AMPD beats every tuned baseline in {len(wins)} of {len(cells)} cells"
               + (": " + "; ".join(f"{c['trace']} {c['jps']:g} jobs/s ITL {c['itl_slo']:g} s "

@@ -15,8 +15,10 @@ from eval.workloads.arrivals import arrival_times, streams
 from eval.workloads.distributions import ClippedLogNormal, DiscreteNormal, FixedCount
 from eval.workloads.infercept import INFERCEPT_TABLE
 from eval.workloads.shapes import ShapeSpec, ToolSpec, check_n, draw_program
+from server.perf.registry import load_profile
 
-__all__ = ["AMPD_MAX_CONTEXT", "AMPD_TABLE", "AmpdRow", "ampd_like"]
+__all__ = ["AMPD_MAX_CONTEXT", "AMPD_TABLE", "READINGS", "AmpdRow", "ampd_like",
+           "idle_ttft_s", "new_tokens_per_round", "row_of"]
 
 
 @dataclass(frozen=True)
@@ -54,19 +56,65 @@ _AMPD_CV = 0.6  # sd / mean of prefill and decode tokens per round (our choice)
 AMPD_MAX_CONTEXT = 131_072
 
 
-def _ampd_spec(row: AmpdRow) -> ShapeSpec:
-    """Round 0 prefills the first prompt, round i > 0 the tool return of round i - 1: both from
-    one distribution, so the mean over rounds of new tokens is the table's whatever the count."""
-    turns: DiscreteNormal | FixedCount
+#: How Table 1's "Prefill Length" is read: ``new`` (the tokens a round adds: its first prompt or
+#: the last tool's return) or ``context`` (the round's whole prompt, cached history included, so
+#: a round adds far fewer: AMPD's own premise of small increments). Trace names: ``hotpotqa``
+#: reads ``new``, ``hotpotqa-ctx`` reads ``context`` (and so for every row).
+READINGS = ("new", "context")
+
+
+def row_of(trace: str) -> AmpdRow:
+    """The Table 1 row of a trace name (``hotpotqa``, ``hotpotqa-ctx``, ...)."""
+    rows = {row.name: row for row in AMPD_TABLE}
+    base = trace.removesuffix("-ctx")
+    if base not in rows:
+        raise ValueError(f"{trace!r} is not one of AMPD's workloads ({', '.join(rows)}, each "
+                         "also as NAME-ctx)")
+    return rows[base]
+
+
+def idle_ttft_s(trace: str, profile: str) -> float:
+    """The TTFT of the trace's Table 1 "Prefill Length" (its mean tokens per round) prefilled
+    from scratch on an idle replica of `profile`: the unit of a per-trace TTFT SLO (k x this),
+    the same under both readings (the table's figure, not the reading's new tokens)."""
+    return load_profile(profile).prefill_seconds(round(row_of(trace).prefill))
+
+
+def _turns(row: AmpdRow) -> DiscreteNormal | FixedCount:
     if row.rounds_sd:
-        turns = DiscreteNormal(row.rounds, row.rounds_sd, 1, int(math.ceil(row.rounds * 2.5)))
-    else:
-        turns = FixedCount(int(row.rounds))
-    prefill = ClippedLogNormal(row.prefill, _AMPD_CV * row.prefill, row.prefill / 16,
-                               4 * row.prefill)
+        return DiscreteNormal(row.rounds, row.rounds_sd, 1, int(math.ceil(row.rounds * 2.5)))
+    return FixedCount(int(row.rounds))
+
+
+def new_tokens_per_round(row: AmpdRow, reading: str = "new") -> float:
+    """The mean new tokens of a round under `reading`. ``context``: round k (from 0) of a
+    program prompts with k + 1 increments of mean m and k answers of mean d, so over a
+    program of R rounds the prompts add up to m R(R+1)/2 + d R(R-1)/2; the table's mean per
+    round is that sum's expectation over E[R] rounds, solved for m."""
+    if reading not in READINGS:
+        raise ValueError(f"reading {reading!r}: choose {' or '.join(READINGS)}")
+    if reading == "new":
+        return row.prefill
+    turns = _turns(row)
+    rounds = turns.moment(lambda n: n)
+    up = turns.moment(lambda n: n * (n + 1) / 2) / rounds
+    down = turns.moment(lambda n: n * (n - 1) / 2) / rounds
+    m = (row.prefill - row.decode * down) / up
+    if m <= 0:
+        raise ValueError(f"{row.name}: its decode tokens alone exceed the table's prefill "
+                         "length under the context reading")
+    return m
+
+
+def _ampd_spec(row: AmpdRow, reading: str = "new") -> ShapeSpec:
+    """Round 0 prefills the first prompt, round i > 0 the tool return of round i - 1: both from
+    one distribution, so the mean over rounds of new tokens is the reading's whatever the
+    count (`new_tokens_per_round`)."""
+    mean = new_tokens_per_round(row, reading)
+    prefill = ClippedLogNormal(mean, _AMPD_CV * mean, mean / 16, 4 * mean)
     return ShapeSpec(
         benchmark=row.name,
-        turns=turns,
+        turns=_turns(row),
         prompt=prefill,
         output=ClippedLogNormal(row.decode, _AMPD_CV * row.decode, row.decode / 16,
                                 4 * row.decode),
@@ -83,6 +131,7 @@ def ampd_like(
     workload: str,
     cv: float | None = None,
     max_context: int = AMPD_MAX_CONTEXT,
+    reading: str = "new",
 ) -> Trace:
     """Multi-round programs after AMPD's Table 1 (``workload``: toolbench, gaia, hotpotqa,
     dureader; registered as trace names of their own).
@@ -97,7 +146,9 @@ def ampd_like(
       3081.23) are read as the *new* tokens of a round (``Program.new_tokens``): the first
       prompt in round 0, the previous tool's return later, the incremental prefill AMPD routes.
       Both come from one clipped lognormal with the table's mean, sd 0.6 x mean, clipped to
-      [mean/16, 4 x mean].
+      [mean/16, 4 x mean]. ``reading="context"`` reads the table's figure as the round's whole
+      prompt instead (history included): the new tokens per round are then solved from it
+      (`new_tokens_per_round`: hotpotqa 745, dureader 1466, toolbench 222, gaia 491).
     * Decode tokens per round (50.39, 528.76, 80.03, 150.10): a clipped lognormal of the same
       shape.
     * Tool time (the paper gives none): ToolBench's RapidAPI calls 1.0 +- 1.0 s (a web API
@@ -115,7 +166,7 @@ def ampd_like(
     if workload not in rows:
         raise ValueError(f"unknown AMPD workload {workload!r}; choose from {', '.join(rows)}")
     row = rows[workload]
-    spec = _ampd_spec(row)
+    spec = _ampd_spec(row, reading)
     content, arr = streams(seed)
     times = arrival_times(n, jps, arr, cv)
     programs = []
@@ -130,12 +181,15 @@ def ampd_like(
                              f"(1000 draws in a row were longer); raise it")
         programs.append(program)
     targets = {"rounds_mean": row.rounds, "prefill_per_round_mean": row.prefill,
-               "decode_per_round_mean": row.decode}
+               "decode_per_round_mean": row.decode, "reading": reading,
+               "new_tokens_per_round_mean": new_tokens_per_round(row, reading)}
+    suffix = "" if reading == "new" else "-ctx"
     return Trace(
-        name=f"{workload}-{n}",
-        description=f"{workload}-like multi-round programs (AMPD Table 1 means)",
-        params={"generator": workload, "n": n, "jps": jps, "cv": cv, "max_context": max_context,
-                "targets": targets},
+        name=f"{workload}{suffix}-{n}",
+        description=f"{workload}-like multi-round programs (AMPD Table 1 means, "
+                    f"prefill length read as {reading} tokens per round)",
+        params={"generator": workload + suffix, "n": n, "jps": jps, "cv": cv,
+                "max_context": max_context, "targets": targets},
         seed=seed,
         programs=programs,
     )

@@ -59,6 +59,9 @@ TRACES: dict[str, Generator] = {
     "bfcl": bfcl_like,
     "mix": infercept_mix,
     **{row.name: partial(ampd_like, workload=row.name) for row in AMPD_TABLE},
+    # AMPD's Table 1 with "Prefill Length" read as the round's whole prompt (eval.workloads.ampd)
+    **{f"{row.name}-ctx": partial(ampd_like, workload=row.name, reading="context")
+       for row in AMPD_TABLE},
 }
 
 

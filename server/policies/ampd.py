@@ -13,9 +13,13 @@ prefill time of the tasks ahead of it in the window + its own prefill time. Ties
 order nearest FCFS (permutations are tried in lexicographic order, FCFS first). The scheduler
 then runs the head, as vLLM runs its queue.
 
-The cap: a task counts as postponed each time a task that was behind it in FCFS order is
-admitted while it waits; once postponed `POSTPONE_CAP` (= w) times, no ordering may put a task
-from behind it ahead of it again, so every prefill runs eventually.
+The cap, counted per decision (Algorithm 2 line 7): a decision is an ordering whose head is
+then admitted; each task that ordering postpones (a task from behind it in FCFS order placed
+ahead of it) counts one postponement, once per decision however many requests the step admits.
+Once postponed `POSTPONE_CAP` (= w) times, no ordering may put a task from behind it ahead of
+it again, so every prefill runs eventually. Eq. 3 assumes the window's prefills run one at a
+time: on a replica whose step budget admits several at once the predicted TTFTs are upper
+bounds; the bench runs AMPD's prefill replicas one prefill at a time (`max_num_seqs` 1).
 
 A prefill's time is its new tokens on top of the program's history held on this replica (the
 context of the program's last turn finished here): `prefill_seconds(prompt) -
@@ -90,6 +94,9 @@ class AMPDPolicy(Policy):
         super().__init__(cost_model)
         self.ttft_slo_s = ttft_slo_s
         self.postponed: dict[str, int] = {}  # waiting request id -> times postponed
+        #: the last ordering: (its head, the request ids it postpones), until a step admits
+        self._decision: tuple[str, frozenset[str]] | None = None
+        self.decisions = 0  # orderings whose head was admitted (Algorithm 2 runs)
         #: FCFS keys of the queue as last ordered, less the requests admitted since
         self._waiting: dict[str, tuple[bool, float, int]] = {}
         self._history: dict[str, int] = {}  # program -> context of its last turn finished here
@@ -108,12 +115,17 @@ class AMPDPolicy(Policy):
         self.fcfs_key(req)
 
     def on_scheduled(self, req: RequestView, now: float) -> None:
-        """Every request still waiting that was ahead of `req` in FCFS order was postponed."""
-        key = self._waiting.pop(req.request_id, None) or self.fcfs_key(req)
+        """The head of the last ordering was admitted: that ordering was a decision, and each
+        task it postpones that still waits counts one postponement (once per decision)."""
+        self._waiting.pop(req.request_id, None)
         self._seq.pop(req.request_id, None)
         self.postponed.pop(req.request_id, None)
-        for other, other_key in self._waiting.items():
-            if other_key < key:
+        decision, self._decision = self._decision, None
+        if decision is None or decision[0] != req.request_id:
+            return  # no ordering chose it (one waiting; or a second admission of a step)
+        self.decisions += 1
+        for other in decision[1]:
+            if other in self._waiting:
                 self.postponed[other] = self.postponed.get(other, 0) + 1
 
     def on_finish(self, req: RequestView, now: float) -> bool:
@@ -149,4 +161,7 @@ class AMPDPolicy(Policy):
         head = fcfs[:WINDOW]
         tasks = [PrefillTask(now - r.arrival_time, self.prefill_s(r),
                              self.postponed[r.request_id]) for r in head]
-        return [head[i] for i in best_order(tasks, self.ttft_slo_s)] + fcfs[WINDOW:]
+        order = best_order(tasks, self.ttft_slo_s)
+        self._decision = (head[order[0]].request_id,
+                          frozenset(head[i].request_id for i in postponed_in(order)))
+        return [head[i] for i in order] + fcfs[WINDOW:]
