@@ -42,6 +42,7 @@ import httpx
 from cluster import pd
 from cluster.config import ClusterConfig, ReplicaSpec
 from cluster.router_state import ReplicaEndpoint
+from common.processes import free_port, killpg
 from server.max_model_len import served_max_model_len
 
 DEFAULT_BASE_PORT = 8100
@@ -454,19 +455,6 @@ def _hold_signals() -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class _Stop(Exception):

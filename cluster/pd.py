@@ -156,13 +156,6 @@ def decode_params(returned: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(returned)
 
 
-def exported_tokens(params: Mapping[str, Any] | None) -> int:
-    """How many tokens of KV a replica's returned parameters offer (0: none)."""
-    if not params or not params.get("remote_block_ids"):
-        return 0
-    return int(params.get("remote_num_tokens") or 0)
-
-
 def release_export(exported: Mapping[str, Any]) -> bool:
     """Served replicas: tell the replica that exported `exported` (a decode replica under
     `bidirectional`, or a prefill replica whose decode request was never sent) that nobody

@@ -44,11 +44,10 @@ from cluster.config import ClusterConfig
 from cluster.launcher import (
     LauncherError,
     death_signal_preexec,
-    free_port,
-    killpg,
     replica_command,
 )
 from cluster.router_state import engine_gauges
+from common.processes import free_port, stop_process_group
 
 #: How often Serve asks each replica for its gauges (seconds); the router's KV view is this old.
 ROUTING_STATS_PERIOD_S = 1.0
@@ -202,13 +201,7 @@ class ReplicaProcess:
         process = getattr(self, "process", None)
         if process is None:
             return
-        if process.poll() is None:
-            killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-        killpg(process.pid, signal.SIGKILL)
+        stop_process_group(process, STOP_GRACE_S)
 
     def __del__(self) -> None:
         self._stop()

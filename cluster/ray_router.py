@@ -49,7 +49,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import RunningReplica
 
 from cluster.ray_replica import HttpCall
-from cluster.router_state import ClusterState
+from cluster.router_state import ClusterState, DownReason
 
 log = logging.getLogger("harness.cluster.router")
 
@@ -59,7 +59,7 @@ REPLICA_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 #: Seconds between asking the GCS whether the node of a replica Serve dropped is gone.
 RECHECK_S = 2.0
-#: How a message about a lost node ends (and how the view knows it said so already).
+#: How a message about a lost node ends.
 NODE_GONE = (" (lost or stopped); Ray places the replica on another node when one has the "
              "resources")
 
@@ -137,9 +137,10 @@ class ReplicaView:
             if ray_replica is None:
                 # again when already dead: a failed call, or Serve, may have dropped it before
                 # the GCS declared its node dead, and the node is what the user needs to hear
-                if replica.alive or not (replica.last_error or "").endswith(NODE_GONE):
-                    replica.mark_dead(self.gone_message(name))
-                    unsure |= name in self._nodes and not replica.last_error.endswith(NODE_GONE)
+                if replica.alive or replica.down_reason is not DownReason.NODE_GONE:
+                    reason, message = self.why_gone(name)
+                    replica.mark_dead(message, reason)
+                    unsure |= name in self._nodes and reason is not DownReason.NODE_GONE
                 continue
             replica.pid = ray_replica.pid
             replica.extra = {"node": ray_replica.node_id, "node_ip": ray_replica.node_ip,
@@ -151,8 +152,7 @@ class ReplicaView:
                 if replica.routed or replica.prefills:
                     log.warning("replica %s runs again (Ray node %s)", name,
                                 ray_replica.node_id[:12])
-                replica.alive = True
-                replica.last_error = None
+                replica.mark_alive(forget_error=True)
         if all(name in self.running for name in state.replicas):
             self.ready.set()
         if unsure and self._recheck is None:
@@ -166,21 +166,26 @@ class ReplicaView:
             self._recheck = None
             self._apply()
 
-    def gone_message(self, name: str) -> str:
-        """Why `name` takes no request: its node is gone (named), or Ray restarts it."""
+    def why_gone(self, name: str) -> tuple[DownReason, str]:
+        """Why `name` takes no request: not run yet, its node is gone (named), or Ray
+        restarts it; with the message that says so."""
         node = self._nodes.get(name)
         if node is None:
-            return f"replica {name} is not running yet"
+            return DownReason.NOT_STARTED, f"replica {name} is not running yet"
         if not node_alive(node):
-            return node_gone(name, node)
-        return f"replica {name} (Ray node {node[:12]}) is not running; Ray is restarting it"
+            return DownReason.NODE_GONE, node_gone(name, node)
+        return DownReason.RESTARTING, (f"replica {name} (Ray node {node[:12]}) is not running; "
+                                       "Ray is restarting it")
+
+    def gone_message(self, name: str) -> str:
+        return self.why_gone(name)[1]
 
     def find(self, name: str) -> RayReplica | None:
         return self.running.get(name)
 
 
 def node_gone(name: str, node_id: str) -> str:
-    """What to say of replica `name` whose Ray node is gone (ends with `NODE_GONE`)."""
+    """What to say of replica `name` whose Ray node is gone."""
     return f"replica {name}: its Ray node {node_id} is gone{NODE_GONE}"
 
 

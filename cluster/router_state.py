@@ -15,6 +15,7 @@ whose metrics answer again is alive again, unless its launcher reported the proc
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import re
 import time
@@ -29,6 +30,17 @@ from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, TurnInfo
 from cluster.served_turns import TurnBook
 
 log = logging.getLogger("harness.cluster.router")
+
+
+class DownReason(enum.Enum):
+    """Why a replica takes no request, for code to act on (`ReplicaState.down_reason`); the
+    message beside it (`last_error`) is for people and may be reworded freely."""
+
+    NOT_ANSWERING = "not_answering"  # a request or its metric polls failed
+    EXITED = "exited"  # its launcher saw its process end
+    NOT_STARTED = "not_started"  # on Ray: it has not run yet
+    RESTARTING = "restarting"  # on Ray: Serve dropped it, its node is alive; Ray restarts it
+    NODE_GONE = "node_gone"  # on Ray: its node is lost or stopped
 
 #: vLLM 0.32's KV-cache usage gauge (0..1), `vllm/v1/metrics/loggers.py`.
 KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
@@ -74,6 +86,7 @@ class ReplicaState:
         self.poll_failures = 0
         self.metrics_at: float | None = None
         self.last_error: str | None = None
+        self.down_reason: DownReason | None = None  # None while alive (or never down)
         self.pid = endpoint.pid
         #: what its host adds to `GET /v1/cluster` (on Ray: node, engine URL, restarts)
         self.extra: dict[str, Any] = {}
@@ -84,7 +97,8 @@ class ReplicaState:
 
     def load(self) -> ReplicaLoad:
         return ReplicaLoad(name=self.name, role=self.role, kv_usage=self.kv_usage,
-                           running=self.in_flight, waiting=0, alive=self.alive)
+                           in_flight=self.in_flight, running=self.engine_running,
+                           waiting=self.engine_waiting, alive=self.alive)
 
     def not_answering(self, exc: BaseException | str) -> str:
         detail = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
@@ -99,11 +113,19 @@ class ReplicaState:
                      if k in gauges}
         self.metrics_at = time.monotonic()
 
-    def mark_dead(self, reason: str) -> None:
-        if self.alive or reason != self.last_error:
-            log.warning("%s; it takes no new programs", reason)
+    def mark_dead(self, message: str, reason: DownReason = DownReason.NOT_ANSWERING) -> None:
+        if self.alive or message != self.last_error:
+            log.warning("%s; it takes no new programs", message)
         self.alive = False
-        self.last_error = reason
+        self.last_error = message
+        self.down_reason = reason
+
+    def mark_alive(self, forget_error: bool = False) -> None:
+        """It answers (runs) again; `forget_error`: its last error no longer applies."""
+        self.alive = True
+        self.down_reason = None
+        if forget_error:
+            self.last_error = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "url": self.url,
@@ -115,7 +137,9 @@ class ReplicaState:
                 "routed": self.routed, "prefills": self.prefills, "errors": self.errors,
                 "metrics_age_s": (None if self.metrics_at is None
                                   else round(time.monotonic() - self.metrics_at, 2)),
-                "last_error": self.last_error, **self.extra}
+                "last_error": self.last_error,
+                "down_reason": self.down_reason.value if self.down_reason else None,
+                **self.extra}
 
 
 class ClusterState:
@@ -201,7 +225,8 @@ class ClusterState:
         """The launcher saw the replica's process end (called from its watcher thread)."""
         replica = self.replicas[name]
         replica.exited = code if code is not None else -1
-        replica.mark_dead(f"replica {name} at {replica.address} exited with code {code}")
+        replica.mark_dead(f"replica {name} at {replica.address} exited with code {code}",
+                          DownReason.EXITED)
 
     def observe(self, kind: str, replica: str, seconds: float | None) -> None:
         """A TTFT (prefill replica) or ITL (decode replica) sample, for strategies that read
@@ -285,7 +310,7 @@ async def poll_replica(client: httpx.AsyncClient, replica: ReplicaState,
     replica.poll_failures = 0
     if not replica.alive and replica.exited is None:
         log.warning("replica %s at %s answers again", replica.name, replica.address)
-        replica.alive = True
+        replica.mark_alive()
 
 
 async def poll_forever(client: httpx.AsyncClient, state: ClusterState,

@@ -2,7 +2,7 @@
 
 Why small pure-Python classes, like `server/policies`: the placement decision is a research
 object (AMPD's adaptive routing builds on this interface), and the same object must decide in
-the virtual-time cluster (`cluster.virtual`), behind the served router (`cluster.router_app`)
+the virtual-time cluster (`sim.virtual_cluster`), behind the served router (`cluster.router_app`)
 and in unit tests that work the answer out by hand. A router sees only `ReplicaLoad` views
 that the caller fills in from whatever it can observe (in-process engines: the block pool and
 queues; served replicas: the router's own in-flight counts and vLLM's KV-usage metric).
@@ -42,8 +42,13 @@ class ReplicaLoad:
     name: str
     role: str  # colocated | prefill | decode
     kv_usage: float = 0.0  # share of the KV cache in use, 0..1
-    running: int = 0  # requests being computed
-    waiting: int = 0  # requests queued
+    #: requests sent here and not finished, computed or queued (what the strategies balance):
+    #: served, the router's own count (exact, no delay); in virtual time, the engine's queues
+    in_flight: int = 0
+    #: the engine's own queues: in virtual time from its scheduler, served from its last
+    #: metrics poll (a poll interval behind)
+    running: int = 0
+    waiting: int = 0
     alive: bool = True
     #: prompt tokens queued or part-computed here, not yet prefilled (AMPD's prefill queue)
     queued_prefill_tokens: int = 0
@@ -53,10 +58,6 @@ class ReplicaLoad:
     queued_prefills: tuple[tuple[int, int], ...] | None = None
     #: context tokens of the requests decoding here, in all (a decode step's cost)
     decode_tokens: int = 0
-
-    @property
-    def in_flight(self) -> int:
-        return self.running + self.waiting
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,16 @@ from common.atomic import write_json_atomic
 from common.errors import UserError
 from common.metrics import summarize
 from harness.agent import Agent, Limits, Replay
-from harness.benchmarks import Benchmark, Task, TaskSetupError, get_benchmark
+from harness.benchmarks import Benchmark, RunContext, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
 from harness.model_client import ChatClient, api_key_of, api_root, auth_headers
 from harness.sandbox_prune import leftover_warning, sweep_run
 from harness.server_process import CPU_STARTUP_TIMEOUT_S, ServerProcess
+from harness.task_result import TaskResult
 from harness.tools.base import SandboxError
 from harness.tools.docker_client import shared_client
 from harness.tools.sandbox_image import SandboxImageError
+from harness.trajectory import Trajectory
 from predictor.durations import ToolDurationModel
 from server.launch import DEVICES
 from server.model_store import servable_model
@@ -142,38 +144,58 @@ def is_finished(out: Path, task_id: str) -> bool:
         return False  # a torn or foreign file: run the task again
 
 
-def interrupted(task_id: str, program_id: str, status: str, error: str,
-                started_at: float, steps: int = 0) -> dict[str, Any]:
-    """The result of a program the infrastructure stopped: not scored, run again on resume."""
-    return {"task_id": task_id, "program_id": program_id, "status": status, "error": error,
-            "retryable": True, "jct_s": time.time() - started_at, "steps": steps,
-            "llm_s": 0.0, "tool_s": 0.0, "passed": False}
-
-
-def record(out: Path, result: dict[str, Any]) -> dict[str, Any]:
+def record(out: Path, result: TaskResult) -> TaskResult:
     """Write a task's result the moment it is known (so an interrupted run keeps it)."""
-    write_json_atomic(result_path(out, result["task_id"]), result)
+    write_json_atomic(result_path(out, result.task_id), result.to_json())
+    return result
+
+
+def load_results(out: Path, tasks: list[Task]) -> list[TaskResult]:
+    """The results the tasks have in `out` (this run's and, resumed, earlier ones)."""
+    return [TaskResult.from_json(json.loads(path.read_text()))
+            for path in (result_path(out, t.id) for t in tasks) if path.is_file()]
+
+
+def scored(task_id: str, program_id: str, trajectory: Trajectory,
+           score: dict[str, Any]) -> TaskResult:
+    """A finished program's result: its trajectory's figures and the benchmark's verdict."""
+    steps = trajectory.steps
+    extra = dict(score)
+    result = TaskResult(
+        task_id, program_id, trajectory.status, passed=bool(extra.pop("passed")),
+        jct_s=(trajectory.finished_at or time.time()) - trajectory.started_at,
+        steps=len(steps), llm_s=sum(s.llm_s for s in steps),
+        tool_s=sum(s.tool_s for s in steps),
+        output_tokens=sum(s.output_tokens for s in steps),
+        format_errors=sum(s.format_error is not None for s in steps),
+        cut_at_max_tokens=sum(s.finish_reason == "length" for s in steps),
+        resolved=extra.pop("resolved", None), score=extra)
+    if "error" in trajectory.info:  # e.g. the server's words for a context_limit
+        result.error = str(trajectory.info["error"])
+    if "token_id_turns" in trajectory.info:
+        result.token_id_turns = trajectory.info["token_id_turns"]
+        result.prefix_broken_turns = trajectory.info["prefix_broken_turns"]
     return result
 
 
 async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | None,
-                   out: Path, run_id: str,
-                   diagnose: Callable[[], str | None] | None = None) -> dict[str, Any]:
-    """Run, score and record one task. `diagnose` says what became of the model server (a
-    co-located one that died), added to a `model_error`'s message."""
-    program_id = f"{run_id}-{task.id}"
+                   run: RunContext, program_prefix: str | None = None,
+                   diagnose: Callable[[], str | None] | None = None) -> TaskResult:
+    """Run, score and record (in `run.out_dir`) one task. Its program is
+    `PREFIX-TASK` (`program_prefix`, by default the run's id). `diagnose` says what became of
+    the model server (a co-located one that died), added to a `model_error`'s message."""
+    assert run.out_dir is not None, "a task's result is written to the run's folder"
+    out = run.out_dir
+    program_id = f"{program_prefix or run.run_id}-{task.id}"
     started_at = time.time()
     try:
-        toolbox = await bench.toolbox(task, program_id)
+        toolbox = await bench.toolbox(task, program_id, run)
     except TaskSetupError as exc:  # this task cannot run (say its repository is missing)
-        result = {"task_id": task.id, "program_id": program_id, "status": "setup_error",
-                  "error": str(exc), "jct_s": 0.0, "steps": 0, "llm_s": 0.0, "tool_s": 0.0,
-                  "passed": False}
-        return record(out, result)
+        return record(out, TaskResult(task.id, program_id, "setup_error", error=str(exc)))
     except SandboxError as exc:  # the engine failed before the program began
-        result = interrupted(task.id, program_id, "sandbox_error",
-                             f"the Docker sandbox failed: {exc}", started_at)
-        return record(out, result)
+        return record(out, TaskResult.interrupted(task.id, program_id, "sandbox_error",
+                                                  f"the Docker sandbox failed: {exc}",
+                                                  started_at))
     try:
         trajectory = await agent.run(task.id, program_id, bench.name, bench.messages(task),
                                      toolbox, replay, bench.action_format)
@@ -189,32 +211,17 @@ async def run_task(bench: Benchmark, task: Task, agent: Agent, replay: Replay | 
                 error += f"; {found}"
         else:
             error = f"the Docker sandbox failed mid-run: {error}"
-        result = interrupted(task.id, program_id, trajectory.status, error,
-                             trajectory.started_at, steps)
-        return record(out, result)
+        return record(out, TaskResult.interrupted(task.id, program_id, trajectory.status,
+                                                  error, trajectory.started_at, steps))
     try:
-        score = bench.score(task, trajectory)
+        score = bench.score(task, trajectory, run)
         if inspect.isawaitable(score):  # e.g. grading in a container
             score = await score
     except SandboxError as exc:  # the engine failed under the grader
-        result = interrupted(task.id, program_id, "sandbox_error",
-                             f"the Docker sandbox failed while grading: {exc}",
-                             trajectory.started_at, steps)
-        return record(out, result)
-    result = {"task_id": task.id, "program_id": program_id, "status": trajectory.status,
-              "jct_s": (trajectory.finished_at or time.time()) - trajectory.started_at,
-              "steps": steps, "llm_s": sum(s.llm_s for s in trajectory.steps),
-              "tool_s": sum(s.tool_s for s in trajectory.steps),
-              "output_tokens": sum(s.output_tokens for s in trajectory.steps),
-              "format_errors": sum(s.format_error is not None for s in trajectory.steps),
-              "cut_at_max_tokens": sum(s.finish_reason == "length" for s in trajectory.steps),
-              **score}
-    if "error" in trajectory.info:  # e.g. the server's words for a context_limit
-        result["error"] = str(trajectory.info["error"])
-    if "token_id_turns" in trajectory.info:
-        result["token_id_turns"] = trajectory.info["token_id_turns"]
-        result["prefix_broken_turns"] = trajectory.info["prefix_broken_turns"]
-    return record(out, result)
+        return record(out, TaskResult.interrupted(
+            task.id, program_id, "sandbox_error",
+            f"the Docker sandbox failed while grading: {exc}", trajectory.started_at, steps))
+    return record(out, scored(task.id, program_id, trajectory, score))
 
 
 def load_replays(bench: Benchmark, tasks: list[Task], spec: ModelSpec) -> dict[str, Replay]:
@@ -238,34 +245,50 @@ def load_text_model(directory: str | None) -> Any:
         raise RunError(f"--predictor {directory}: {exc}") from None
 
 
-async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str,
-                  replays: dict[str, Replay], out: Path, concurrency: int, limits: Limits,
-                  console: Console, text_model: Any = None, token_ids: bool = True,
-                  diagnose: Callable[[], str | None] | None = None,
-                  tool_calls: bool = False, agentic_context: bool = False,
-                  api_key: str | None = None) -> dict[str, int]:
+@dataclass(frozen=True)
+class RunPlan:
+    """What `run_all` runs, decided by `run_benchmark` before any program starts: the tasks
+    and their recordings, the server and how to talk to it, where results go."""
+
+    bench: Benchmark
+    tasks: list[Task]
+    base_url: str
+    model: str  # the served model's name (SWE-bench predictions carry it)
+    out: Path
+    replays: dict[str, Replay] = field(default_factory=dict)
+    concurrency: int = 16
+    limits: Limits = field(default_factory=Limits)
+    text_model: Any = None  # a `--predictor` model, or None
+    token_ids: bool = True
+    tool_calls: bool = False
+    agentic_context: bool = False
+    #: what became of a co-located model server (None: a `--server` nobody watches)
+    diagnose: Callable[[], str | None] | None = None
+    api_key: str | None = None  # for a server started with `--api-key`
+
+
+async def run_all(plan: RunPlan, console: Console) -> dict[str, int]:
     """Run the tasks (once the model server is gone no new program starts); returns the
-    events sent / dropped. `api_key`: for a server started with `--api-key`."""
-    client = ChatClient(base_url, model, token_ids=token_ids, agentic_context=agentic_context,
-                        max_retries=limits.model_retries, api_key=api_key)
-    semaphore = asyncio.Semaphore(concurrency)
-    run_id = f"r{int(time.time())}"
-    bench.out_dir = out
-    bench.run_id = run_id
-    bench.model_name = model  # the served model's name (SWE-bench predictions carry it)
+    events sent / dropped."""
+    bench, limits = plan.bench, plan.limits
+    client = ChatClient(plan.base_url, plan.model, token_ids=plan.token_ids,
+                        agentic_context=plan.agentic_context,
+                        max_retries=limits.model_retries, api_key=plan.api_key)
+    semaphore = asyncio.Semaphore(plan.concurrency)
     halted: str | None = None  # why no new program starts: the model server is gone
 
     def log(message: str) -> None:
         console.print(message, markup=False, highlight=False, soft_wrap=True)
 
-    bench.log = log  # type: ignore[method-assign]
-    async with EventClient(base_url, api_key=api_key) as events:
-        agent = Agent(client, events, ToolDurationModel(), out / "trajectories", limits,
-                      text_model, tool_calls)
+    run = RunContext(out_dir=plan.out, run_id=f"r{int(time.time())}", model_name=plan.model,
+                     log=log)
+    async with EventClient(plan.base_url, api_key=plan.api_key) as events:
+        agent = Agent(client, events, ToolDurationModel(), plan.out / "trajectories", limits,
+                      plan.text_model, plan.tool_calls)
         columns = (TextColumn("[bold]{task.description}"), BarColumn(),
                    TextColumn(PROGRESS_TEXT), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=False) as progress:
-            bar = progress.add_task(bench.name, total=len(tasks), passed=0)
+            bar = progress.add_task(bench.name, total=len(plan.tasks), passed=0)
             passed = 0
 
             async def one(task: Task) -> None:
@@ -273,16 +296,15 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
                 async with semaphore:
                     if halted is not None:  # build_summary counts these as not started
                         return
-                    result = await run_task(bench, task, agent, replays.get(task.id), out,
-                                            run_id, diagnose)
-                if result.get("retryable") and result["status"] == "model_error" \
-                        and halted is None:
-                    halted = str(result["error"])
+                    result = await run_task(bench, task, agent, plan.replays.get(task.id), run,
+                                            diagnose=plan.diagnose)
+                if result.retryable and result.status == "model_error" and halted is None:
+                    halted = str(result.error)
                     log(f"{task.id}: {halted}; no new program starts")
-                passed += bool(result["passed"])
+                passed += result.passed
                 progress.update(bar, advance=1, passed=passed)
 
-            jobs = [asyncio.create_task(one(t)) for t in tasks]
+            jobs = [asyncio.create_task(one(t)) for t in plan.tasks]
             try:
                 await asyncio.gather(*jobs)
             finally:
@@ -292,7 +314,7 @@ async def run_all(bench: Benchmark, tasks: list[Task], base_url: str, model: str
                     await asyncio.gather(*jobs, return_exceptions=True)
     await client.aclose()
     if bench.uses_docker:
-        sweep_containers(run_id, log)
+        sweep_containers(str(run.run_id), log)
     return {"sent": events.sent, "dropped": events.dropped}
 
 
@@ -329,30 +351,26 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
                   events: dict[str, int], model: str, wall_s: float,
                   received: int | None) -> dict[str, Any]:
     """`received`: the events the server received during this run (`received_during`)."""
-    results = []
-    for task in tasks:
-        path = result_path(out, task.id)
-        if path.is_file():
-            results.append(json.loads(path.read_text()))
-    passed = sum(bool(r["passed"]) for r in results)
-    jct = summarize([r["jct_s"] for r in results], "jct")
-    extra = {"resolved": sum(bool(r.get("resolved")) for r in results)} \
-        if any("resolved" in r for r in results) else {}
-    if any("token_id_turns" in r for r in results):  # turns whose prompt broke the prefix
-        extra["token_id_turns"] = sum(r.get("token_id_turns", 0) for r in results)
-        extra["prefix_broken_turns"] = sum(r.get("prefix_broken_turns", 0) for r in results)
-    statuses = Counter(r["status"] for r in results)
-    steps = sum(r.get("steps", 0) for r in results)
-    output_tokens = sum(r.get("output_tokens", 0) for r in results)
-    llm_s = sum(r.get("llm_s", 0.0) for r in results)
+    results = load_results(out, tasks)
+    passed = sum(r.passed for r in results)
+    jct = summarize([r.jct_s for r in results], "jct")
+    extra = {"resolved": sum(bool(r.resolved) for r in results)} \
+        if any(r.resolved is not None for r in results) else {}
+    if any(r.token_id_turns is not None for r in results):  # turns that broke the prefix
+        extra["token_id_turns"] = sum(r.token_id_turns or 0 for r in results)
+        extra["prefix_broken_turns"] = sum(r.prefix_broken_turns or 0 for r in results)
+    statuses = Counter(r.status for r in results)
+    steps = sum(r.steps for r in results)
+    output_tokens = sum(r.output_tokens for r in results)
+    llm_s = sum(r.llm_s for r in results)
     return {"benchmark": bench.name, "policy": policy, "model": model, "tasks": len(results),
             "passed": passed, **extra, "pass_rate": passed / len(results) if results else 0.0,
             "steps_mean": steps / len(results) if results else 0.0,
             # programs that ended on unusable replies, and unusable replies among all turns
             "format_error_share": statuses["format_error"] / len(results) if results else 0.0,
-            "format_error_turns": sum(r.get("format_errors", 0) for r in results),
+            "format_error_turns": sum(r.format_errors for r in results),
             "turns": steps,
-            "cut_at_max_tokens": sum(r.get("cut_at_max_tokens", 0) for r in results),
+            "cut_at_max_tokens": sum(r.cut_at_max_tokens for r in results),
             "output_tokens": output_tokens,
             # what one program's requests see (output tokens over the seconds they took)
             "request_tokens_per_s": output_tokens / llm_s if llm_s else 0.0,
@@ -360,7 +378,7 @@ def build_summary(bench: Benchmark, policy: str, tasks: list[Task], out: Path,
             "events_sent": events["sent"], "events_dropped": events["dropped"],
             "events_received_by_server": received, "wall_s": wall_s,
             "statuses": dict(statuses),
-            "retryable": sum(bool(r.get("retryable")) for r in results),
+            "retryable": sum(r.retryable for r in results),
             "not_started": len(tasks) - len(results)}
 
 
@@ -393,7 +411,10 @@ def run_benchmark(spec: RunSpec) -> int:
     result, 1 when a model server or Docker failure left some unfinished. Bad input raises a
     `UserError` (`RunError`, `BenchmarkError`, ...) before any program starts."""
     console = Console()
-    bench = get_benchmark(spec.benchmark)
+    # worked examples for a real model, not when replaying recordings made without them
+    exemplars = spec.exemplars if spec.exemplars is not None \
+        else ModelSpec.parse(spec.model).kind != "replay"
+    bench = get_benchmark(spec.benchmark, exemplars)
     tasks = bench.load_tasks(Path(spec.tasks) if spec.tasks else None)
     if spec.limit is not None:
         if spec.limit < 1:
@@ -424,8 +445,6 @@ def run_benchmark(spec: RunSpec) -> int:
                       + (f"; {again} interrupted by a model server or Docker failure run "
                          "again" if again else ""))
     model_spec, model = served_model(spec, console)
-    bench.use_exemplars = spec.exemplars if spec.exemplars is not None \
-        else model_spec.kind != "replay"
     replays = load_replays(bench, todo, model_spec)
     text_model = load_text_model(spec.predictor)
     if bench.uses_docker:
@@ -452,11 +471,10 @@ def run_benchmark(spec: RunSpec) -> int:
             base_url = server.base_url
             diagnose = server.exit_description
         before = server_events_received(base_url, api_key)
-        events = asyncio.run(run_all(bench, todo, base_url, model, replays, out,
-                                     spec.concurrency, limits, console, text_model,
-                                     spec.token_ids, diagnose, spec.tool_calls,
-                                     spec.agentic_context, api_key)) \
-            if todo else {"sent": 0, "dropped": 0}
+        plan = RunPlan(bench, todo, base_url, model, out, replays, spec.concurrency, limits,
+                       text_model, spec.token_ids, spec.tool_calls, spec.agentic_context,
+                       diagnose, api_key)
+        events = asyncio.run(run_all(plan, console)) if todo else {"sent": 0, "dropped": 0}
         received = received_during(before, server_events_received(base_url, api_key))
     summary = build_summary(bench, spec.policy, tasks, out, events, model,
                             time.monotonic() - started, received)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from common.errors import UserError
+from common.processes import free_port, stop_process_group
 from server.model_store import servable_model
 
 #: how long a CPU engine (`--device cpu`) may take to come up: importing, loading, compiling and
@@ -29,12 +29,6 @@ class ServerStartError(UserError):
     """`harness serve` did not come up. A message, not a traceback: it carries the server's
     log tail, which says why (most often an option the server refused, such as an unknown
     policy or profile); the client's stack would say nothing about the server."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:
@@ -136,14 +130,9 @@ class ServerProcess:
 
     def stop(self) -> int | None:
         """Ctrl-C the server's process group, as a user would, then make sure it is gone."""
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        os.killpg(self.process.pid, signal.SIGINT)
-        try:
-            return self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait(timeout=10)
+        if self.process is None:
+            return None
+        return stop_process_group(self.process, grace_s=30)
 
     def __enter__(self) -> ServerProcess:
         return self.start()

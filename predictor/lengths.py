@@ -342,7 +342,3 @@ def evaluate(predictor: LengthPredictor, examples: Sequence[Example],
             row["mae_seconds_call"] = float(np.mean(np.abs(np.array(by_call) - secs)))
         results[name] = row
     return results
-
-
-def bucket_table(edges: Sequence[int] = BUCKET_EDGES) -> list[tuple[int, str]]:
-    return [(b, bucket_label(b, edges)) for b in range(n_buckets(edges))]

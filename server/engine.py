@@ -203,12 +203,14 @@ class VirtualEngine:
 
     def __post_init__(self) -> None:
         check_offload_copy_model(self.offload_copy_model)
+        # vLLM picks its platform and the hub its mode from the environment when imported:
+        # defaults only, for a process that has not chosen (no setting of ours goes here)
         for key, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        os.environ.update(ServeSettings(self.policy, self.profile, self.seed,
-                                        offload_copy_model=self.offload_copy_model,
-                                        ttft_slo_s=self.ttft_slo_s).to_env())
-        os.environ.pop("HARNESS_EVENTS_IPC", None)  # events come in through `event()`
+        settings = ServeSettings(self.policy, self.profile, self.seed,
+                                 offload_copy_model=self.offload_copy_model,
+                                 ttft_slo_s=self.ttft_slo_s,
+                                 events=False)  # events come in through `event()`
         self._previous_clock = use_clock(self.clock)
 
         # vLLM (and torch, through the emulated executor): start-up cost
@@ -241,7 +243,8 @@ class VirtualEngine:
                           **({} if self.max_num_seqs is None
                              else {"max_num_seqs": self.max_num_seqs}),
                           kv_offloading_size=self.offload_gib,
-                          kv_offloading_backend="native", kv_transfer_config=connector)
+                          kv_offloading_backend="native", kv_transfer_config=connector,
+                          additional_config=settings.to_additional_config())
         self.vllm_config = args.create_engine_config()
         # no stats loggers here: with log_stats vLLM builds per-step scheduler statistics nobody
         # reads (it decides the same; summary.json and runs/ are identical either way)

@@ -23,12 +23,12 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from server.policies.base import AgentEvent
+from server.policies.base import AgentEvent, EventKind
 
 ENV_EVENTS_IPC = "HARNESS_EVENTS_IPC"
 NonNegative = Annotated[float, Field(ge=0)]
@@ -39,7 +39,7 @@ class EventIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["program_start", "tool_start", "tool_end", "program_end"]
+    type: EventKind
     program_id: Annotated[str, Field(min_length=1, max_length=256)]
     tool: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     predicted_s: NonNegative | None = None

@@ -103,6 +103,35 @@ def offload_args(gib: float | None) -> list[str]:
             "--kv-transfer-config", options]
 
 
+def carry_settings(settings: ServeSettings,
+                   extra: list[str] | None) -> tuple[list[str], list[str]]:
+    """`--additional-config JSON` carrying `settings` into the engine (`server.settings`), merged
+    with one the user gave among the `vllm serve` options after `--` (their keys kept, ours
+    under `harness`), and those options without it."""
+    rest: list[str] = []
+    theirs: dict[str, object] = {}
+    options = list(extra or [])
+    while options:
+        option = options.pop(0)
+        name, equals, value = option.partition("=")
+        if name != "--additional-config":
+            rest.append(option)
+            continue
+        if not equals:
+            if not options:
+                raise ServeError("--additional-config needs a JSON object")
+            value = options.pop(0)
+        try:
+            given = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ServeError(f"--additional-config {value}: not JSON ({exc})") from None
+        if not isinstance(given, dict):
+            raise ServeError(f"--additional-config {value}: give a JSON object")
+        theirs.update(given)
+    merged = {**theirs, **settings.to_additional_config()}
+    return ["--additional-config", json.dumps(merged)], rest
+
+
 def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                   model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
                   seed: int = 0, max_model_len: int = SERVED_MAX_MODEL_LEN,
@@ -171,7 +200,9 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--middleware", MIDDLEWARE,
             *offload_args(offload_gib(policy, offload))]
-    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
+    settings_args, extra = carry_settings(settings, extra)
+    argv += settings_args
+    env = {"VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(), **invariant_env}
     if emulate:
         # vLLM's CPU platform would pick 128-token blocks; the emulated GPU uses the GPU default
@@ -244,7 +275,9 @@ def build_cpu_command(policy: str, profile: str | None, model: str | None, host:
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
-    env = {**settings.to_env(), "VLLM_PLUGINS": EVENTS_PLUGIN,
+    settings_args, extra = carry_settings(settings, extra)
+    argv += settings_args
+    env = {"VLLM_PLUGINS": EVENTS_PLUGIN,
            ENV_EVENTS_IPC: os.environ.get(ENV_EVENTS_IPC) or default_ipc_path(),
            **CPU_ENGINE_ENV}
     sized = bool(MEMORY_OPTIONS & {a.split("=")[0] for a in extra or []})

@@ -42,6 +42,7 @@ from server.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
+from server.policies.base import UnpinReason
 from server.prefetch import PrefetchBook
 from server.settings import ServeOptionsError, ServeSettings
 from server.step_log import StepRecord, StepTimer, sink_from_env
@@ -110,19 +111,19 @@ def hints_from(extra_args: dict[str, Any] | None) -> Hints:
 class PolicyScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        settings = ServeSettings.from_env()
+        settings = ServeSettings.from_vllm_config(self.vllm_config)
         self.agent_policy = make_policy(settings.policy, cost_model=policy_cost_model(settings),
                                         **settings.policy_options())
         self.pins: dict[str, Pin] = {}
         self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
         self.pin_stats = PinStats()
-        self.sched_cpu_seconds = 0.0  # time inside schedule() (single-threaded: its CPU time)
+        self.sched_seconds = 0.0  # wall time inside schedule() (perf_counter), summed
         self.sched_steps = 0
         self.last_scheduled_tokens = 0  # of the latest step (`VirtualEngine` watches progress)
         self.events_received = 0
         self._events: EventReceiver | None = None
         self._status: StatusFile | None = None
-        address = os.environ.get(ENV_EVENTS_IPC) or None
+        address = (os.environ.get(ENV_EVENTS_IPC) or None) if settings.events else None
         if address:
             self._events = EventReceiver(address)
             self._status = StatusFile(address)
@@ -207,7 +208,7 @@ class PolicyScheduler(Scheduler):
                                        self.requests,
                                        (new.req_id for new in output.scheduled_new_reqs),
                                        waiting=queued, pins=self.pin_stats.counts())
-        self.sched_cpu_seconds += time.perf_counter() - started
+        self.sched_seconds += time.perf_counter() - started
         self.sched_steps += 1
         return output
 
@@ -278,15 +279,16 @@ class PolicyScheduler(Scheduler):
             return
         super()._free_request_blocks(request)
 
-    def _unpin(self, program_id: str, reason: str, now: float) -> None:
+    def _unpin(self, program_id: str, reason: UnpinReason, now: float) -> None:
         if program_id not in self.pins:
             return
         self.account_pins(now)
         pin = self.pins.pop(program_id)
         self._pinned_blocks -= len(pin.blocks)
         self.kv_cache_manager.block_pool.free_blocks(reversed(pin.blocks))
+        # each reason is a counter (`test_policy_scheduler` checks that every one is)
         setattr(self.pin_stats, reason, getattr(self.pin_stats, reason) + 1)
-        self.agent_policy.on_unpin(program_id, reason, now)  # type: ignore[arg-type]
+        self.agent_policy.on_unpin(program_id, reason, now)
 
     def _expire_pins(self, now: float) -> None:
         waiting_programs = {r.session_id for r in self.waiting}
@@ -312,13 +314,10 @@ class PolicyScheduler(Scheduler):
             victim = self.agent_policy.pin_victim(others) if others else own
             self._unpin(victim, "pressure", clock().now())
 
-    def release_all_pins(self, reason: str) -> None:
+    def release_all_pins(self, reason: UnpinReason) -> None:
         now = clock().now()
         for program_id in list(self.pins):
             self._unpin(program_id, reason, now)
-
-    def pinned_blocks(self) -> int:
-        return self._pinned_blocks
 
     def account_pins(self, now: float) -> None:
         """Bring `pin_stats.block_seconds` (pinned blocks integrated over time) up to `now`."""

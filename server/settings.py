@@ -1,18 +1,28 @@
-"""Start-up settings shared by the processes of one `harness serve` (read from the environment).
+"""Start-up settings of one engine: its policy, GPU/model profile, seed and policy options.
 
 vLLM builds the scheduler and the executor inside its engine-core process from class paths, so
-our choices (policy, GPU/model profile, event socket, the policy's options) reach them as
-environment variables that `harness serve` sets before vLLM starts. The virtual-time engine
-(`server.engine.VirtualEngine`) sets the same variables, so a served replica and a simulated one
-build their policy from the same settings. No vLLM import here.
+our choices cannot be constructor arguments. They travel inside vLLM's own configuration
+instead: `VllmConfig.additional_config` (a dict vLLM carries, with the rest of the config,
+into the engine-core process) holds them under the key `harness` (`to_additional_config`;
+`harness serve` passes it as `vllm serve --additional-config JSON`, the in-process engines as
+`EngineArgs(additional_config=...)`), and the scheduler and the executor read them back from the
+config they are built with (`from_vllm_config`). So a served replica and a simulated one build
+their policy from the same settings, and no engine writes them into the process environment.
+
+Fallback: a config without them (a `vllm serve --scheduler-cls server.scheduler.PolicyScheduler`
+started by hand) takes the `HARNESS_*` environment variables (`from_env`), as before.
+
+The cost: `additional_config` is part of vLLM's config hash, so on a real GPU each setting
+(say each policy) gets its own torch.compile cache the first time it runs. No vLLM import here.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
@@ -28,6 +38,8 @@ ENV_SEED = "HARNESS_SEED"
 #: OFFLOAD_COPY_MODELS); the emulated worker and the policies' cost model read it alike
 ENV_OFFLOAD_COPY_MODEL = "HARNESS_OFFLOAD_COPY_MODEL"
 ENV_TTFT_SLO = "HARNESS_TTFT_SLO_S"
+#: the key of our settings in vLLM's `additional_config`
+ADDITIONAL_CONFIG_KEY = "harness"
 DEFAULT_POLICY = "continuum"
 DEFAULT_PROFILE = "h100-llama-3.1-8b"
 #: Host memory (GiB) for vLLM's native KV offloading, used by policies with `needs_offload`
@@ -75,6 +87,10 @@ class ServeSettings:
     #: the deployment's TTFT SLO (s): what a policy that counts turns against one (`ampd`,
     #: Algorithm 2's Eq. 4) aims at; a cluster passes its `router.ttft_slo_s`
     ttft_slo_s: float = TTFT_SLO_S
+    #: the scheduler listens on the events channel `harness serve` names (`HARNESS_EVENTS_IPC`,
+    #: shared with the API server's events endpoint); False: an in-process engine, whose
+    #: events come in through its `event()` method
+    events: bool = True
 
     def __post_init__(self) -> None:
         if not (self.ttft_slo_s > 0 and math.isfinite(self.ttft_slo_s)):
@@ -92,10 +108,24 @@ class ServeSettings:
             ttft_slo_s=float(os.environ.get(ENV_TTFT_SLO, TTFT_SLO_S)),
         )
 
-    def to_env(self) -> dict[str, str]:
-        return {ENV_POLICY: self.policy, ENV_PROFILE: self.profile, ENV_SEED: str(self.seed),
-                ENV_OFFLOAD_COPY_MODEL: self.offload_copy_model,
-                ENV_TTFT_SLO: repr(self.ttft_slo_s)}
+    def to_additional_config(self) -> dict[str, Any]:
+        """vLLM's `additional_config` that carries these settings into the engine."""
+        return {ADDITIONAL_CONFIG_KEY: asdict(self)}
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> ServeSettings:
+        """The settings an engine was built with (`additional_config`), else the environment's
+        (`from_env`: a `vllm serve` started by hand)."""
+        extra = getattr(vllm_config, "additional_config", None)
+        if not isinstance(extra, dict) or ADDITIONAL_CONFIG_KEY not in extra:
+            return cls.from_env()
+        given = extra[ADDITIONAL_CONFIG_KEY]
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(given) - known) if isinstance(given, dict) else None
+        if unknown is None or unknown:
+            raise ServeOptionsError(f"additional_config[{ADDITIONAL_CONFIG_KEY!r}]: expected "
+                                    f"an object of {', '.join(sorted(known))}; got {given!r}")
+        return cls(**given)
 
     def policy_options(self) -> dict[str, float]:
         """Keyword options `server.policies.make_policy` hands to the policies that take them."""

@@ -36,7 +36,7 @@ turn prefilled locally leaves the prefill replica behind).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from cluster.pd import decode_params, prefill_params
@@ -52,8 +52,14 @@ from sim.conversation import ProgramState, too_long_turns
 from sim.records import ProgramRecord, ReplayResult, TurnRecord
 from sim.virtual_cluster import Replica, VirtualCluster
 
-PIN_COUNTERS = ("pinned", "handoff", "expired", "program_end", "pressure", "reset", "replaced",
-                "shutdown", "block_seconds", "prefetched", "prefetch_dropped")
+
+def pin_counters() -> tuple[str, ...]:
+    """What each engine's `PinStats` counts (the loop sums them over the replicas)."""
+    # vLLM, which server.scheduler imports: start-up cost, and only once an engine has chosen
+    # vLLM's platform (`server.engine`), so not at this module's import
+    from server.scheduler import PinStats
+
+    return tuple(f.name for f in fields(PinStats) if not f.name.startswith("_"))
 
 #: Suffix of a remote turn's request id on its prefill replica (the decode replica's has none).
 PREFILL_SUFFIX = "@p"
@@ -391,16 +397,17 @@ class Simulation:
         """The records, and what every engine counted, once the loop has ended."""
         cluster = self.cluster
         end = max(r.now() for r in cluster.replicas)
-        pin_stats = dict.fromkeys(PIN_COUNTERS, 0.0)
-        sched_cpu = 0.0
+        counters = pin_counters()
+        pin_stats = dict.fromkeys(counters, 0.0)
+        sched_s = 0.0
         sched_steps = 0
         total_blocks = 0
         for replica in cluster.replicas:
             scheduler = replica.engine.scheduler
             scheduler.account_pins(end)
-            for key in PIN_COUNTERS:
+            for key in counters:
                 pin_stats[key] += getattr(scheduler.pin_stats, key)
-            sched_cpu += float(scheduler.sched_cpu_seconds)
+            sched_s += float(scheduler.sched_seconds)
             sched_steps += int(scheduler.sched_steps)
             total_blocks += int(scheduler.kv_cache_manager.block_pool.num_gpu_blocks)
             moved = getattr(replica.engine, "kv_transfer_stats", None)
@@ -414,7 +421,7 @@ class Simulation:
             makespan=(max(finishes) - first_arrival) if finishes else 0.0,
             total_blocks=total_blocks,
             pin_stats=pin_stats,
-            sched_cpu_seconds=sched_cpu,
+            sched_seconds=sched_s,
             sched_steps=sched_steps,
             engine_steps=self.engine_steps,
             replicas=[r.stats for r in cluster.replicas],

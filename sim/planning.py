@@ -156,8 +156,8 @@ def _walk_chain(sim: SimulatedTau, role: str, degree: int, loads: list[float]) -
 class SimulatedTau:
     """tau by simulation (see the module docstring). ``trace``: the workload's name (a trace
     name or file, as for ``harness bench --trace``; it keys the cache); ``workload(n, load,
-    seed)``: its programs (picklable, for ``jobs`` > 1), e.g. `eval.bench.make_trace` bound to
-    the name; ``rate``: the whole deployment's load (the top of the grid)."""
+    seed)``: its programs (picklable, for ``jobs`` > 1), e.g. `eval.bench.traces.make_trace`
+    bound to the name; ``rate``: the whole deployment's load (the top of the grid)."""
 
     def __init__(self, profile: str, trace: str, rate: float, *,
                  workload: Callable[[int, float, int], Trace], programs: int = PROGRAMS,

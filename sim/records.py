@@ -58,7 +58,7 @@ class ReplayResult:
     makespan: float  # last finish minus first arrival
     total_blocks: int
     pin_stats: dict[str, float]
-    sched_cpu_seconds: float
+    sched_seconds: float
     sched_steps: int
     engine_steps: int
     replicas: list[Any] = field(default_factory=list)  # `sim.virtual_cluster.ReplicaStats` each

@@ -86,6 +86,8 @@ class Replica:
                 if r.num_prompt_tokens > cached:
                     tasks.append((cached, r.num_prompt_tokens - cached))
         return ReplicaLoad(self.name, self.spec.role, kv_usage=usage,
+                           in_flight=len(scheduler.running) + len(scheduler.waiting)
+                           + len(holding),
                            running=len(scheduler.running),
                            waiting=len(scheduler.waiting) + len(holding),
                            queued_prefill_tokens=sum(new for _, new in tasks),

@@ -5,6 +5,7 @@ Prefill times are exact by construction: n tokens take n ms (`Linear`).
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -162,7 +163,7 @@ def test_without_a_cost_model_the_queue_is_fcfs():
 def test_policy_scheduler_runs_the_reordered_queue(monkeypatch):
     from vllm_driver import Driver, make_scheduler
 
-    scheduler = make_scheduler("ampd", monkeypatch=monkeypatch, num_blocks=128)
+    scheduler = make_scheduler("ampd", num_blocks=128)
     assert isinstance(scheduler.agent_policy, AMPDPolicy)
     scheduler.agent_policy = AMPDPolicy(Linear(), ttft_slo_s=0.5)
     d = Driver(scheduler)
@@ -198,10 +199,10 @@ def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch, aut
     root = Path(__file__).resolve().parent.parent
     config = load_cluster(root / "cluster" / "examples" / "ampd-h20-1p3d.yaml")
     spec = config.replicas[0].model_copy(update={"policy": "ampd"})
-    _, env = replica_command(config, spec, 8400, side_channel_port=8400,
-                             events_ipc="ipc:///dev/null")
-    monkeypatch.setenv("HARNESS_TTFT_SLO_S", env["HARNESS_TTFT_SLO_S"])
-    assert make_scheduler("ampd", monkeypatch=monkeypatch).agent_policy.ttft_slo_s == 2.0
+    argv, _ = replica_command(config, spec, 8400, side_channel_port=8400,
+                              events_ipc="ipc:///dev/null")
+    served = json.loads(argv[argv.index("--additional-config") + 1])
+    assert make_scheduler("ampd", additional_config=served).agent_policy.ttft_slo_s == 2.0
     engine = autoclose(make_engine("ampd", spec.profile, 0, None, None, spec, config,
                                    max_model_len=4096))
     assert engine.scheduler.agent_policy.ttft_slo_s == 2.0

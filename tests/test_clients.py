@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from common.processes import free_port
 from harness.events_client import EventClient
-from harness.server_process import free_port
 
 
 def test_server_gone_events_are_dropped_and_counted():

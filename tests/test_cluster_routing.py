@@ -83,14 +83,15 @@ def test_round_robin_scatters_turns_of_one_program():
 def test_least_loaded_takes_fewest_in_flight_then_lowest_kv():
     router = LeastLoadedRouter()
     replicas = colocated(0.5, 0.2, 0.1)
-    replicas[0].running, replicas[1].running, replicas[2].running = 1, 1, 3
+    replicas[0].in_flight, replicas[1].in_flight, replicas[2].in_flight = 1, 1, 3
     assert router.route("p", 0, replicas).decode == "r1"  # r0 and r1 tie on 1; r1 has less KV
 
 
 # -- P/D ---------------------------------------------------------------------------------------
 def test_pd_binds_decode_to_lowest_kv_usage_and_prefills_remotely():
     router = PDRouter()
-    replicas = [ReplicaLoad("p0", "prefill", running=2), ReplicaLoad("p1", "prefill", waiting=1),
+    replicas = [ReplicaLoad("p0", "prefill", in_flight=2),
+                ReplicaLoad("p1", "prefill", in_flight=1),
                 ReplicaLoad("d0", "decode", kv_usage=0.4), ReplicaLoad("d1", "decode",
                                                                         kv_usage=0.3)]
     route = router.route("x", 0, replicas)
@@ -158,3 +159,15 @@ def test_placement_fans_events_out_to_where_the_kv_is():
     placement.forget_replica("p0")
     assert sorted(placement.end("x")) == ["d0", "d1", "p1"]
     assert placement.end("x") == [] and placement.current("x") is None
+
+
+def test_a_served_replicas_load_keeps_the_routers_count_apart_from_the_engines():
+    """What the strategies balance is the router's own in-flight count (exact); the engine's
+    queues, from its last metrics poll, are reported beside it under their own names."""
+    from cluster.router_state import ReplicaEndpoint, ReplicaState
+
+    replica = ReplicaState(ReplicaEndpoint("r0", "colocated", "http://127.0.0.1:1"))
+    replica.in_flight = 3
+    replica.apply_gauges({"running": 1.0, "waiting": 0.0, "kv_usage": 0.4})
+    load = replica.load()
+    assert (load.in_flight, load.running, load.waiting, load.kv_usage) == (3, 1, 0, 0.4)

@@ -49,8 +49,8 @@ from cluster.router_state import (
 )
 from cluster.router_wire import PREFILL_HEADER, REPLICA_HEADER, prefill_body, program_of, turn_of
 from cluster.served_turns import StreamClock, TurnBook, completion_tokens_of, prompt_tokens_of
+from common.processes import free_port
 from eval.experiments.served_vs_virtual import ranking
-from harness.server_process import free_port
 
 MODEL = "llama-3.1-8b"
 PARAGRAPH = ("The repository keeps its parser in a single module, and the failing test shows "

@@ -210,7 +210,7 @@ def test_an_engine_that_stops_answering_ends_the_program_as_sandbox_error(tmp_pa
 
 
 def test_a_server_that_never_answers_is_a_clear_error_before_any_program(tmp_path):
-    from harness.server_process import free_port
+    from common.processes import free_port
 
     run = subprocess.run([sys.executable, "-m", "cli", "run", "gsm8k", "--server",
                           f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "o")],

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from common.metrics import replay_metrics
+from common.processes import free_port
 from common.trace import Program, Trace, Turn
 from eval.replay.http_replay import (
     HttpReplayError,
@@ -23,7 +24,7 @@ from eval.replay.http_replay import (
     replay_over_http,
     scale_trace,
 )
-from harness.server_process import ServerProcess, free_port
+from harness.server_process import ServerProcess
 
 TOOL_S = 0.2
 

@@ -236,7 +236,7 @@ def test_augserve_token_budget_grows_and_shrinks_with_free_plus_paused_memory():
 
 @pytest.mark.engine
 def test_augserve_budget_is_applied_by_the_scheduler(monkeypatch):
-    d = Driver(make_scheduler("augserve", monkeypatch=monkeypatch, num_blocks=64,
+    d = Driver(make_scheduler("augserve", num_blocks=64,
                               max_batched_tokens=512))
     assert d.scheduler.agent_policy.max_batch_tokens == 512
     d.submit("A-0", list(range(8, 8 + 56 * 16)), "A", max_tokens=200)  # a 56-block prompt

@@ -20,8 +20,9 @@ from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 from pydantic import BaseModel
 
+from common.processes import free_port
 from harness.langchain import ChatHarness, HarnessCallbackHandler, ModelError
-from harness.server_process import ServerProcess, free_port
+from harness.server_process import ServerProcess
 
 TEXT = "Thought: the tests pass now.\nAction: finish[done]"
 ADD_CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'

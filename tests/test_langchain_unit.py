@@ -14,9 +14,9 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_tests.unit_tests import ChatModelUnitTests
 
+from common.processes import free_port
 from harness.events_client import BackgroundEventClient, EventClient
 from harness.langchain import ChatHarness, HarnessCallbackHandler, ModelError, current_program
-from harness.server_process import free_port
 
 
 class TestChatHarnessStandard(ChatModelUnitTests):

@@ -42,7 +42,7 @@ def test_steady_programs_trims_both_ends_by_start_time() -> None:
     programs = {f"p{i}": ProgramRecord(f"p{i}", arrival=float(9 - i), finished=20.0 + i)
                 for i in range(10)}
     result = ReplayResult(programs=programs, makespan=29.0, total_blocks=1,
-                          pin_stats={"block_seconds": 0.0}, sched_cpu_seconds=0.0,
+                          pin_stats={"block_seconds": 0.0}, sched_seconds=0.0,
                           sched_steps=1, engine_steps=1)
     assert steady_programs(result, 0.0) is None
     # arrivals 9..0 for p0..p9: the two earliest starters are p9, p8; the two latest p0, p1
@@ -54,7 +54,7 @@ def test_steady_programs_trims_both_ends_by_start_time() -> None:
     two = {k: programs[k] for k in ("p0", "p1")}
     with pytest.raises(ValueError, match="leaves none"):
         steady_programs(ReplayResult(programs=two, makespan=1.0, total_blocks=1,
-                                     pin_stats={"block_seconds": 0.0}, sched_cpu_seconds=0.0,
+                                     pin_stats={"block_seconds": 0.0}, sched_seconds=0.0,
                                      sched_steps=1, engine_steps=1), 0.6)
 
 

@@ -13,8 +13,10 @@ import pytest
 from vllm_driver import Driver, make_scheduler
 
 from server.events import EventSender, read_status
+from server.policies.base import UNPIN_REASONS
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
 from server.settings import ServeOptionsError
+from sim.loop import pin_counters
 
 pytestmark = pytest.mark.engine
 BLOCK = 16
@@ -36,7 +38,7 @@ def continuum_driver(monkeypatch, t_wait_s: float = 5.0, name: str = "continuum"
                      **kw) -> Driver:
     """A driver whose policy believes queueing costs `t_wait_s` per evicted turn, and whose
     tool "ls" always takes 0.5 s: the utility model then pins for exactly 0.5 s."""
-    scheduler = make_scheduler(name, monkeypatch=monkeypatch, **kw)
+    scheduler = make_scheduler(name, **kw)
     policy_cls: type[ContinuumPolicy] = type(scheduler.agent_policy)  # type: ignore[assignment]
     policy = policy_cls(cost_model=scheduler.agent_policy.cost_model, t_wait_default_s=t_wait_s)
     for _ in range(MIN_SAMPLES):
@@ -154,6 +156,19 @@ def test_memory_pressure_releases_latest_program_pin(monkeypatch):
     assert set(d.scheduler.pins) == {"A", "C"} or set(d.scheduler.pins) == {"A"}
 
 
+def test_every_unpin_reason_is_counted_and_summed_by_the_benchmark(monkeypatch):
+    """The reasons are written once (`UnpinReason`); each is a `PinStats` counter that the
+    virtual-time loop sums over replicas: giving pins up for any reason counts it there."""
+    from server.scheduler import PinStats  # vLLM: start-up cost, not at collection
+    assert set(UNPIN_REASONS) <= set(PinStats().counts()) <= set(pin_counters())
+    d = continuum_driver(monkeypatch)
+    for reason in UNPIN_REASONS:
+        first_turn(d, f"P-{reason}", n=40, seed=len(reason))
+        assert f"P-{reason}" in d.scheduler.pins
+        d.scheduler.release_all_pins(reason)
+        assert getattr(d.scheduler.pin_stats, reason) >= 1 and not d.scheduler.pins
+
+
 def test_pinned_program_goes_before_older_unpinned_program(monkeypatch):
     d = continuum_driver(monkeypatch, max_num_seqs=1)
     d.submit("OLD-0", prompt(9, 30), "OLD", max_tokens=2)  # program OLD arrived first...
@@ -174,7 +189,7 @@ def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, polic
         d = continuum_driver(monkeypatch, t_wait_s=2.0, name=policy, num_blocks=96,
                              max_num_seqs=8)
     else:
-        d = Driver(make_scheduler(policy, monkeypatch=monkeypatch, num_blocks=96,
+        d = Driver(make_scheduler(policy, num_blocks=96,
                                   max_num_seqs=8))
     programs = {f"P{i}": {"turns": rng.randint(1, 5), "done": 0, "ctx": prompt(100 + i,
                 rng.randint(20, 300)), "ready_at": rng.uniform(0, 2), "inflight": None}
@@ -214,7 +229,7 @@ def pressure_run(monkeypatch, name: str) -> Driver:
 
     24 blocks, 23 usable: A's pin 7 (103 tokens), B and C 3 each (48 tokens) -> 10 free < 13
     for D."""
-    scheduler = make_scheduler(name, monkeypatch=monkeypatch, num_blocks=24)
+    scheduler = make_scheduler(name, num_blocks=24)
     policy = type(scheduler.agent_policy)(cost_model=scheduler.agent_policy.cost_model,
                                           t_wait_default_s=50.0)
     for _ in range(MIN_SAMPLES):
@@ -260,8 +275,8 @@ def test_continuum_code_preempts_the_latest_program_and_keeps_the_pin(monkeypatc
 def test_a_profile_that_does_not_load_stops_the_scheduler_naming_it(monkeypatch, tmp_path):
     """Not a scheduler whose policy quietly runs without its cost model."""
     with pytest.raises(ServeOptionsError, match=r"profile 'h100-llama-3\.1-8x' .*unknown"):
-        make_scheduler("continuum", profile="h100-llama-3.1-8x", monkeypatch=monkeypatch)
+        make_scheduler("continuum", profile="h100-llama-3.1-8x")
     table = tmp_path / "measured.json"
     table.write_text("{")
     with pytest.raises(ServeOptionsError, match=r"measured\.json.*not valid JSON"):
-        make_scheduler("augserve", profile=str(table), monkeypatch=monkeypatch)
+        make_scheduler("augserve", profile=str(table))

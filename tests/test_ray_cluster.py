@@ -30,7 +30,7 @@ from cluster_helpers import nixl_bytes, pd_turn
 from subprocess_helpers import finish
 
 from cluster.router_state import engine_gauges
-from harness.server_process import free_port
+from common.processes import free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

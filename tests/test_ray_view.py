@@ -25,7 +25,7 @@ import pytest
 from cluster import ray_router
 from cluster.ray_replica import reap_predecessor
 from cluster.ray_router import EngineTransport, ReplicaView, ServeTransport
-from cluster.router_state import ClusterState, ReplicaEndpoint
+from cluster.router_state import ClusterState, DownReason, ReplicaEndpoint
 from cluster.routing import SessionRouter
 
 
@@ -56,10 +56,12 @@ def test_serve_reports_make_replicas_alive_dead_and_restarted():
     assert not state.replicas[home].alive
     # no Ray here, so its node is not alive either: the message names the node
     assert f"its Ray node {node} is gone" in state.replicas[home].last_error
+    assert state.replicas[home].down_reason is DownReason.NODE_GONE
     assert state.route("p", 1).decode == other and state.counters["rebinds"] == 1
     view.update([running(home, "c", "node-3"), running(other, "b" if other == "c1" else "a",
                                                       "node-2")])
     assert state.replicas[home].alive and state.replicas[home].last_error is None
+    assert state.replicas[home].down_reason is None
     assert state.replicas[home].to_json()["restarts"] == 1
     assert state.replicas[home].to_json()["node"] == "node-3"
 
@@ -72,8 +74,10 @@ def test_a_lost_node_is_named_after_a_failed_call_marked_its_replica_dead():
     view.attach(state)
     view.update([running("c0", "a", "node-1")])
     state.replicas["c0"].mark_dead("replica c0's Ray actor died (ActorUnavailableError)")
+    assert state.replicas["c0"].down_reason is DownReason.NOT_ANSWERING
     view.update([])
     assert "its Ray node node-1 is gone" in state.replicas["c0"].last_error
+    assert state.replicas["c0"].to_json()["down_reason"] == "node_gone"
     assert "node-1" in state.down()
 
 
@@ -89,11 +93,13 @@ def test_a_replica_dropped_before_its_node_was_declared_dead_is_relabelled(monke
     view.update([running("c0", "a", "node-1")])
     view.update([])
     assert "Ray is restarting it" in state.replicas["c0"].last_error
+    assert state.replicas["c0"].down_reason is DownReason.RESTARTING
     alive["node-1"] = False  # the GCS declares the node dead
     deadline = time.monotonic() + 10
-    while "its Ray node node-1 is gone" not in state.replicas["c0"].last_error:
+    while state.replicas["c0"].down_reason is not DownReason.NODE_GONE:
         assert time.monotonic() < deadline, state.replicas["c0"].last_error
         time.sleep(0.05)
+    assert "its Ray node node-1 is gone" in state.replicas["c0"].last_error
 
 
 def test_the_transport_refuses_a_replica_that_is_not_running():

@@ -85,7 +85,7 @@ def test_autellix_demotes_a_running_program_when_it_crosses_a_boundary():
 
 @pytest.mark.engine
 def test_autellix_in_the_scheduler_reorders_the_running_batch(monkeypatch):
-    d = Driver(make_scheduler("autellix", monkeypatch=monkeypatch, num_blocks=64))
+    d = Driver(make_scheduler("autellix", num_blocks=64))
     d.submit("A-0", list(range(8, 40)), "A", max_tokens=100)
     d.step()
     d.submit("B-0", list(range(100, 132)), "B", max_tokens=100)
@@ -98,7 +98,7 @@ def test_autellix_in_the_scheduler_reorders_the_running_batch(monkeypatch):
 
 @pytest.mark.engine
 def test_preserve_in_the_scheduler_hands_off_and_releases_under_pressure(monkeypatch):
-    d = Driver(make_scheduler("preserve", monkeypatch=monkeypatch, num_blocks=24))
+    d = Driver(make_scheduler("preserve", num_blocks=24))
     prompt_a = list(range(8, 108))
     d.submit("A-0", prompt_a, "A", max_tokens=4)
     d.run_until_finished("A-0")

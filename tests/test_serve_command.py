@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from server.launch import EXECUTOR, SCHEDULER, ServeError, build_command, has_cuda
+from server.settings import ServeSettings
+
+
+def settings_of(argv: list[str]) -> ServeSettings:
+    """What the engine reads back from the `vllm serve` command (its `additional_config`)."""
+    config = json.loads(argv[argv.index("--additional-config") + 1])
+    return ServeSettings.from_vllm_config(SimpleNamespace(additional_config=config))
 
 
 def test_emulated_command_uses_our_scheduler_executor_and_events():
@@ -18,8 +27,9 @@ def test_emulated_command_uses_our_scheduler_executor_and_events():
     assert argv[argv.index("--block-size") + 1] == "16"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"  # loopback unless asked
     assert command.served_model_name == "llama-3.1-8b"
-    assert command.env["HARNESS_POLICY"] == "continuum"
-    assert command.env["HARNESS_PROFILE"] == "h200-llama-3.1-8b"
+    settings = settings_of(argv)
+    assert settings.policy == "continuum" and settings.profile == "h200-llama-3.1-8b"
+    assert settings.events and "HARNESS_POLICY" not in command.env
     assert command.env["VLLM_PLUGINS"] == "harness_agent_events"
     assert command.env["HARNESS_EVENTS_IPC"].startswith("ipc://")
 
@@ -49,15 +59,45 @@ def test_cli_prints_the_error_without_a_traceback():
     assert "unknown policy 'fifo'" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_ttft_slo_travels_in_the_environment():
-    from server.settings import ServeSettings
-
+def test_the_ttft_slo_travels_in_the_engines_config():
     command = build_command(policy="ampd", profile="h100-llama-3.1-8b", ttft_slo_s=1.5)
-    assert command.env["HARNESS_TTFT_SLO_S"] == "1.5"
-    assert ServeSettings(ttft_slo_s=1.5).to_env()["HARNESS_TTFT_SLO_S"] == "1.5"
-    assert build_command(policy="ampd").env["HARNESS_TTFT_SLO_S"] == "1.0"
+    assert settings_of(command.argv).ttft_slo_s == 1.5
+    assert settings_of(build_command(policy="ampd").argv).ttft_slo_s == 1.0
     with pytest.raises(ServeError, match="--ttft-slo"):
         build_command(policy="ampd", ttft_slo_s=0.0)
+
+
+def test_an_additional_config_of_the_user_is_merged_with_the_settings():
+    argv = build_command(policy="vllm", extra=["--additional-config", '{"x": 1}',
+                                               "--max-num-seqs", "8"]).argv
+    assert argv.count("--additional-config") == 1 and argv[-2:] == ["--max-num-seqs", "8"]
+    assert json.loads(argv[argv.index("--additional-config") + 1])["x"] == 1
+    assert settings_of(argv).policy == "vllm"
+    with pytest.raises(ServeError, match="JSON object"):
+        build_command(extra=["--additional-config=[1]"])
+
+
+def test_a_config_without_settings_falls_back_to_the_environment(monkeypatch):
+    """A `vllm serve --scheduler-cls server.scheduler.PolicyScheduler` started by hand."""
+    monkeypatch.setenv("HARNESS_POLICY", "preserve")
+    assert ServeSettings.from_vllm_config(SimpleNamespace(additional_config={})).policy \
+        == "preserve"
+    with pytest.raises(ValueError, match="expected an object"):
+        ServeSettings.from_vllm_config(SimpleNamespace(additional_config={"harness": {"p": 1}}))
+
+
+def test_vllms_own_parser_carries_the_settings(monkeypatch):
+    """The JSON goes through `vllm serve`'s argument parser unchanged (vLLM 0.32)."""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # its defaults ask for a platform
+    from vllm.engine.arg_utils import EngineArgs  # vLLM: start-up cost (~3 s)
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = build_command(policy="ampd", ttft_slo_s=2.5).argv
+    at = argv.index("--additional-config")
+    parsed = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv[at:at + 2])
+    settings = ServeSettings.from_vllm_config(SimpleNamespace(
+        additional_config=parsed.additional_config))
+    assert (settings.policy, settings.ttft_slo_s) == ("ampd", 2.5)
 
 
 def test_yield_cores_to_engine_lowers_the_servers_priority(tmp_path):

@@ -91,6 +91,8 @@ def test_pins_show_in_the_servers_metrics(continuum_server):
 def test_without_retention_pressure_evicts_the_context(vllm_small_cache_server):
     r1, r2 = two_turns(vllm_small_cache_server, "prog-v", filler=6)
     assert r1.usage.prompt_tokens > 300
+    # evicted: the policy `vllm` reached the engine-core process in vLLM's config
+    # (`--additional-config`); the default an engine without settings takes (continuum) pins
     assert cached(r2) < r1.usage.prompt_tokens // 2
 
 

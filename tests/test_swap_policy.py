@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import closing
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is imported (no GPU here)
@@ -23,7 +24,7 @@ from server.launch import ServeError, build_command
 from server.perf.registry import load_profile
 from server.policies import RequestView, make_policy  # noqa: E402
 from server.policies.swap import SwapPolicy  # noqa: E402
-from server.settings import DEFAULT_OFFLOAD_GIB
+from server.settings import DEFAULT_OFFLOAD_GIB, ServeSettings
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
@@ -286,10 +287,14 @@ def test_serve_turns_offloading_on_for_policies_that_need_it():
 
 
 def test_serve_passes_the_offload_copy_model_to_the_engine():
-    env = build_command(policy="swap", profile=PROFILE).env
-    assert env["HARNESS_OFFLOAD_COPY_MODEL"] == "peak80"
-    env = build_command(policy="swap", profile=PROFILE, offload_copy_model="sourced").env
-    assert env["HARNESS_OFFLOAD_COPY_MODEL"] == "sourced"
+    def copy_model(argv: list[str]) -> str:
+        config = json.loads(argv[argv.index("--additional-config") + 1])
+        return ServeSettings.from_vllm_config(SimpleNamespace(
+            additional_config=config)).offload_copy_model
+
+    assert copy_model(build_command(policy="swap", profile=PROFILE).argv) == "peak80"
+    assert copy_model(build_command(policy="swap", profile=PROFILE,
+                                    offload_copy_model="sourced").argv) == "sourced"
     with pytest.raises(ServeError, match="unknown offload copy model 'fast'"):
         build_command(policy="swap", profile=PROFILE, offload_copy_model="fast")
     with pytest.raises(ServeError, match="PCIe Gen5"):

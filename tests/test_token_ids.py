@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.agent import Agent, Replay, ToolBox
-from harness.benchmarks.base import Benchmark, Task, finish
+from harness.benchmarks.base import Benchmark, RunContext, Task, finish
 from harness.events_client import EventClient
 from harness.model_client import ChatClient
 from harness.run import build_summary, run_task
@@ -60,14 +60,14 @@ class RewritingBench(Benchmark):
     def messages(self, task):
         return self.first
 
-    async def toolbox(self, task, program_id):
+    async def toolbox(self, task, program_id, run):
         async def edit(argument: str) -> Observation:
             self.first[0]["content"] = self.first[0]["content"].replace("apples", "pears")
             return Observation("edited")
 
         return ToolBox({"edit": edit, "finish": finish})
 
-    def score(self, task, trajectory):
+    def score(self, task, trajectory, run):
         return {"passed": trajectory.status == "submitted"}
 
 
@@ -81,12 +81,13 @@ def test_a_rewritten_history_is_reported_at_its_first_token(server, tmp_path):
         client = ChatClient(server.base_url, MODEL, token_ids=True)
         async with EventClient(server.base_url) as events:
             agent = Agent(client, events, ToolDurationModel(), tmp_path / "trajectories")
-            result = await run_task(bench, Task("t1", {}), agent, replay, tmp_path, "rtest")
+            result = await run_task(bench, Task("t1", {}), agent, replay,
+                                    RunContext(out_dir=tmp_path, run_id="rtest"))
         await client.aclose()
         return result
 
     result = asyncio.run(go())
-    assert result["token_id_turns"] == 2 and result["prefix_broken_turns"] == 1
+    assert result.token_id_turns == 2 and result.prefix_broken_turns == 1
     data = json.loads((tmp_path / "trajectories" / "t1.traj.json").read_text())
     first, second = data["steps"]
     assert second["prefix"] == "broken" and second["prompt_token_ids"] is not None

@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from server.clock import VirtualClock, use_clock  # noqa: E402
+from server.settings import ServeSettings  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -37,7 +38,9 @@ EOS = 4
 
 def make_scheduler(policy: str, num_blocks: int = 64, max_num_seqs: int = 16,
                    max_batched_tokens: int = 512, profile: str = "h100-llama-3.1-8b",
-                   monkeypatch: Any = None) -> PolicyScheduler:
+                   additional_config: dict[str, Any] | None = None) -> PolicyScheduler:
+    """A `PolicyScheduler` on a small vLLM config; its settings travel in the config, as an
+    engine's do (`additional_config`: as given, else policy and profile's)."""
     # vLLM and torch: start-up cost
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -48,12 +51,6 @@ def make_scheduler(policy: str, num_blocks: int = 64, max_num_seqs: int = 16,
 
     from server.scheduler import PolicyScheduler
 
-    env = {"HARNESS_POLICY": policy, "HARNESS_PROFILE": profile}
-    for key, value in env.items():
-        if monkeypatch is not None:
-            monkeypatch.setenv(key, value)
-        else:
-            os.environ[key] = value
     model_config = ModelConfig(model=str(MODEL_DIR), tokenizer=str(TOKENIZER_DIR),
                                max_model_len=4096, seed=0, dtype="bfloat16",
                                skip_tokenizer_init=True)
@@ -64,8 +61,10 @@ def make_scheduler(policy: str, num_blocks: int = 64, max_num_seqs: int = 16,
     cache_config = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9,
                                enable_prefix_caching=True)
     cache_config.num_gpu_blocks = num_blocks
+    if additional_config is None:
+        additional_config = ServeSettings(policy, profile).to_additional_config()
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
-                             cache_config=cache_config)
+                             cache_config=cache_config, additional_config=additional_config)
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128,
                              dtype=torch.bfloat16)
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],

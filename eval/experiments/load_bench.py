@@ -32,9 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
+from common.processes import free_port
 from eval import ExperimentError
 from harness.agent import Agent, Limits
-from harness.benchmarks import BENCHMARKS, Benchmark, BenchmarkError, Task, get_benchmark
+from harness.benchmarks import (
+    BENCHMARKS,
+    Benchmark,
+    BenchmarkError,
+    RunContext,
+    Task,
+    get_benchmark,
+)
 from harness.events_client import EventClient
 from harness.model_client import ChatClient, api_root
 from harness.run import (
@@ -44,7 +52,8 @@ from harness.run import (
     run_task,
     server_events_received,
 )
-from harness.server_process import ServerProcess, free_port
+from harness.server_process import ServerProcess
+from harness.task_result import TaskResult
 from harness.tools.labels import RUN_LABEL
 from predictor.durations import ToolDurationModel
 
@@ -140,8 +149,9 @@ class WikiStub:
 
 
 def plan(counts: dict[str, int], out: Path, run_id: str) -> list[tuple[Benchmark, Task, Any,
-                                                                        Path, str]]:
-    """(benchmark copy, task, replay, out folder, program-id prefix) per program."""
+                                                                        RunContext, str]]:
+    """(benchmark copy, task, replay, the copy's run: its out folder, program-id prefix)
+    per program."""
     jobs = []
     for name, count in counts.items():
         if count == 0:
@@ -157,30 +167,30 @@ def plan(counts: dict[str, int], out: Path, run_id: str) -> list[tuple[Benchmark
             if k not in copies:  # a fresh benchmark per copy, with its tasks loaded
                 bench = copies[k] = get_benchmark(name)
                 bench.load_tasks()
-                bench.out_dir = out / name / f"c{k}"
-                bench.run_id = run_id
-            jobs.append((copies[k], task, replays[task.id], out / name / f"c{k}",
+            jobs.append((copies[k], task, replays[task.id],
+                         RunContext(out_dir=out / name / f"c{k}", run_id=run_id),
                          f"{run_id}-{name}-c{k}"))
     return jobs
 
 
-async def run_load(jobs: list[tuple[Benchmark, Task, Any, Path, str]], base_url: str,
+async def run_load(jobs: list[tuple[Benchmark, Task, Any, RunContext, str]], base_url: str,
                    concurrency: int, log: Any) -> dict[str, Any]:
     client = ChatClient(base_url, EMULATED_MODEL, token_ids=True)
     semaphore = asyncio.Semaphore(concurrency)
     durations = ToolDurationModel()
-    results: list[dict[str, Any]] = []
+    results: list[TaskResult] = []
     crashes: list[str] = []
     async with EventClient(base_url) as events:
-        agents = {folder: Agent(client, events, durations, folder / "trajectories", Limits())
-                  for _, _, _, folder, _ in jobs}
+        agents = {run.out_dir: Agent(client, events, durations, run.out_dir / "trajectories",
+                                     Limits())
+                  for _, _, _, run, _ in jobs if run.out_dir is not None}
 
-        async def one(bench: Benchmark, task: Task, replay: Any, folder: Path,
+        async def one(bench: Benchmark, task: Task, replay: Any, run: RunContext,
                       prefix: str) -> None:
             async with semaphore:
                 try:
-                    results.append(await run_task(bench, task, agents[folder], replay, folder,
-                                                  prefix))
+                    results.append(await run_task(bench, task, agents[run.out_dir], replay,
+                                                  run, prefix))
                 except Exception as exc:  # noqa: BLE001 - counted as an error, the rest go on
                     crashes.append(f"{prefix}-{task.id}: {type(exc).__name__}: {exc}")
 
@@ -255,14 +265,14 @@ def run_load_bench(options: LoadOptions) -> int:
         wall_s = time.monotonic() - started
         received = server_events_received(base_url)
     results = done["results"]
-    statuses = Counter(r["status"] for r in results)
-    errors = [f"{r['program_id']}: {r['status']}: {r.get('error', '')}" for r in results
-              if r["status"] not in CLEAN] + done["crashes"]
+    statuses = Counter(r.status for r in results)
+    errors = [f"{r.program_id}: {r.status}: {r.error or ''}" for r in results
+              if r.status not in CLEAN] + done["crashes"]
     left = containers_left(run_id) if counts.get("swe-bench") else 0
     figures = {
         "programs": len(jobs), "by_benchmark": counts, "concurrency": concurrency,
         "statuses": dict(statuses), "errors": len(errors), "error_examples": errors[:10],
-        "passed": sum(bool(r.get("passed")) for r in results),
+        "passed": sum(r.passed for r in results),
         "events_sent": done["sent"], "events_dropped": done["dropped"],
         "events_received_by_server": received, "containers_left": left, "wikipedia": wiki,
         "peak_rss_mib": round(peak_rss_mib(), 1), "wall_s": round(wall_s, 1),

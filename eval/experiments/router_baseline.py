@@ -56,17 +56,15 @@ What vllm-router 0.1.17 does with our traffic (read in its packaged help, the up
 * The body passes through byte for byte: ``session_id``, ``vllm_xargs``, ``cache_salt``,
   ``priority``, ``request_id``, token-id ``prompt`` lists and ``stream_options`` all arrive.
 
-TODO: add our own router (`cluster.router_app`, strategies ``session`` and ``round_robin``)
-as more rows on the same replicas once that module exists and serves.
+Our own router (`cluster.router_app`) as more rows on the same replicas, beside vllm-router:
+`harness eval served-comparison` (`eval.experiments.served_comparison`).
 
     harness eval router-baseline --trace swe --programs 6 --jps 1 --seed 3 --time-scale 0.2
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
+from common.processes import sigterm_unwinds
 from common.trace import Trace
 from eval import ExperimentError
 from eval.bench.traces import make_trace
@@ -85,6 +84,7 @@ from eval.replay.routers import (
     jsonable,
     run_front,
     start_replicas,
+    vllm_router_missing,
 )
 from harness.server_process import ServerProcess
 
@@ -188,9 +188,9 @@ def run_router_baseline(options: RouterBaselineOptions) -> int:
     `summary.json` written; the exit status (0; 1 when the router, a replica or the replay
     failed; 130 when interrupted). What cannot start as asked raises
     `RouterBaselineInputError` before any replica starts."""
-    if importlib.util.find_spec("vllm_router") is None:
-        raise RouterBaselineInputError("the `vllm-router` package is not installed; run "
-                                       "`.venv/bin/pip install vllm-router==0.1.17`")
+    missing = vllm_router_missing()
+    if missing:
+        raise RouterBaselineInputError(missing)
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale
@@ -198,31 +198,29 @@ def run_router_baseline(options: RouterBaselineOptions) -> int:
         raise RouterBaselineInputError(str(exc)) from None
 
     out = Path(options.out)
-    # SIGTERM must unwind through the `finally` below, or the replicas outlive us
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     replicas: list[ServerProcess] = []
     results: list[ModeResult] = []
-    try:
-        print(f"starting {options.replicas} replicas ({options.policy}, {options.profile}, "
-              f"{options.num_gpu_blocks} blocks each) ...", flush=True)
-        replicas = start_replicas(options.replicas, options.policy, options.profile,
-                                  options.num_gpu_blocks, out)
-        for repeat in range(options.repeats):
-            for name in options.modes:
-                print(f"{name}: {MODES[name].about} ...", flush=True)
-                result = run_mode(MODES[name], trace, replicas, out, options.time_scale)
-                result.repeat = repeat
-                results.append(result)
-    except (RouterError, HttpReplayError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; replicas and router stopped", file=sys.stderr)
-        return 130
-    finally:
-        for r in replicas:
-            r.stop()
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_unwinds():  # SIGTERM unwinds through `finally`: no server outlives us
+        try:
+            print(f"starting {options.replicas} replicas ({options.policy}, {options.profile}, "
+                  f"{options.num_gpu_blocks} blocks each) ...", flush=True)
+            replicas = start_replicas(options.replicas, options.policy, options.profile,
+                                      options.num_gpu_blocks, out)
+            for repeat in range(options.repeats):
+                for name in options.modes:
+                    print(f"{name}: {MODES[name].about} ...", flush=True)
+                    result = run_mode(MODES[name], trace, replicas, out, options.time_scale)
+                    result.repeat = repeat
+                    results.append(result)
+        except (RouterError, HttpReplayError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("interrupted; replicas and router stopped", file=sys.stderr)
+            return 130
+        finally:
+            for r in replicas:
+                r.stop()
     summary = {"trace": trace.name, "programs": len(trace.programs), "jps": options.jps,
                "seed": options.seed, "time_scale": options.time_scale, "policy": options.policy,
                "profile": options.profile, "num_gpu_blocks": options.num_gpu_blocks,
@@ -237,6 +235,3 @@ def run_router_baseline(options: RouterBaselineOptions) -> int:
     print(f"\nsummary and logs in {out}/")
     return 0
 
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

@@ -1,13 +1,14 @@
-"""The scheduler's CPU time per step, per policy, at large batches.
+"""The scheduler's time per step, per policy, at large batches.
 
 The policies add work to vLLM's `schedule()` (sorting the queue, asking about pins, a token
 budget); this measures how much, in the same in-process engine the benchmark uses. A burst of
 agent programs (short prompts, long answers, sub-second tool calls) keeps 128 or more turns
 running; only steps that start with at least `--min-running` running requests count. The
-figure is `PolicyScheduler.sched_cpu_seconds` (process CPU time inside `schedule()`, vLLM's own
-work included), divided by those steps, and its ratio to `vllm`'s and to `vllm+offload`'s (stock
-vLLM with KV offloading on: the baseline for the policies that turn offloading on, whose
-connector's scheduler side also runs inside `schedule()`).
+figure is `PolicyScheduler.sched_seconds` (wall time inside `schedule()`, vLLM's own work
+included; `schedule()` runs on one thread, so on a quiet machine that is its CPU time),
+divided by those steps, and its ratio to `vllm`'s and to `vllm+offload`'s (stock vLLM with KV
+offloading on: the baseline for the policies that turn offloading on, whose connector's
+scheduler side also runs inside `schedule()`).
 
     harness eval sched-overhead [--programs 320] [--min-running 128] [--repeat 2]
 
@@ -93,10 +94,10 @@ class _Counting:
         scheduler = self.engine.scheduler
         running = len(scheduler.running)
         self.max_running = max(self.max_running, running)
-        before = scheduler.sched_cpu_seconds
+        before = scheduler.sched_seconds
         done = self.engine.step()
         if running >= self.min_running:
-            self.cpu += scheduler.sched_cpu_seconds - before
+            self.cpu += scheduler.sched_seconds - before
             self.steps += 1
         return done
 

@@ -36,10 +36,8 @@ went to more than one replica).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_json_atomic
+from common.processes import free_port, sigterm_unwinds
 from eval import ExperimentError
 from eval.bench.traces import make_trace
 from eval.replay.http_replay import HttpReplayError, scale_trace
@@ -65,8 +64,9 @@ from eval.replay.routers import (
     jsonable,
     run_front,
     start_replicas,
+    vllm_router_missing,
 )
-from harness.server_process import ServerProcess, free_port
+from harness.server_process import ServerProcess
 from server.perf.registry import load_profile
 from server.policies import policy_class
 
@@ -291,9 +291,9 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     `summary.json`. The exit status: 0; 1 when a router, a replica or the replay failed; 130
     when interrupted. What cannot start as asked raises `ServedComparisonInputError` first."""
     systems = parse_systems(options.systems)
-    if any(not s.ours for s in systems) and importlib.util.find_spec("vllm_router") is None:
-        raise ServedComparisonInputError("the `vllm-router` package is not installed; run "
-                                         "`.venv/bin/pip install vllm-router==0.1.17`")
+    missing = vllm_router_missing() if any(not s.ours for s in systems) else None
+    if missing:
+        raise ServedComparisonInputError(missing)
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale
@@ -303,40 +303,39 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     capacity = options.num_gpu_blocks * BLOCK_SIZE
 
     out = Path(options.out)
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # unwind through `finally`
     results: list[ModeResult] = []
     replicas: list[ServerProcess] = []
-    try:
-        for policy, group in by_policy(systems):
-            print(f"starting {options.replicas} replicas ({policy}, {options.profile}, "
-                  f"{options.num_gpu_blocks} blocks each) ...", flush=True)
-            # a busy machine takes minutes to start several vLLM servers side by side
-            replicas = start_replicas(options.replicas, policy, options.profile,
-                                      options.num_gpu_blocks, out / policy,
-                                      startup_timeout_s=600.0)
-            workers = [r.base_url for r in replicas]
-            for repeat in range(options.repeats):
-                for system in group:
-                    print(f"{system.name}: {system.about} ...", flush=True)
-                    front = front_for(system, workers, out, calibration, capacity,
-                                      options.vr_stats_window)
-                    result = run_front(system.name, system.about, front, trace, replicas,
-                                       options.time_scale, agentic_context=True)
-                    result.repeat = repeat
-                    results.append(result)
+    with sigterm_unwinds():  # SIGTERM unwinds through `finally`: no server outlives us
+        try:
+            for policy, group in by_policy(systems):
+                print(f"starting {options.replicas} replicas ({policy}, {options.profile}, "
+                      f"{options.num_gpu_blocks} blocks each) ...", flush=True)
+                # a busy machine takes minutes to start several vLLM servers side by side
+                replicas = start_replicas(options.replicas, policy, options.profile,
+                                          options.num_gpu_blocks, out / policy,
+                                          startup_timeout_s=600.0)
+                workers = [r.base_url for r in replicas]
+                for repeat in range(options.repeats):
+                    for system in group:
+                        print(f"{system.name}: {system.about} ...", flush=True)
+                        front = front_for(system, workers, out, calibration, capacity,
+                                          options.vr_stats_window)
+                        result = run_front(system.name, system.about, front, trace, replicas,
+                                           options.time_scale, agentic_context=True)
+                        result.repeat = repeat
+                        results.append(result)
+                for r in replicas:
+                    r.stop()
+                replicas = []
+        except (RouterError, HttpReplayError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("interrupted; replicas and routers stopped", file=sys.stderr)
+            return 130
+        finally:
             for r in replicas:
                 r.stop()
-            replicas = []
-    except (RouterError, HttpReplayError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; replicas and routers stopped", file=sys.stderr)
-        return 130
-    finally:
-        for r in replicas:
-            r.stop()
-        signal.signal(signal.SIGTERM, previous)
 
     policies = {s.name: s.policy for s in systems}
     means = aggregate(results)
@@ -361,9 +360,6 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     print(f"summary and logs in {out}/")
     return 0
 
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

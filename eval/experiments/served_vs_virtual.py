@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import httpx
 
 from cluster.config import ClusterConfigError, load_cluster
 from common.atomic import write_text_atomic
+from common.processes import stop_process_group
 from eval import ExperimentError
 from eval.bench.runs import BenchSpec, Workload
 from eval.bench.served import Served
@@ -114,14 +114,10 @@ def _wait(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM: the launcher stops its replicas; SIGKILL the group if it does not."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    """SIGTERM to the launcher alone: it stops its replicas; SIGKILL the group if it does
+    not."""
+    stop_process_group(process, grace_s=60, first=signal.SIGTERM, whole_group_first=False,
+                       reap_s=None)
 
 
 def ranking(rows: dict[str, dict[str, Any]], key: str, higher_better: bool,

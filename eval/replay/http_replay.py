@@ -46,7 +46,7 @@ What is measured, and where it comes from (all times in seconds from the replay'
   `http_replay_metrics` reports it as ``preemptions``.
 * Pin statistics and scheduler CPU time live inside the engine process and have no endpoint:
   ``pin_stats`` holds only ``block_seconds = NaN`` (so ``pin_memory_share`` is NaN, ``pins``
-  empty) and ``sched_cpu_seconds`` is NaN. ``engine_steps`` / ``sched_steps`` are the engine
+  empty) and ``sched_seconds`` is NaN. ``engine_steps`` / ``sched_steps`` are the engine
   iterations counted on ``/metrics`` (``vllm:iteration_tokens_total_count``); ``total_blocks``
   is ``num_gpu_blocks`` from ``vllm:cache_config_info``.
 
@@ -470,7 +470,7 @@ class Driver:
             makespan=(max(finishes) - first_arrival) if finishes else 0.0,
             total_blocks=int(after.get("num_gpu_blocks", 0)),
             pin_stats={"block_seconds": math.nan},  # not exposed by the server
-            sched_cpu_seconds=math.nan,  # inside the engine process; not exposed
+            sched_seconds=math.nan,  # inside the engine process; not exposed
             sched_steps=steps,
             engine_steps=steps,
             url=url, model=self.model, time_scale=time_scale, run_id=self.run_id,

@@ -13,12 +13,9 @@ and logs around it: a `ModeResult`. The experiments that compare routers stand o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import math
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +28,7 @@ from typing import Any, cast
 
 import httpx
 
+from common.processes import free_port, stop_process_group
 from common.trace import Trace
 from eval.replay.http_replay import (
     SERVER_COUNTERS,
@@ -42,7 +40,7 @@ from eval.replay.http_replay import (
 )
 from eval.replay.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
-from harness.server_process import ServerProcess, ServerStartError, free_port
+from harness.server_process import ServerProcess, ServerStartError
 from server.max_model_len import served_max_model_len
 
 
@@ -52,6 +50,10 @@ class RouterError(RuntimeError):
 
 
 # -- vllm-router ---------------------------------------------------------------------------------
+#: the vllm-router release whose behaviour with our traffic was read and is relied on
+VLLM_ROUTER_REQUIREMENT = "vllm-router==0.1.17"
+
+
 def router_argv(policy: str, workers: Sequence[str], port: int, metrics_port: int,
                 extra: Sequence[str] = ()) -> list[str]:
     """The `vllm-router` command for ``policy`` in front of ``workers``, plus ``extra``
@@ -112,23 +114,23 @@ class RouterProcess:
                           f"{self._tail()}")
 
     def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGINT, 10.0), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            try:
-                process.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        if self.process is not None:
+            stop_process_group(self.process, grace_s=10.0)
 
     def __enter__(self) -> RouterProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def vllm_router_missing() -> str | None:
+    """What to do when the `vllm-router` package is not installed (None: it is), for each
+    caller to raise as its own error before anything starts."""
+    if importlib.util.find_spec("vllm_router") is not None:
+        return None
+    return ("the `vllm-router` package is not installed; run "
+            f"`.venv/bin/pip install {VLLM_ROUTER_REQUIREMENT}`")
 
 
 class VllmRouter(RouterProcess):
@@ -142,9 +144,9 @@ class VllmRouter(RouterProcess):
                          log_path, name="vllm-router", startup_timeout_s=startup_timeout_s)
 
     def start(self) -> RouterProcess:
-        if importlib.util.find_spec("vllm_router") is None:
-            raise RouterError("the `vllm-router` package is not installed; run "
-                              "`.venv/bin/pip install vllm-router==0.1.17`")
+        missing = vllm_router_missing()
+        if missing:
+            raise RouterError(missing)
         return super().start()
 
     def router_metrics(self) -> dict[str, float]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from common.actions import ActionSpec, react_format
 from harness.agent import ToolBox
-from harness.benchmarks.base import DATASETS, Benchmark, Task
+from harness.benchmarks.base import DATASETS, NO_RUN, Benchmark, RunContext, Task
 from harness.tools.alfworld import AlfWorldTool
 from harness.trajectory import Trajectory
 
@@ -41,12 +41,13 @@ class AlfWorld(Benchmark):
     def messages(self, task: Task) -> list[dict[str, Any]]:
         return self.prompt(self._intro.get(task.id, task.data["goal"]))
 
-    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
+    async def toolbox(self, task: Task, program_id: str, run: RunContext = NO_RUN) -> ToolBox:
         tool = AlfWorldTool(GAMES / task.data["game"])
         self._intro[task.id] = (await tool.start()).text
         return ToolBox({"alfworld": tool.run}, owned=[tool])
 
-    def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+    def score(self, task: Task, trajectory: Trajectory,
+              run: RunContext = NO_RUN) -> dict[str, Any]:
         # the tool ends the episode (done) only when the engine reports the game won
         won = trajectory.status == "submitted"
         self._intro.pop(task.id, None)

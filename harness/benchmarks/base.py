@@ -4,6 +4,7 @@ replay model, and scoring."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,27 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
                                             BenchmarkError)]
 
 
+def _quiet(message: str) -> None:
+    """No run output to write to (a task run outside `harness run`)."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The run a task is part of, handed to the benchmark with each task instead of written
+    onto it, so one benchmark object can serve several runs (`harness eval load` runs copies
+    of a task side by side) and nothing about a run outlives it."""
+
+    out_dir: Path | None = None  # the run's output folder (SWE-bench writes its reports there)
+    run_id: str | None = None  # the run's id: the label of its containers
+    model_name: str | None = None  # the served model the run talks to
+    #: a line for the run's output (`harness run` prints it above the progress bar)
+    log: Callable[[str], None] = _quiet
+
+
+#: a task outside any run (a test, a script): no folder, no id, no output
+NO_RUN = RunContext()
+
+
 async def finish(argument: str) -> Observation:
     """The `finish[answer]` action: ends the program with its answer."""
     return Observation(f"Episode finished with answer: {argument}", done=True, answer=argument)
@@ -50,18 +72,12 @@ class Benchmark:
     name = "benchmark"
     tasks_file: Path = DATASETS
     replay_dir: Path = DATASETS
-    out_dir: Path | None = None  # the run's output folder (`harness run` sets it)
-    run_id: str | None = None  # the run's id (`harness run` sets it)
-    model_name: str | None = None  # the served model the run talks to (`harness run` sets it)
     uses_docker = False  # its tools run in containers: a run first looks for leftovers
     system = ""  # the system prompt's instructions
     #: the format its model is asked for and its actions (None: any format, any name)
     action_format: ActionFormat | None = None
     exemplars_file: Path | None = None  # worked examples (`harness.benchmarks.exemplars`)
     use_exemplars = True  # `harness run --no-exemplars` leaves them out (zero-shot)
-
-    def log(self, message: str) -> None:
-        """A line for the run's output (`harness run` prints it above the progress bar)."""
 
     def load_tasks(self, path: Path | None = None) -> list[Task]:
         rows = load_jsonl(Path(path) if path else self.tasks_file)
@@ -85,10 +101,11 @@ class Benchmark:
     def messages(self, task: Task) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
+    async def toolbox(self, task: Task, program_id: str, run: RunContext = NO_RUN) -> ToolBox:
         raise NotImplementedError
 
-    def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+    def score(self, task: Task, trajectory: Trajectory,
+              run: RunContext = NO_RUN) -> dict[str, Any]:
         """At least `passed: bool`; more fields go into the per-task result. May be an
         `async def` (awaited by `harness run`)."""
         raise NotImplementedError

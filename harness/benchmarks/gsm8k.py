@@ -10,7 +10,7 @@ from typing import Any
 
 from common.actions import ActionSpec, react_format
 from harness.agent import ToolBox
-from harness.benchmarks.base import DATASETS, Benchmark, Task, finish
+from harness.benchmarks.base import DATASETS, NO_RUN, Benchmark, RunContext, Task, finish
 from harness.benchmarks.scoring import numeric_match
 from harness.tools.calculator import Calculator
 from harness.trajectory import Trajectory
@@ -38,10 +38,11 @@ class Gsm8k(Benchmark):
     def messages(self, task: Task) -> list[dict[str, Any]]:
         return self.prompt(f"Question: {task.data['question']}")
 
-    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
+    async def toolbox(self, task: Task, program_id: str, run: RunContext = NO_RUN) -> ToolBox:
         calculator = Calculator()
         return ToolBox({"calculator": calculator.run, "finish": finish}, owned=[calculator])
 
-    def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+    def score(self, task: Task, trajectory: Trajectory,
+              run: RunContext = NO_RUN) -> dict[str, Any]:
         return {"passed": numeric_match(trajectory.answer, task.data["answer"]),
                 "reference": task.data["answer"], "prediction": trajectory.answer}

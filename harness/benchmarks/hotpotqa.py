@@ -11,7 +11,7 @@ from typing import Any
 
 from common.actions import ActionSpec, react_format
 from harness.agent import ToolBox
-from harness.benchmarks.base import DATASETS, Benchmark, Task
+from harness.benchmarks.base import DATASETS, NO_RUN, Benchmark, RunContext, Task
 from harness.benchmarks.scoring import exact_match, f1_score
 from harness.tools.wikipedia import WikiBackend, WikipediaTool, make_backend
 from harness.trajectory import Trajectory
@@ -50,11 +50,12 @@ class HotpotQA(Benchmark):
     def messages(self, task: Task) -> list[dict[str, Any]]:
         return self.prompt(f"Question: {task.data['question']}")
 
-    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
+    async def toolbox(self, task: Task, program_id: str, run: RunContext = NO_RUN) -> ToolBox:
         tool = WikipediaTool(self.backend())
         return ToolBox(tool.actions(), owned=[tool])
 
-    def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+    def score(self, task: Task, trajectory: Trajectory,
+              run: RunContext = NO_RUN) -> dict[str, Any]:
         reference = task.data["answer"]
         return {"passed": exact_match(trajectory.answer, reference),
                 "f1": f1_score(trajectory.answer, reference), "reference": reference,

@@ -29,8 +29,10 @@ from harness.agent import ToolBox
 from harness.benchmarks import swebench_grading as grading
 from harness.benchmarks.base import (
     DATASETS,
+    NO_RUN,
     Benchmark,
     BenchmarkError,
+    RunContext,
     Task,
     TaskSetupError,
     load_jsonl,
@@ -136,24 +138,25 @@ class SweBench(Benchmark):
 
     # -- one program -------------------------------------------------------------
 
-    def labels(self, task: Task, program_id: str | None = None) -> dict[str, str]:
+    @staticmethod
+    def labels(task: Task, run: RunContext, program_id: str | None = None) -> dict[str, str]:
         """Labels of the task's containers and images: the run, the program, the task."""
-        found = {RUN_LABEL: self.run_id, PROGRAM_LABEL: program_id, TASK_LABEL: task.id}
+        found = {RUN_LABEL: run.run_id, PROGRAM_LABEL: program_id, TASK_LABEL: task.id}
         return {k: v for k, v in found.items() if v}
 
     def messages(self, task: Task) -> list[dict[str, Any]]:
         return self.prompt(INSTANCE.format(
             problem_statement=task.data["problem_statement"].strip(), submit=SUBMIT))
 
-    async def image(self, task: Task) -> str:
+    async def image(self, task: Task, run: RunContext) -> str:
         """The task's image (built, or reused when one of the same content exists); the run's
         output says which, once per image."""
         def progress(message: str) -> None:
             if task.id not in self._images_reported:
                 self._images_reported.add(task.id)
-                self.log(message)
+                run.log(message)
 
-        labels = self.labels(task)
+        labels = self.labels(task, run)
         # the engine going away is a SandboxError: the task may run again
         with engine_failures(f"the image of {task.id} was looked up or built"):
             try:
@@ -163,10 +166,10 @@ class SweBench(Benchmark):
             except (grading.TaskImageError, SandboxImageError) as exc:
                 raise TaskSetupError(str(exc)) from None
 
-    async def toolbox(self, task: Task, program_id: str) -> ToolBox:
-        image = await self.image(task)
+    async def toolbox(self, task: Task, program_id: str, run: RunContext = NO_RUN) -> ToolBox:
+        image = await self.image(task, run)
         tool = BashTool(program_id, image=image, timeout=self.command_timeout,
-                        labels=self.labels(task, program_id))
+                        labels=self.labels(task, run, program_id))
         base = task.data["base_commit"]
 
         async def bash(command: str) -> Observation:
@@ -194,24 +197,25 @@ class SweBench(Benchmark):
 
     # -- scoring -----------------------------------------------------------------
 
-    async def score(self, task: Task, trajectory: Trajectory) -> dict[str, Any]:
+    async def score(self, task: Task, trajectory: Trajectory,
+                    run: RunContext = NO_RUN) -> dict[str, Any]:
         patch = (trajectory.answer or "") if trajectory.status == "submitted" else ""
         # the engine failing under the grader is a SandboxError: no report, no verdict
         with engine_failures(f"the patch of {task.id} was graded"):
             try:
                 if trajectory.status != "submitted":
                     raise TaskSetupError(f"no patch submitted ({trajectory.status})")
-                image = await self.image(task)
+                image = await self.image(task, run)
                 report = await asyncio.to_thread(grading.grade, shared_client(), task.data,
                                                  patch, image, self.test_timeout,
-                                                 self.labels(task, trajectory.program_id))
+                                                 self.labels(task, run, trajectory.program_id))
             except TaskSetupError as exc:
                 report = {"instance_id": task.id, "resolved": False, "reason": str(exc),
                           "grader": grading.grader_name()}
-        if self.out_dir is not None:
-            grading.write_report(self.out_dir, report)
-            grading.append_prediction(self.out_dir / "predictions.jsonl", task.id, patch,
-                                      self.model_name or grading.MODEL_NAME)
+        if run.out_dir is not None:
+            grading.write_report(run.out_dir, report)
+            grading.append_prediction(run.out_dir / "predictions.jsonl", task.id, patch,
+                                      run.model_name or grading.MODEL_NAME)
         return {"passed": bool(report["resolved"]), "resolved": bool(report["resolved"]),
                 "reason": report.get("reason"), "patch_applied": report.get("patch_applied"),
                 "grader": report.get("grader"), "grade_s": report.get("grade_s")}

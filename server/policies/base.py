@@ -13,13 +13,16 @@ blocks); a policy only answers questions about views of requests and programs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
+#: what an agent tells the server (`server.events` accepts exactly these)
 EventKind = Literal["program_start", "tool_start", "tool_end", "program_end"]
-EVENT_KINDS: tuple[str, ...] = ("program_start", "tool_start", "tool_end", "program_end")
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 
+#: why a pin was given up; each is a counter of `server.scheduler.PinStats`
 UnpinReason = Literal["handoff", "expired", "program_end", "pressure", "reset", "shutdown",
                       "replaced"]
+UNPIN_REASONS: tuple[str, ...] = get_args(UnpinReason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,9 @@ Constants (module level, stated once here):
 * A finish without a tool hint uses the program's previous interception's tool as its guess
   (agents often repeat a tool) until a `tool_start` names the real one and the pin's deadline
   is recomputed as pinned_at + the new tau*.
-* `ENDED_MEMORY = 65536`: how many ended program ids are remembered, so that a late finish of
-  an ended program is not pinned.
+* `ENDED_MEMORY = 65536` (`server.policies.memory`, shared by the policies that remember):
+  how many ended program ids are remembered, so that a late finish of an ended program is not
+  pinned.
 
 Per-event cost: `queue_key`, `pin_expired` and `pin_victim` (per pin) are O(1) dictionary
 look-ups; a TTL is computed once per finish and per `tool_start` (O(samples), <= 1000).
@@ -74,13 +75,13 @@ look-ups; a TTL is computed once per finish and per `tool_start` (O(samples), <=
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from common.tool_keys import split_key
 from predictor.durations import DEFAULT_WINDOW, ToolDurationModel
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView, UnpinReason
+from server.policies.memory import RecentIds, SlidingMean
 
 T_WAIT_WINDOW = 64
 T_WAIT_DEFAULT_S = 0.0
@@ -92,7 +93,6 @@ HINT_SLACK = 0.2
 MIN_SAMPLES = 100
 DURATION_WINDOW = DEFAULT_WINDOW
 UNKNOWN_TOOL = "unknown"
-ENDED_MEMORY = 65536
 
 #: Where a TTL came from: the client's prediction, or a level of the cold-start chain.
 TTLSource = Literal["hint", "command", "tool", "global", "prior"]
@@ -147,26 +147,6 @@ def _same_call(hinted: str, named: str) -> bool:
     `bash:pytest`); `bash:ls` against `bash:pytest` is another call. For plain tool names this
     is plain equality."""
     return hinted == named or hinted == split_key(named)[0] or split_key(hinted)[0] == named
-
-
-class _SlidingMean:
-    __slots__ = ("_values", "_sum")
-
-    def __init__(self, window: int) -> None:
-        self._values: deque[float] = deque(maxlen=window)
-        self._sum = 0.0
-
-    def add(self, x: float) -> None:
-        if len(self._values) == self._values.maxlen:
-            self._sum -= self._values[0]
-        self._values.append(x)
-        self._sum += x
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def mean(self, default: float) -> float:
-        return self._sum / len(self._values) if self._values else default
 
 
 class _Memoryfulness:
@@ -249,13 +229,11 @@ class ContinuumPolicy(Policy):
         self.hint_slack = hint_slack
         self._reload_model: Any = cost_model if cost_model is not None else _ConstantReload()
         self._programs: dict[str, _Program] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()
-        self._t_wait = _SlidingMean(T_WAIT_WINDOW)
+        self._ended = RecentIds()
+        self._t_wait = SlidingMean(T_WAIT_WINDOW)
         self._eta = _Memoryfulness()
         self.pins_made = 0
-        self.decisions: dict[str, int] = dict.fromkeys(
-            ("hint", "command", "tool", "global", "prior"), 0
-        )
+        self.decisions: dict[str, int] = dict.fromkeys(get_args(TTLSource), 0)
 
     # -- estimates ---------------------------------------------------------------------
     def t_wait(self) -> float:
@@ -328,10 +306,7 @@ class ContinuumPolicy(Policy):
     def _end(self, program_id: str, st: _Program) -> None:
         self._record_length(st)
         st.ended = True
-        self._ended[program_id] = None
-        self._ended.move_to_end(program_id)
-        while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
+        self._ended.add(program_id)
         if st.pin is None:
             del self._programs[program_id]  # nothing left to decide about it
 
@@ -340,7 +315,7 @@ class ContinuumPolicy(Policy):
         pid = req.program_id
         if pid is None:
             return
-        self._ended.pop(pid, None)  # a reused id is a new program
+        self._ended.discard(pid)  # a reused id is a new program
         st = self._program(pid, min(now, req.arrival_time))
         st.turns = max(st.turns + 1, (req.hints.turn or 0) + 1)
         if st.finish_time is not None:
@@ -369,7 +344,7 @@ class ContinuumPolicy(Policy):
     def on_event(self, event: AgentEvent, now: float) -> None:
         pid = event.program_id
         if event.kind == "program_start":
-            self._ended.pop(pid, None)
+            self._ended.discard(pid)
             st = self._program(pid, now)
             st.arrival = min(st.arrival, now)
         elif event.kind == "tool_start":
@@ -405,7 +380,7 @@ class ContinuumPolicy(Policy):
             if st is not None:
                 self._end(pid, st)
             else:
-                self._ended[pid] = None
+                self._ended.add(pid)
 
     # -- retention ---------------------------------------------------------------------
     def on_finish(self, req: RequestView, now: float) -> bool:

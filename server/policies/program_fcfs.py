@@ -10,6 +10,7 @@ the program's last turn, so memory stays bounded on long runs.
 from __future__ import annotations
 
 from server.policies.base import AgentEvent, Policy, RequestView
+from server.policies.memory import RecentIds
 
 PREEMPTED, OTHER = 0, 1
 
@@ -20,7 +21,7 @@ class ProgramFCFSPolicy(Policy):
     def __init__(self, cost_model=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(cost_model)
         self.program_arrival: dict[str, float] = {}
-        self.ended: set[str] = set()
+        self.ended = RecentIds()
 
     def _seen(self, program_id: str | None, t: float) -> float:
         if program_id is None:
@@ -37,8 +38,6 @@ class ProgramFCFSPolicy(Policy):
         elif event.kind == "program_end":
             self.program_arrival.pop(event.program_id, None)
             self.ended.add(event.program_id)
-            if len(self.ended) > 65_536:
-                self.ended.clear()
 
     def program_rank(self, req: RequestView) -> float:
         if req.program_id is None:

@@ -40,17 +40,17 @@ table of E[N - k | N > k] is rebuilt, O(window + longest program), when a progra
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 
 from server.policies.base import AgentEvent, CostModel, RequestView
-from server.policies.continuum import ContinuumPolicy, _SlidingMean
+from server.policies.continuum import ContinuumPolicy
+from server.policies.memory import RecentIds, SlidingMean
 from server.policies.work import WorkModel
 
 LENGTH_WINDOW = 1000
 MIN_PROGRAMS = 10
 GROWTH_WINDOW = 1000
 OUTPUT_WINDOW = 1000
-_ENDED_MEMORY = 65536
 
 _PREEMPTED, _OTHER = 0.0, 1.0
 
@@ -102,19 +102,17 @@ class RemainingWorkPolicy(ContinuumPolicy):
         super().__init__(cost_model, **kwargs)
         self.work = WorkModel(cost_model)
         self.turns_left = RemainingTurns()
-        self._growth = _SlidingMean(GROWTH_WINDOW)
-        self._output = _SlidingMean(OUTPUT_WINDOW)
+        self._growth = SlidingMean(GROWTH_WINDOW)
+        self._output = SlidingMean(OUTPUT_WINDOW)
         self._last_prompt: dict[str, int] = {}  # program -> its latest turn's prompt
         self._turn_of: dict[str, int] = {}  # program -> its latest turn index
-        self._lengths_taken: OrderedDict[str, None] = OrderedDict()
+        self._lengths_taken = RecentIds()  # programs whose length was learnt
 
     # -- what is learnt --------------------------------------------------------------------
     def _program_ended(self, program_id: str, turns: int) -> None:
         if program_id in self._lengths_taken:
             return
-        self._lengths_taken[program_id] = None
-        while len(self._lengths_taken) > _ENDED_MEMORY:
-            self._lengths_taken.popitem(last=False)
+        self._lengths_taken.add(program_id)
         self.turns_left.add(turns)
         self._last_prompt.pop(program_id, None)
         self._turn_of.pop(program_id, None)
@@ -124,7 +122,7 @@ class RemainingWorkPolicy(ContinuumPolicy):
         pid = req.program_id
         if pid is None:
             return
-        self._lengths_taken.pop(pid, None)  # a reused id is a new program
+        self._lengths_taken.discard(pid)  # a reused id is a new program
         previous = self._last_prompt.get(pid)
         if previous is not None and req.prompt_tokens > previous:
             self._growth.add(req.prompt_tokens - previous)

@@ -1,0 +1,69 @@
+"""Stopping a server's process group: its leader is asked first, and whatever of the group
+outlives the grace period (an engine core that ignores Ctrl-C) is killed; SIGTERM inside
+`sigterm_unwinds` reaches the caller's `finally`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common.processes import free_port, sigterm_unwinds, stop_process_group
+
+# a leader that exits on Ctrl-C, and a child of its group that ignores it (and SIGTERM)
+LEADER = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child', flush=True); time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_the_whole_group_goes_including_a_child_that_ignores_ctrl_c():
+    leader = subprocess.Popen([sys.executable, "-c", LEADER], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    assert leader.stdout is not None
+    child = int(leader.stdout.readline())
+    assert leader.stdout.readline().strip() == "child" and alive(child)
+    started = time.monotonic()
+    code = stop_process_group(leader, grace_s=5)
+    assert code == -signal.SIGINT  # the leader took Ctrl-C at once
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child) and time.monotonic() - started < 5
+
+
+def test_sigterm_unwinds_through_finally_and_the_handler_comes_back():
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = []
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_unwinds():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            finally:
+                stopped.append(True)
+    assert stopped == [True] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_free_port_can_be_listened_on():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port()))
