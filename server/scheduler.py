@@ -76,6 +76,7 @@ class PinStats:
     shutdown: int = 0
     prefetched: int = 0  # prefetch requests made
     prefetch_dropped: int = 0  # of those, dropped unrun: the program's turn arrived first
+    gate_overridden: int = 0  # steps an idle engine admitted a turn its policy held back
     # integral of pinned blocks over clock time, for the time-weighted share of memory
     block_seconds: float = 0.0
     _last_t: float | None = field(default=None, repr=False)
@@ -189,7 +190,12 @@ class PolicyScheduler(Scheduler):
             self.running.sort(key=lambda r: key(self.view(r), now))
         if self.agent_policy.adapts_token_budget:
             self._set_token_budget()
-        output = super().schedule(*args, **kwargs)
+        held = self._hold_back(now) if self.agent_policy.gates_admission and self.waiting else []
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            if held:  # back at the head, in their order, for the next step's decision
+                self.waiting.prepend_requests(held)
         for new in output.scheduled_new_reqs:
             request = self.requests.get(new.req_id)
             if request is None or (self._prefetch is not None
@@ -256,6 +262,26 @@ class PolicyScheduler(Scheduler):
                                "every waiting request once")
         self.waiting.clear()
         self.waiting.extend(requests[v.request_id] for v in views)
+
+    def _hold_back(self, now: float) -> list[Request]:
+        """Take the waiting turns the policy holds back out of the queue for this step (the
+        program scheduler's paused programs). When nothing runs, the first waiting turn stays
+        whatever the policy says: a gate must never leave an idle engine with work."""
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            return []  # --scheduling-policy priority: not gated
+        pool = self.kv_cache_manager.block_pool
+        used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+        views = [self.view(r) for r in self.waiting]
+        ids = self.agent_policy.held_back(views, used, len(self.running), now)
+        if not ids:
+            return []
+        held = [r for r in self.waiting if r.request_id in ids]
+        if len(held) == len(self.waiting) and not self.running:
+            held = held[1:]
+            self.pin_stats.gate_overridden += 1
+        if held:
+            self.waiting.remove_requests(held)
+        return held
 
     def _set_token_budget(self) -> None:
         """The policy's batch token limit for this step, clamped to what the model runner was

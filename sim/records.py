@@ -65,6 +65,12 @@ class ReplayResult:
     router: str = ""
     #: programs the metrics count (None: all); `steady_programs` leaves warm-up and cool-down out
     measured: set[str] | None = None
+    #: closed loop: when every program was released to the system (the burst's start), from
+    #: which its completion time counts; None: from its arrival (then completion = JCT)
+    released: float | None = None
+    #: a program scheduler's totals over its programs (`server.programs`: seconds active /
+    #: paused / queued, pauses, resumes); empty for a per-request policy
+    program_stats: dict[str, float] = field(default_factory=dict)
 
 
 def steady_programs(result: ReplayResult, trim: float) -> set[str] | None:
