@@ -285,3 +285,55 @@ def test_lookahead_policy_pins_while_active_and_releases_when_paused():
     policy.programs.pause(policy.programs.table.get("p0"), 2.0)
     assert policy.pin_expired("p0", 2.0, has_waiting=False) is True
     assert policy.programs.table.get("p0").phase is Phase.ACTING
+
+
+# -- the router ------------------------------------------------------------------------------
+
+def _loads(*used: tuple[str, int]) -> list:
+    from cluster.routing import ReplicaLoad
+    return [ReplicaLoad(name, "colocated", kv_capacity_tokens=cap) for name, cap in used]
+
+
+def test_program_router_places_by_room_and_follows_the_program_home():
+    from cluster.program_router import ProgramRouter
+    from cluster.routing import TurnInfo
+    router = ProgramRouter()
+    replicas = _loads(("r0", 10_000), ("r1", 10_000))
+    # room is 0.9 x 10,000 = 9,000 each; a takes 5,000 + 100 on r0 (ties: first listed)
+    assert router.route("a", 0, replicas, TurnInfo(0.0, prompt_tokens=5000)).decode == "r0"
+    # b goes where the room is: r1 (9,000 free against r0's 3,900)
+    assert router.route("b", 0, replicas, TurnInfo(0.0, prompt_tokens=1000)).decode == "r1"
+    # c (2,000) fits r1 (7,900 free) best
+    assert router.route("c", 0, replicas, TurnInfo(0.0, prompt_tokens=2000)).decode == "r1"
+    # a grows to 8,000: r0 still holds it alone (8,100 <= 9,000): it stays home
+    assert router.route("a", 1, replicas, TurnInfo(1.0, prompt_tokens=8000)).decode == "r0"
+    assert router.moves == 0
+
+
+def test_program_router_moves_a_program_whose_home_is_full():
+    from cluster.program_router import ProgramRouter
+    from cluster.routing import TurnInfo
+    router = ProgramRouter()
+    replicas = _loads(("r0", 10_000), ("r1", 10_000))
+    router.route("a", 0, replicas, TurnInfo(0.0, prompt_tokens=4000))  # r0
+    router.route("b", 0, replicas, TurnInfo(0.0, prompt_tokens=4000))  # r1
+    router.route("c", 0, replicas, TurnInfo(0.0, prompt_tokens=3000))  # r0: 4,900 free
+    # b ends (r1 empty); c grows to 6,000: at home it would need 6,100 of r0's 4,900 free
+    # (9,000 - a's 4,100): it moves to r1, which has 9,000
+    router.program_end("b")
+    assert router.route("c", 1, replicas, TurnInfo(1.0, prompt_tokens=6000)).decode == "r1"
+    assert router.moves == 1 and router.bound("c") == "r1"
+    router.program_end("c")
+    assert router.bound("c") is None
+
+
+def test_the_served_router_reads_kv_capacity_from_vllms_cache_config():
+    from cluster.router_state import engine_gauges
+    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+            'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+            'num_gpu_blocks="28851",num_cpu_blocks="None"} 1.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n')
+    gauges = engine_gauges(text)
+    assert gauges["kv_capacity_tokens"] == 28851 * 16
+    assert gauges["kv_usage"] == 0.25
+    assert "kv_capacity_tokens" not in engine_gauges("vllm:cache_config_info{x=\"1\"} 1.0\n")

@@ -75,6 +75,7 @@ class Lookahead(ProgramScheduler):
         self._last_ctx: dict[str, int] = {}
         self.target_active = 0  # for the reports
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
+        self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
 
     # -- learning ------------------------------------------------------------------------
     def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
