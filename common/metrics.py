@@ -131,6 +131,7 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
     out["prefix_hit_tokens"] = cached
     out["prefix_hit_rate"] = cached / prompt_tokens if prompt_tokens else math.nan
     out["recomputed_tokens"] = sum(t.recomputed_tokens for t in turns)
+    out["reloaded_tokens"] = sum(getattr(t, "reloaded_tokens", 0) for t in turns)
     computed = prompt_tokens - cached
     out["recomputed_share"] = out["recomputed_tokens"] / computed if computed > 0 else math.nan
     out["throughput_turns_per_min"] = len(turns) / minutes if minutes > 0 else math.nan

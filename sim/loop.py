@@ -318,6 +318,7 @@ class Simulation:
         if local or prefilled_here:  # where the prompt was computed
             stats.prefills += 1
             record.cached_tokens = fin.cached_tokens
+            record.reloaded_tokens = int(getattr(fin, "external_tokens", 0) or 0)
             if record.turn > 0:
                 record.recomputed_tokens = state.recomputed(record.prompt_tokens,
                                                             record.cached_tokens)
@@ -406,12 +407,16 @@ class Simulation:
         sched_steps = 0
         total_blocks = 0
         program_stats: dict[str, float] = {}
+        occupancy: list[Any] = []
         for replica in cluster.replicas:
             scheduler = replica.engine.scheduler
             programs = getattr(scheduler.agent_policy, "programs", None)
             if programs is not None:  # a program scheduler: time per state, pauses, resumes
                 for key, value in programs.stats().items():
                     program_stats[key] = program_stats.get(key, 0.0) + value
+                if not occupancy:
+                    occupancy = [(t - self.start, held) for t, held in
+                                 getattr(scheduler.agent_policy, "occupancy", [])]
             scheduler.account_pins(end)
             for key in counters:
                 pin_stats[key] += getattr(scheduler.pin_stats, key)
@@ -436,6 +441,7 @@ class Simulation:
             router=self.router.name,
             released=self.released,
             program_stats=program_stats,
+            program_occupancy=occupancy,
         )
 
 

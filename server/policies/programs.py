@@ -23,6 +23,9 @@ from server.policies.base import AgentEvent, CostModel, Policy, RequestView
 from server.programs.base import ProgramScheduler
 from server.programs.state import Kv
 
+#: How often (clock seconds) the KV held by program state is sampled for the reports.
+OCCUPANCY_EVERY_S = 5.0
+
 
 class ProgramPolicy(Policy):
     """Base of the program-scheduling policies: set `scheduler_cls`."""
@@ -36,6 +39,8 @@ class ProgramPolicy(Policy):
         self.programs = self.scheduler_cls(0, cost_model, host_tier=False)
         self.prefetches = self.needs_offload  # prefetch needs the host tier
         self._now = 0.0  # the latest step's time (`pin_victim` is asked without one)
+        #: (time, KV tokens by state: reasoning / acting / paused, active programs, paused)
+        self.occupancy: list[tuple[float, dict[str, int]]] = []
 
     def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int,
                   host_tier: bool = False) -> None:
@@ -80,8 +85,18 @@ class ProgramPolicy(Policy):
         self._now = now
         self.programs.observe_memory(used_blocks * self.block_size, now)
         self.programs.decide(now, idle=running == 0)
+        if not self.occupancy or now - self.occupancy[-1][0] >= OCCUPANCY_EVERY_S:
+            self._sample(now)
         may_run = self.programs.may_run
         return {r.request_id for r in waiting if not may_run(r.program_id)}
+
+    def _sample(self, now: float) -> None:
+        held = dict(self.programs.occupancy())
+        table = self.programs.table
+        held["active"] = sum(1 for st in table if st.active)
+        held["inactive"] = len(table) - held["active"]
+        held["capacity"] = self.programs.capacity_tokens
+        self.occupancy.append((now, held))
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
         return (*self.programs.order_key(req.program_id, now), req.arrival_time)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 #: A program silent this long (no turn arrives, none finishes, no event) is forgotten: an
 #: agent that died without `program_end`. The longest tool call in our traces is 120 s
@@ -28,7 +28,7 @@ STALE_AFTER_S = 3600.0
 IDLENESS_CYCLES = 5
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     """What a program is doing: a new one has not been admitted yet."""
 
     NEW = "new"
@@ -36,7 +36,7 @@ class Phase(str, Enum):
     ACTING = "acting"  # in a tool call (its previous turn finished, the next not yet sent)
 
 
-class Kv(str, Enum):
+class Kv(StrEnum):
     """Where a program's KV cache is, as far as the scheduler has arranged it."""
 
     GPU = "gpu"  # held (pinned between turns, or a running turn's own blocks)
