@@ -145,9 +145,11 @@ class Lookahead(ProgramScheduler):
 
     # -- decisions -------------------------------------------------------------------------
     def rank(self, st: ProgramState) -> tuple[float, ...]:
-        """Smaller first: admitted programs, then expected remaining work, then arrival."""
+        """Smaller first: admitted programs, then expected remaining work, then arrival, then
+        the programs that made the most progress (a paused program returns before a new one,
+        as in ThunderAgent and MORI: its turns done are work a later start would still owe)."""
         work = self.expected_work(st) if len(self._ended_turns) >= MIN_ENDED else 0.0
-        return (0.0 if st.active else 1.0, work, st.arrival)
+        return (0.0 if st.active else 1.0, work, st.arrival, -st.turns)
 
     def give_way_score(self, st: ProgramState, now: float) -> float:
         """How little a pause costs: time until its next turn x the KV it frees."""
