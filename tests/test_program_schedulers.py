@@ -337,3 +337,16 @@ def test_the_served_router_reads_kv_capacity_from_vllms_cache_config():
     assert gauges["kv_capacity_tokens"] == 28851 * 16
     assert gauges["kv_usage"] == 0.25
     assert "kv_capacity_tokens" not in engine_gauges("vllm:cache_config_info{x=\"1\"} 1.0\n")
+
+
+def test_lookahead_oracle_ranks_by_known_remaining_turns_from_the_start():
+    # told the lengths (5 and 50 turns), before any program ended: the short one ranks first
+    policy = make_policy("lookahead-oracle")
+    policy.configure(max_batch_tokens=2048, total_blocks=10**5, block_size=16)
+    policy.foresee({"short": [None] * 5, "long": [None] * 50})
+    s = policy.programs
+    for pid in ("long", "short"):
+        s.turn_arrived(pid, 1000, 0.0)
+    assert s.turns_left(s.table.get("short")) == 5.0
+    assert s.rank(s.table.get("short")) < s.rank(s.table.get("long"))
+    assert not hasattr(make_policy("lookahead"), "foresee")

@@ -29,6 +29,7 @@ POLICIES: dict[str, str] = {
     "thunderagent": "server.policies.thunderagent:ThunderAgentPolicy",
     "mori": "server.policies.mori:MoriPolicy",
     "lookahead": "server.policies.lookahead:LookaheadPolicy",
+    "lookahead-oracle": "server.policies.lookahead:LookaheadOraclePolicy",
 }
 
 

@@ -12,8 +12,11 @@ predicted return) only the harness's events tell. The rules:
   of a + b B seconds (a: the step's fixed part, reading the weights; b: one sequence's share at
   the programs' mean context, reading its KV), gives a mean completion time proportional to
   (a + b B)(N / B + 1), least at B* = sqrt(a N / b). a and b come from the engine's own cost
-  model (`step_seconds`); N counts every live program; the mean context is the live programs'
-  projected to the middle of their expected remaining turns. Programs in a tool call decode
+  model (`step_seconds`); N counts every live program plus those expected to arrive while
+  they are served (as many as arrived in the last mean lifetime: none after a burst, as many
+  again as are live in a closed loop, where by Little's law throughput is what mean JCT
+  wants); the mean context is the live programs' projected to the middle of their expected
+  remaining turns. Programs in a tool call decode
   nothing, so the active set is B* divided by the measured share of time active programs spend
   reasoning (at least `MIN_REASONING_SHARE`).
 * **Memory.** Active programs' contexts (held through tool calls: pinned) stay within
@@ -38,6 +41,7 @@ predicted return) only the harness's events tell. The rules:
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
@@ -48,6 +52,8 @@ MEMORY_SHARE = 0.9
 #: The reasoning share below which the active set is not stretched further (a floor on the
 #: estimate while few cycles are seen).
 MIN_REASONING_SHARE = 0.25
+#: Arrivals and lifetimes remembered for the arrival term of the square-root rule.
+ARRIVAL_MEMORY = 4096
 #: How far above the target the active set may stay before programs are paused for the count.
 SHRINK_SLACK = 0.1
 #: Programs ended before remaining-work ordering replaces arrival order.
@@ -73,6 +79,11 @@ class Lookahead(ProgramScheduler):
         self._growth_sum = 0.0
         self._growth_n = 0
         self._last_ctx: dict[str, int] = {}
+        self._arrivals: deque[float] = deque(maxlen=ARRIVAL_MEMORY)  # new programs' arrivals
+        self._jct: deque[float] = deque(maxlen=ARRIVAL_MEMORY)  # ended programs' lifetimes
+        #: program -> its turn count, when told (`lookahead-oracle`, a clairvoyant reference:
+        #: what the same rules reach when program lengths are known)
+        self.known_turns: dict[str, int] | None = None
         self.target_active = 0  # for the reports
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
@@ -84,6 +95,8 @@ class Lookahead(ProgramScheduler):
             self._growth_sum += prompt_tokens - prev
             self._growth_n += 1
         self._last_ctx[program_id] = prompt_tokens
+        if program_id not in self.table:
+            self._arrivals.append(now)
         super().turn_arrived(program_id, prompt_tokens, now)
 
     def program_ended(self, program_id: str, now: float) -> None:
@@ -92,6 +105,7 @@ class Lookahead(ProgramScheduler):
             self._ended_turns.append(st.turns)
             if len(self._ended_turns) > 1000:
                 del self._ended_turns[0]
+            self._jct.append(now - st.arrival)
         self._last_ctx.pop(program_id, None)
         super().program_ended(program_id, now)
 
@@ -100,6 +114,8 @@ class Lookahead(ProgramScheduler):
         ended, as many again as it has done (a program seen at age k is as likely to be in
         its first half as its second)."""
         k = st.turns
+        if self.known_turns is not None and st.program_id in self.known_turns:
+            return float(max(1, self.known_turns[st.program_id] - k))
         longer = [n for n in self._ended_turns if n > k]
         if len(self._ended_turns) < MIN_ENDED or not longer:
             return float(max(1, k))
@@ -133,14 +149,25 @@ class Lookahead(ProgramScheduler):
         share = reason / (reason + acting) if reason + acting > 0 else 1.0
         return max(MIN_REASONING_SHARE, share)
 
-    def target(self) -> int:
+    def expected_arrivals(self, now: float) -> float:
+        """Programs expected to arrive while the live ones are served: as many as arrived in
+        the last mean lifetime of an ended program (none before a program has ended). In a
+        closed loop that is as many again as are live (Little's law), so the batch grows
+        towards the memory bound, as throughput wants there; after a burst it is none."""
+        if not self._jct:
+            return 0.0
+        window = sum(self._jct) / len(self._jct)
+        return float(sum(1 for t in self._arrivals if now - t < window))
+
+    def target(self, now: float | None = None) -> int:
         live = list(self.table)
         if not live:
             return 0
         g = self.growth()
         ctx = sum(st.context_tokens + self.turns_left(st) / 2 * g for st in live) / len(live)
         a, b = self.step_costs(max(1, int(ctx)))
-        reasoning = self.scale * math.sqrt(a * len(live) / b)
+        n = len(live) + (self.expected_arrivals(now) if now is not None else 0.0)
+        reasoning = self.scale * math.sqrt(a * n / b)
         return max(1, math.ceil(reasoning / self.reasoning_share()))
 
     # -- decisions -------------------------------------------------------------------------
@@ -148,7 +175,8 @@ class Lookahead(ProgramScheduler):
         """Smaller first: admitted programs, then expected remaining work, then arrival, then
         the programs that made the most progress (a paused program returns before a new one,
         as in ThunderAgent and MORI: its turns done are work a later start would still owe)."""
-        work = self.expected_work(st) if len(self._ended_turns) >= MIN_ENDED else 0.0
+        known = self.known_turns is not None or len(self._ended_turns) >= MIN_ENDED
+        work = self.expected_work(st) if known else 0.0
         return (0.0 if st.active else 1.0, work, st.arrival, -st.turns)
 
     def give_way_score(self, st: ProgramState, now: float) -> float:
@@ -158,7 +186,7 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def rebalance(self, now: float) -> None:
-        self.target_active = want = self.target()
+        self.target_active = want = self.target(now)
         limit = MEMORY_SHARE * self.capacity_tokens
         active = self.table.active()
         usage = sum(self.held_tokens(st) for st in active)
