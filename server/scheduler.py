@@ -43,7 +43,7 @@ from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.policies.base import UnpinReason
-from server.prefetch import PrefetchBook
+from server.prefetch import PREFETCH_PREFIX, PrefetchBook
 from server.settings import ServeOptionsError, ServeSettings
 from server.step_log import StepRecord, StepTimer, sink_from_env
 
@@ -289,6 +289,19 @@ class PolicyScheduler(Scheduler):
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         budget = self.agent_policy.token_budget(free, self._pinned_blocks)
         self.max_num_scheduled_tokens = max(1, min(int(budget), self._configured_token_budget))
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        """vLLM's finish from outside the scheduler (a client that went away aborts its
+        request); the policy hears of each aborted turn (`Policy.on_aborted`), so a program
+        scheduler does not keep a slot for a turn that will never run."""
+        finished = super().finish_requests(request_ids, finished_status)
+        if finished_status == RequestStatus.FINISHED_ABORTED and finished:
+            now = clock().now()
+            for request in finished:
+                if request.session_id is not None and not request.request_id.startswith(
+                        PREFETCH_PREFIX):
+                    self.agent_policy.on_aborted(self.view(request), now)
+        return finished
 
     # -- retention ---------------------------------------------------------------------
     def _free_request_blocks(self, request: Request) -> None:

@@ -318,3 +318,17 @@ def test_an_idle_engine_admits_a_held_turn_rather_than_stall(monkeypatch):
     assert "A" in d.scheduler.pins and "B-0" not in d.finished
     d.run_until_finished("B-0")
     assert d.scheduler.pin_stats.gate_overridden >= 1
+
+
+def test_a_held_turn_whose_client_went_away_frees_its_programs_slot(monkeypatch):
+    """ThunderAgent holds C back (A and B fill the 1,008 tokens); C's client goes away (the
+    API server aborts its request): the program is forgotten, nothing of it stays queued."""
+    d = Driver(make_scheduler("thunderagent", monkeypatch=monkeypatch, num_blocks=64))
+    for name, seed in (("A", 1), ("B", 2), ("C", 3)):
+        d.submit(f"{name}-0", prompt(seed, 300), name, max_tokens=2)
+    d.step()
+    programs = d.scheduler.agent_policy.programs
+    assert "C" in programs.table and not programs.may_run("C")
+    from vllm.v1.request import RequestStatus
+    d.scheduler.finish_requests("C-0", RequestStatus.FINISHED_ABORTED)
+    assert "C" not in programs.table

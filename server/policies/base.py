@@ -152,6 +152,9 @@ class Policy:
     def on_event(self, event: AgentEvent, now: float) -> None:
         """An interception event from the harness."""
 
+    def on_aborted(self, req: RequestView, now: float) -> None:
+        """A turn was aborted before it finished (its client went away)."""
+
     # -- retention ---------------------------------------------------------------------
     def on_finish(self, req: RequestView, now: float) -> bool:
         """A turn finished: return True to pin its KV cache (the scheduler then asks

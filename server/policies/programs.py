@@ -78,6 +78,11 @@ class ProgramPolicy(Policy):
         elif event.kind == "program_end":
             self.programs.program_ended(pid, now)
 
+    def on_aborted(self, req: RequestView, now: float) -> None:
+        """Its client went away: the program ends here, slot and memory account with it."""
+        if req.program_id is not None:
+            self.programs.program_ended(req.program_id, now)
+
     # -- admission -----------------------------------------------------------------------
     def held_back(self, waiting: list[RequestView], used_blocks: int, running: int,
                   now: float) -> set[str]:

@@ -179,9 +179,10 @@ class ProgramTable:
         return st
 
     def reap(self, now: float) -> list[ProgramState]:
-        """Forget programs silent for `stale_after_s` (no `program_end` ever came)."""
+        """Forget programs silent for `stale_after_s` (no `program_end` ever came; a turn
+        that waited that long is let run as an unknown program's would)."""
         gone = [st for st in self.programs.values()
-                if now - st.last_seen > self.stale_after_s and not st.turn_waiting]
+                if now - st.last_seen > self.stale_after_s]
         for st in gone:
             self.program_ended(st.program_id, now)
         return gone
