@@ -197,10 +197,12 @@ def test_lookahead_prefetches_an_offloaded_context_ahead_of_the_predicted_return
     # reload of 5,000 tokens = 0.02 s: the prefetch is due at 51 - 0.02 = 50.98 s
     s = Lookahead(capacity_tokens=10**6, cost_model=_Costs(), host_tier=True)
     _start(s, "a", 1000, 0.0)
-    s.turn_finished("a", 5000, 1.0)
-    s.tool_started("a", "python", 50.0, 1.0)
-    assert s.on_turn_end(s.table.get("a"), 1.0) is Kv.CPU
-    s.table.get("a").kv = Kv.CPU
+    assert s.turn_finished("a", 5000, 1.0) is Kv.GPU  # no prediction yet: kept
+    s.tool_started("a", "python", 50.0, 1.0)  # the prediction: released to the host tier
+    assert s.kv_of("a") is Kv.CPU
+    # a short tool keeps it: 0.5 s <= max(10 x 0.02 s, 1 s)
+    _start(s, "b", 1000, 0.0)
+    assert s.turn_finished("b", 5000, 1.0, "bash", 0.5) is Kv.GPU
     assert s.prefetch_due(50.9) == []
     assert s.prefetch_due(50.99) == ["a"]
     assert s.prefetch_due(51.0) == []  # once per interception

@@ -37,7 +37,6 @@ class ProgramPolicy(Policy):
     def __init__(self, cost_model: CostModel | None = None) -> None:
         super().__init__(cost_model)
         self.programs = self.scheduler_cls(0, cost_model, host_tier=False)
-        self.prefetches = self.needs_offload  # prefetch needs the host tier
         self._now = 0.0  # the latest step's time (`pin_victim` is asked without one)
         #: (time, KV tokens by state: reasoning / acting / paused, active programs, paused)
         self.occupancy: list[tuple[float, dict[str, int]]] = []
@@ -47,6 +46,8 @@ class ProgramPolicy(Policy):
         super().configure(max_batch_tokens=max_batch_tokens, total_blocks=total_blocks,
                           block_size=block_size, host_tier=host_tier)
         self.programs.configure(total_blocks * block_size, host_tier)
+        # prefetch brings an offloaded context back: only with a host tier to load from
+        self.prefetches = host_tier and self.programs.prefetches
 
     # -- facts ---------------------------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:
@@ -64,9 +65,8 @@ class ProgramPolicy(Policy):
         if req.hints.last:
             self.programs.program_ended(pid, now)
             return False
-        kept = self.programs.turn_finished(pid, req.context_tokens, now)
-        if req.hints.predicted_s is not None:
-            self.programs.tool_started(pid, req.hints.tool, req.hints.predicted_s, now)
+        kept = self.programs.turn_finished(pid, req.context_tokens, now, req.hints.tool,
+                                           req.hints.predicted_s)
         return kept is Kv.GPU
 
     def on_event(self, event: AgentEvent, now: float) -> None:

@@ -53,6 +53,8 @@ class ProgramScheduler:
     name = "all-active"
     #: seconds between decisions; None: at every fact (ours). ThunderAgent decides on a tick.
     tick_s: float | None = None
+    #: whether `prefetch_due` may name programs (the engine then keeps the prefetch books)
+    prefetches = False
 
     def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
                  host_tier: bool = False) -> None:
@@ -78,13 +80,17 @@ class ProgramScheduler:
     def turn_admitted(self, program_id: str, now: float) -> None:
         self.table.turn_admitted(program_id, now)
 
-    def turn_finished(self, program_id: str, context_tokens: int, now: float) -> Kv:
-        """A turn ended (its program is now in a tool call): where its KV stays meanwhile.
-        `Kv.GPU` keeps it resident (the engine pins it)."""
+    def turn_finished(self, program_id: str, context_tokens: int, now: float,
+                      tool: str | None = None, predicted_s: float | None = None) -> Kv:
+        """A turn ended (its program is now in a tool call; `tool` and `predicted_s` when the
+        request's hints named them): where its KV stays meanwhile. `Kv.GPU` keeps it resident
+        (the engine pins it)."""
         st = self.table.get(program_id)
         if st is None:
             return Kv.NONE
         self.table.turn_finished(program_id, context_tokens, now)
+        if predicted_s is not None:
+            self.table.tool_started(program_id, tool, predicted_s, now)
         self._dirty = True
         if st.pause_on_finish:
             self.pause(st, now)
@@ -95,7 +101,13 @@ class ProgramScheduler:
 
     def tool_started(self, program_id: str, tool: str | None, predicted_s: float | None,
                      now: float) -> None:
+        """The tool call began: with its predicted duration, a kept KV is decided again
+        (the prediction may say the memory is better released)."""
         self.table.tool_started(program_id, tool, predicted_s, now)
+        st = self.table.get(program_id)
+        if (st is not None and st.active and st.phase is Phase.ACTING and st.kv is Kv.GPU
+                and predicted_s is not None):
+            st.kv = self.on_turn_end(st, now)
 
     def tool_ended(self, program_id: str, now: float) -> None:
         self.table.tool_ended(program_id, now)

@@ -70,6 +70,7 @@ FALLBACK_TOKEN_S = 3.9e-8
 class Lookahead(ProgramScheduler):
     name = "lookahead"
     tick_s = None
+    prefetches = True
 
     def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
                  host_tier: bool = False) -> None:
