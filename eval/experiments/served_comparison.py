@@ -160,8 +160,9 @@ class ServedComparisonOptions:
     time_scale: float = field(default=0.2, metadata={
         "help": "multiply arrival gaps and tool durations"})
     systems: str = field(default=DEFAULT_SYSTEMS, metadata={
-        "help": f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)} or session:POLICY "
-        "(our router in front of POLICY replicas)"})
+        "help": f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY "
+        "(our router in front of POLICY replicas) or programs:POLICY (our router placing "
+        "programs by KV room, e.g. programs:lookahead)"})
     repeats: int = field(default=1, metadata={
         "help": "run every system this many times (program ids, hence placement, differ per "
         "run) and print the means too"})
