@@ -173,7 +173,8 @@ def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:
     slo = slo or SLO()
     programs = [p for p in result.programs.values() if p.finished is not None]
     turns = [t for p in programs for t in p.turns]
-    out: dict[str, Any] = {"router": result.router}
+    out: dict[str, Any] = {"router": result.router,
+                           "migrations": int(getattr(result, "migrations", 0))}
     for name, subset in (("initial", [t for t in turns if t.turn == 0]),
                          ("incremental", [t for t in turns if t.turn > 0])):
         ttfts = [t.first_token - t.arrival for t in subset if t.first_token is not None]

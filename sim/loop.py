@@ -442,6 +442,7 @@ class Simulation:
             released=self.released,
             program_stats=program_stats,
             program_occupancy=occupancy,
+            migrations=int(getattr(self.router, "moves", 0)),
         )
 
 

@@ -77,6 +77,9 @@ class ReplayResult:
     #: a program scheduler's samples of KV held by program state over time (one engine: its
     #: own; a cluster: the first replica's), as (time, {reasoning, acting, paused, ...})
     program_occupancy: list[Any] = field(default_factory=list)
+    #: programs a router moved to another replica mid-run (`cluster.program_router` counts
+    #: them; 0 for routers that do not move programs)
+    migrations: int = 0
 
 
 def steady_programs(result: ReplayResult, trim: float) -> set[str] | None:
