@@ -44,6 +44,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
 from server.programs.state import Kv, Phase, ProgramState
 
@@ -76,7 +77,8 @@ class Lookahead(ProgramScheduler):
                  host_tier: bool = False) -> None:
         super().__init__(capacity_tokens, cost_model, host_tier)
         self._step = getattr(cost_model, "step_seconds", None)
-        self._ended_turns: list[int] = []
+        #: E[N - k | N > k] over the last ended programs' turn counts (remaining-work's table)
+        self._lengths = RemainingTurns(window=LENGTH_WINDOW, min_programs=MIN_ENDED)
         self._growth_sum = 0.0
         self._growth_n = 0
         self._last_ctx: dict[str, int] = {}
@@ -103,9 +105,7 @@ class Lookahead(ProgramScheduler):
     def program_ended(self, program_id: str, now: float) -> None:
         st = self.table.get(program_id)
         if st is not None and st.turns > 0:
-            self._ended_turns.append(st.turns)
-            if len(self._ended_turns) > 1000:
-                del self._ended_turns[0]
+            self._lengths.add(st.turns)
             self._jct.append(now - st.arrival)
         self._last_ctx.pop(program_id, None)
         super().program_ended(program_id, now)
@@ -117,10 +117,10 @@ class Lookahead(ProgramScheduler):
         k = st.turns
         if self.known_turns is not None and st.program_id in self.known_turns:
             return float(max(1, self.known_turns[st.program_id] - k))
-        longer = [n for n in self._ended_turns if n > k]
-        if len(self._ended_turns) < MIN_ENDED or not longer:
-            return float(max(1, k))
-        return sum(longer) / len(longer) - k
+        left = self._lengths.expected(k)
+        if left is None or (left == 1.0 and k >= max(self._lengths.lengths)):
+            return float(max(1, k))  # too few ended, or older than every ended program
+        return left
 
     def growth(self) -> float:
         return self._growth_sum / self._growth_n if self._growth_n else 0.0
@@ -176,7 +176,7 @@ class Lookahead(ProgramScheduler):
         """Smaller first: admitted programs, then expected remaining work, then arrival, then
         the programs that made the most progress (a paused program returns before a new one,
         as in ThunderAgent and MORI: its turns done are work a later start would still owe)."""
-        known = self.known_turns is not None or len(self._ended_turns) >= MIN_ENDED
+        known = self.known_turns is not None or self._lengths.known()
         work = self.expected_work(st) if known else 0.0
         return (0.0 if st.active else 1.0, work, st.arrival, -st.turns)
 
