@@ -323,7 +323,7 @@ def test_an_idle_engine_admits_a_held_turn_rather_than_stall(monkeypatch):
 def test_a_held_turn_whose_client_went_away_frees_its_programs_slot(monkeypatch):
     """ThunderAgent holds C back (A and B fill the 1,008 tokens); C's client goes away (the
     API server aborts its request): the program is forgotten, nothing of it stays queued."""
-    d = Driver(make_scheduler("thunderagent", monkeypatch=monkeypatch, num_blocks=64))
+    d = Driver(make_scheduler("thunderagent", num_blocks=64))
     for name, seed in (("A", 1), ("B", 2), ("C", 3)):
         d.submit(f"{name}-0", prompt(seed, 300), name, max_tokens=2)
     d.step()

@@ -371,3 +371,15 @@ def test_lookahead_counts_expected_arrivals_only_once_programs_replace_each_othe
     a, b = s.step_costs(2000)
     assert s.target(150.0) == math.ceil(math.sqrt(a * 15 / b))
     assert s.target() == math.ceil(math.sqrt(a * 12 / b))
+
+
+def test_lookahead_with_a_host_tier_bounds_only_reasoning_programs_by_gpu_memory():
+    # capacity 10,000 x 0.9 = 9,000; a (6,000) is acting: without a host tier it holds 6,100
+    # and b (4,000 + 100) does not fit; with one, a's KV can wait in host memory: b fits
+    for host, admitted in ((False, False), (True, True)):
+        s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=host)
+        _start(s, "a", 1000, 0.0)
+        _act(s, "a", 6000, 1.0, predicted=30.0)
+        s.turn_arrived("b", 4000, 2.0)
+        s.decide(2.0)
+        assert s.may_run("b") is admitted

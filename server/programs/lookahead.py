@@ -21,7 +21,8 @@ predicted return) only the harness's events tell. The rules:
   reasoning (at least `MIN_REASONING_SHARE`).
 * **Memory.** Active programs' contexts (held through tool calls: pinned) stay within
   `MEMORY_SHARE` of the KV capacity, the rest being headroom for the tokens a turn adds. A
-  program is admitted only if it fits.
+  program is admitted only if it fits. With a host tier only reasoning programs count: an
+  acting program's KV can wait in host memory and come back over PCIe.
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -186,11 +187,20 @@ class Lookahead(ProgramScheduler):
             (st.tool_started or now) + DEFAULT_TOOL_S)
         return max(0.0, back - now) * max(1, st.context_tokens)
 
+    def resident(self, st: ProgramState) -> int:
+        """What a program holds in GPU memory for the memory rule. With a host tier an acting
+        program's KV is not counted: under pressure its pin goes to the host tier (the
+        engine's victim rule) and its next turn reloads it over PCIe, so GPU memory bounds
+        only the programs that reason."""
+        if self.host_tier and st.phase is Phase.ACTING and not st.turn_waiting:
+            return 0
+        return self.held_tokens(st)
+
     def rebalance(self, now: float) -> None:
         self.target_active = want = self.target(now)
         limit = MEMORY_SHARE * self.capacity_tokens
         active = self.table.active()
-        usage = sum(self.held_tokens(st) for st in active)
+        usage = sum(self.resident(st) for st in active)
         # shrink: acting programs give way, cheapest pause first (for the count only past
         # `SHRINK_SLACK`: a pause costs a reload, so a target that dips briefly is let be)
         over = len(active) - math.ceil(want * (1 + SHRINK_SLACK))
@@ -198,18 +208,19 @@ class Lookahead(ProgramScheduler):
             acting = sorted((st for st in active if st.phase is Phase.ACTING),
                             key=lambda st: -self.give_way_score(st, now))
             for st in acting:
-                if over <= 0 and usage <= limit:
-                    break
+                freed = self.resident(st)
+                if over <= 0 and not (usage > limit and freed > 0):
+                    continue
                 self.pause(st, now)
                 over -= 1
-                usage -= self.held_tokens(st)
+                usage -= freed
             return
         # grow: the best-ranked waiting programs that fit
         room = want - len(active)
         for st in sorted(self.table.inactive(), key=self.rank):
             if room <= 0:
                 break
-            need = self.held_tokens(st)
+            need = self.resident(st)
             if usage + need > limit and usage > 0:
                 continue
             self.resume(st, now)
