@@ -36,7 +36,7 @@ from server.policies.ampd import TTFT_SLO_S
 Role = Literal["colocated", "prefill", "decode"]
 
 #: Strategies that place a whole turn on one replica (no P/D); `pd` and `ampd` need P/D roles.
-COLOCATED_STRATEGIES = ("session", "round_robin", "least_loaded")
+COLOCATED_STRATEGIES = ("session", "round_robin", "least_loaded", "programs")
 PD_STRATEGIES = ("pd", "ampd")
 STRATEGIES = COLOCATED_STRATEGIES + PD_STRATEGIES
 

@@ -80,6 +80,7 @@ class ReplicaState:
         self.prefills = 0  # P/D: prefills sent here
         self.errors = 0
         self.kv_usage = 0.0
+        self.kv_capacity_tokens = 0  # from vLLM's cache_config_info (0: not read yet)
         self.engine_running = 0
         self.engine_waiting = 0
         self.pins: dict[str, int] = {}  # the scheduler's pin and event counters (`gauges`)
@@ -98,7 +99,8 @@ class ReplicaState:
     def load(self) -> ReplicaLoad:
         return ReplicaLoad(name=self.name, role=self.role, kv_usage=self.kv_usage,
                            in_flight=self.in_flight, running=self.engine_running,
-                           waiting=self.engine_waiting, alive=self.alive)
+                           waiting=self.engine_waiting, alive=self.alive,
+                           kv_capacity_tokens=self.kv_capacity_tokens)
 
     def not_answering(self, exc: BaseException | str) -> str:
         detail = exc if isinstance(exc, str) else (str(exc) or type(exc).__name__)
@@ -107,6 +109,7 @@ class ReplicaState:
     def apply_gauges(self, gauges: dict[str, float]) -> None:
         """Take a reading of `engine_gauges` (the KV usage stays as it was when absent)."""
         self.kv_usage = float(gauges.get("kv_usage", self.kv_usage))
+        self.kv_capacity_tokens = int(gauges.get("kv_capacity_tokens", self.kv_capacity_tokens))
         self.engine_running = int(gauges.get("running", 0))
         self.engine_waiting = int(gauges.get("waiting", 0))
         self.pins = {k: int(gauges[k]) for k in ("pins", "pinned_now", "events_taken")
@@ -282,11 +285,26 @@ _GAUGES = {KV_USAGE_METRIC: "kv_usage", RUNNING_METRIC: "running", WAITING_METRI
            PINS_METRIC: "pins", PINNED_METRIC: "pinned_now", EVENTS_METRIC: "events_taken"}
 
 
+_CACHE_CONFIG = re.compile(r'^vllm:cache_config_info\{([^}]*)\}', re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
 def engine_gauges(text: str) -> dict[str, float]:
     """What the router reads from a replica's Prometheus `/metrics` (the local poll, and a Ray
-    replica's routing stats alike): the metrics of `_GAUGES` that are present, by short name."""
+    replica's routing stats alike): the metrics of `_GAUGES` that are present, by short name,
+    and the KV capacity in tokens (`kv_capacity_tokens`: vLLM's `cache_config_info` labels
+    `num_gpu_blocks` x `block_size`), which the `programs` router places by."""
     values = parse_metrics(text, tuple(_GAUGES))
-    return {_GAUGES[name]: value for name, value in values.items()}
+    out = {_GAUGES[name]: value for name, value in values.items()}
+    m = _CACHE_CONFIG.search(text)
+    if m is not None:
+        labels = dict(_LABEL.findall(m.group(1)))
+        try:
+            out["kv_capacity_tokens"] = float(int(labels["num_gpu_blocks"])
+                                              * int(labels["block_size"]))
+        except (KeyError, ValueError):
+            pass
+    return out
 
 
 async def poll_replica(client: httpx.AsyncClient, replica: ReplicaState,

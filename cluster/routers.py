@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.ampd import AMPDRouter
+from cluster.program_router import ProgramRouter
 from cluster.routing import (
     LeastLoadedRouter,
     PDRouter,
@@ -20,7 +21,8 @@ from cluster.routing import (
 )
 
 ROUTERS: dict[str, type[Router]] = {
-    cls.name: cls for cls in (SessionRouter, RoundRobinRouter, LeastLoadedRouter, PDRouter)
+    cls.name: cls for cls in (SessionRouter, RoundRobinRouter, LeastLoadedRouter, PDRouter,
+                              ProgramRouter)
 }
 
 

@@ -58,6 +58,8 @@ class ReplicaLoad:
     queued_prefills: tuple[tuple[int, int], ...] | None = None
     #: context tokens of the requests decoding here, in all (a decode step's cost)
     decode_tokens: int = 0
+    #: the KV cache's size in tokens (0: not reported), for routers that place by room
+    kv_capacity_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,13 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
         makespan = max(p.finished for p in programs) - min(p.arrival for p in programs)
     out: dict[str, Any] = {"programs": len(programs), "turns": len(turns)}
     out.update(summarize(jcts, "jct"))
+    # completion from release (a closed loop's burst start; else the arrival): a scheduler
+    # that holds programs back is charged for the wait (`ReplayResult.released`)
+    released = getattr(result, "released", None)
+    completions = [p.finished - (released if released is not None else p.arrival)
+                   for p in programs]
+    out["completion_mean_s"] = sum(completions) / len(completions) if completions else math.nan
+    out["completion_p95_s"] = percentile(completions, 95) if completions else math.nan
     out["makespan_s"] = makespan
     minutes = makespan / 60.0
     out["throughput_programs_per_min"] = len(programs) / minutes if minutes > 0 else math.nan
@@ -124,6 +131,13 @@ def replay_metrics(result: Any, isolated: dict[str, float] | None = None,
     out["prefix_hit_tokens"] = cached
     out["prefix_hit_rate"] = cached / prompt_tokens if prompt_tokens else math.nan
     out["recomputed_tokens"] = sum(t.recomputed_tokens for t in turns)
+    out["reloaded_tokens"] = sum(getattr(t, "reloaded_tokens", 0) for t in turns)
+    computed = prompt_tokens - cached
+    out["recomputed_share"] = out["recomputed_tokens"] / computed if computed > 0 else math.nan
+    out["throughput_turns_per_min"] = len(turns) / minutes if minutes > 0 else math.nan
+    program_stats = getattr(result, "program_stats", None)
+    if program_stats:  # a program scheduler's time per state, pauses and resumes
+        out["program_states"] = dict(program_stats)
     out["preemptions"] = sum(t.preemptions for t in turns)
     pins = dict(result.pin_stats)
     denominator = float(result.makespan) * result.total_blocks  # pins: the whole run
@@ -159,7 +173,8 @@ def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:
     slo = slo or SLO()
     programs = [p for p in result.programs.values() if p.finished is not None]
     turns = [t for p in programs for t in p.turns]
-    out: dict[str, Any] = {"router": result.router}
+    out: dict[str, Any] = {"router": result.router,
+                           "migrations": int(getattr(result, "migrations", 0))}
     for name, subset in (("initial", [t for t in turns if t.turn == 0]),
                          ("incremental", [t for t in turns if t.turn > 0])):
         ttfts = [t.first_token - t.arrival for t in subset if t.first_token is not None]

@@ -43,7 +43,7 @@ from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.policies.base import UnpinReason
-from server.prefetch import PrefetchBook
+from server.prefetch import PREFETCH_PREFIX, PrefetchBook
 from server.settings import ServeOptionsError, ServeSettings
 from server.step_log import StepRecord, StepTimer, sink_from_env
 
@@ -76,6 +76,7 @@ class PinStats:
     shutdown: int = 0
     prefetched: int = 0  # prefetch requests made
     prefetch_dropped: int = 0  # of those, dropped unrun: the program's turn arrived first
+    gate_overridden: int = 0  # steps an idle engine admitted a turn its policy held back
     # integral of pinned blocks over clock time, for the time-weighted share of memory
     block_seconds: float = 0.0
     _last_t: float | None = field(default=None, repr=False)
@@ -189,7 +190,12 @@ class PolicyScheduler(Scheduler):
             self.running.sort(key=lambda r: key(self.view(r), now))
         if self.agent_policy.adapts_token_budget:
             self._set_token_budget()
-        output = super().schedule(*args, **kwargs)
+        held = self._hold_back(now) if self.agent_policy.gates_admission and self.waiting else []
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            if held:  # back at the head, in their order, for the next step's decision
+                self.waiting.prepend_requests(held)
         for new in output.scheduled_new_reqs:
             request = self.requests.get(new.req_id)
             if request is None or (self._prefetch is not None
@@ -257,12 +263,45 @@ class PolicyScheduler(Scheduler):
         self.waiting.clear()
         self.waiting.extend(requests[v.request_id] for v in views)
 
+    def _hold_back(self, now: float) -> list[Request]:
+        """Take the waiting turns the policy holds back out of the queue for this step (the
+        program scheduler's paused programs). When nothing runs, the first waiting turn stays
+        whatever the policy says: a gate must never leave an idle engine with work."""
+        if not isinstance(self.waiting, FCFSRequestQueue):
+            return []  # --scheduling-policy priority: not gated
+        pool = self.kv_cache_manager.block_pool
+        used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+        views = [self.view(r) for r in self.waiting]
+        ids = self.agent_policy.held_back(views, used, len(self.running), now)
+        if not ids:
+            return []
+        held = [r for r in self.waiting if r.request_id in ids]
+        if len(held) == len(self.waiting) and not self.running:
+            held = held[1:]
+            self.pin_stats.gate_overridden += 1
+        if held:
+            self.waiting.remove_requests(held)
+        return held
+
     def _set_token_budget(self) -> None:
         """The policy's batch token limit for this step, clamped to what the model runner was
         sized for (vLLM reads `max_num_scheduled_tokens` afresh in every `schedule()`)."""
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         budget = self.agent_policy.token_budget(free, self._pinned_blocks)
         self.max_num_scheduled_tokens = max(1, min(int(budget), self._configured_token_budget))
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        """vLLM's finish from outside the scheduler (a client that went away aborts its
+        request); the policy hears of each aborted turn (`Policy.on_aborted`), so a program
+        scheduler does not keep a slot for a turn that will never run."""
+        finished = super().finish_requests(request_ids, finished_status)
+        if finished_status == RequestStatus.FINISHED_ABORTED and finished:
+            now = clock().now()
+            for request in finished:
+                if request.session_id is not None and not request.request_id.startswith(
+                        PREFETCH_PREFIX):
+                    self.agent_policy.on_aborted(self.view(request), now)
+        return finished
 
     # -- retention ---------------------------------------------------------------------
     def _free_request_blocks(self, request: Request) -> None:

@@ -55,8 +55,9 @@ REACHES: tuple[Reach, ...] = (
           f"{_SCHEDULER}._free_request_blocks", ("self", "request"), "overrides"),
     Reach("server.scheduler: a finished request's blocks may be pinned",
           f"{_SCHEDULER}._request_blocks_can_be_freed", ("self", "request")),
-    Reach("server.scheduler: a prefetch dropped when its turn arrives",
-          f"{_SCHEDULER}.finish_requests", ("self", "request_ids", "finished_status")),
+    Reach("server.scheduler: a prefetch dropped when its turn arrives; an aborted turn told "
+          "to the policy", f"{_SCHEDULER}.finish_requests",
+          ("self", "request_ids", "finished_status"), "overrides"),
     Reach("server.scheduler: pins released on reset", f"{_SCHEDULER}.reset_prefix_cache",
           ("self", "reset_running_requests", "reset_connector"), "overrides"),
     Reach("server.scheduler: pins released on shutdown", f"{_SCHEDULER}.shutdown", ("self",),

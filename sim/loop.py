@@ -117,6 +117,9 @@ class Simulation:
         start = max(r.now() for r in cluster.replicas)
         self.states = {p.id: ProgramState(p) for p in trace.programs}
         self.records = {p.id: ProgramRecord(p.id, start + p.arrival_s) for p in trace.programs}
+        # closed loop: a program is released to the system at the loop's start (a burst), so
+        # its completion time counts the wait for a worker; its JCT counts from its start
+        self.released = start if concurrency else None
         # closed loop: the programs not yet started, popped from the end, in trace order
         self.not_started: list[Program] = list(trace.programs[concurrency:]) if concurrency else []
         self.not_started.reverse()
@@ -315,6 +318,7 @@ class Simulation:
         if local or prefilled_here:  # where the prompt was computed
             stats.prefills += 1
             record.cached_tokens = fin.cached_tokens
+            record.reloaded_tokens = int(getattr(fin, "external_tokens", 0) or 0)
             if record.turn > 0:
                 record.recomputed_tokens = state.recomputed(record.prompt_tokens,
                                                             record.cached_tokens)
@@ -402,8 +406,17 @@ class Simulation:
         sched_s = 0.0
         sched_steps = 0
         total_blocks = 0
+        program_stats: dict[str, float] = {}
+        occupancy: list[Any] = []
         for replica in cluster.replicas:
             scheduler = replica.engine.scheduler
+            programs = getattr(scheduler.agent_policy, "programs", None)
+            if programs is not None:  # a program scheduler: time per state, pauses, resumes
+                for key, value in programs.stats().items():
+                    program_stats[key] = program_stats.get(key, 0.0) + value
+                if not occupancy:
+                    occupancy = [(t - self.start, held) for t, held in
+                                 getattr(scheduler.agent_policy, "occupancy", [])]
             scheduler.account_pins(end)
             for key in counters:
                 pin_stats[key] += getattr(scheduler.pin_stats, key)
@@ -426,6 +439,10 @@ class Simulation:
             engine_steps=self.engine_steps,
             replicas=[r.stats for r in cluster.replicas],
             router=self.router.name,
+            released=self.released,
+            program_stats=program_stats,
+            program_occupancy=occupancy,
+            migrations=int(getattr(self.router, "moves", 0)),
         )
 
 

@@ -30,6 +30,9 @@ class TurnRecord:
     output_tokens: int = 0
     cached_tokens: int = 0
     recomputed_tokens: int = 0  # computed for an earlier turn, not found in the cache now
+    #: of cached_tokens, those loaded rather than found resident: from the host tier (vLLM's
+    #: offloading) or, on a P/D decode replica, from a peer
+    reloaded_tokens: int = 0
     preemptions: int = 0
     replica: str | None = None  # in a cluster: the replica that decoded it
     prefill_replica: str | None = None  # in a cluster: where its prompt was computed, if remote
@@ -65,6 +68,18 @@ class ReplayResult:
     router: str = ""
     #: programs the metrics count (None: all); `steady_programs` leaves warm-up and cool-down out
     measured: set[str] | None = None
+    #: closed loop: when every program was released to the system (the burst's start), from
+    #: which its completion time counts; None: from its arrival (then completion = JCT)
+    released: float | None = None
+    #: a program scheduler's totals over its programs (`server.programs`: seconds active /
+    #: paused / queued, pauses, resumes); empty for a per-request policy
+    program_stats: dict[str, float] = field(default_factory=dict)
+    #: a program scheduler's samples of KV held by program state over time (one engine: its
+    #: own; a cluster: the first replica's), as (time, {reasoning, acting, paused, ...})
+    program_occupancy: list[Any] = field(default_factory=list)
+    #: programs a router moved to another replica mid-run (`cluster.program_router` counts
+    #: them; 0 for routers that do not move programs)
+    migrations: int = 0
 
 
 def steady_programs(result: ReplayResult, trim: float) -> set[str] | None:

@@ -91,7 +91,8 @@ class Replica:
                            running=len(scheduler.running),
                            waiting=len(scheduler.waiting) + len(holding),
                            queued_prefill_tokens=sum(new for _, new in tasks),
-                           queued_prefills=tuple(tasks), decode_tokens=decode_tokens)
+                           queued_prefills=tuple(tasks), decode_tokens=decode_tokens,
+                           kv_capacity_tokens=pool.num_gpu_blocks * scheduler.block_size)
 
     def _cached(self, request: Any) -> int:
         """Tokens of a waiting request that need no compute here: computed already, a hit in

@@ -56,7 +56,7 @@ def test_an_unknown_served_system_is_a_user_error_naming_the_choices(capsys):
     err = capsys.readouterr().err
     assert err.startswith("harness: error: --systems session:nope: unknown policy 'nope'")
     assert main(["eval", "served-comparison", "--systems", "vr-fast"]) == 2
-    assert "choose from vr-programs, vr-binding, vr-hash or session:POLICY" in (
+    assert "choose from vr-programs, vr-binding, vr-hash, session:POLICY" in (
         capsys.readouterr().err)
 
 

@@ -13,6 +13,7 @@ import pytest
 from vllm_driver import Driver, make_scheduler
 
 from server.events import EventSender, read_status
+from server.policies import AgentEvent
 from server.policies.base import UNPIN_REASONS
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy
 from server.settings import ServeOptionsError
@@ -182,7 +183,8 @@ def test_pinned_program_goes_before_older_unpinned_program(monkeypatch):
 
 
 @pytest.mark.parametrize("policy", ["vllm", "continuum", "continuum-code", "discard", "preserve",
-                                    "autellix", "infercept", "ampd"])
+                                    "autellix", "infercept", "ampd", "thunderagent",
+                                    "lookahead"])
 def test_random_workload_always_progresses_and_leaks_no_block(monkeypatch, policy):
     rng = random.Random(7)
     if policy.startswith("continuum"):
@@ -280,3 +282,53 @@ def test_a_profile_that_does_not_load_stops_the_scheduler_naming_it(monkeypatch,
     table.write_text("{")
     with pytest.raises(ServeOptionsError, match=r"measured\.json.*not valid JSON"):
         make_scheduler("augserve", profile=str(table))
+
+
+
+def test_a_program_scheduler_holds_back_a_paused_programs_turn_while_memory_is_free(
+        monkeypatch):
+    """ThunderAgent on 64 blocks (63 usable: 1,008 tokens): A and B (300 tokens + 100 each)
+    are admitted, C (800 more) does not fit and waits although the blocks it needs are free;
+    when A ends, the next decision admits it."""
+    d = Driver(make_scheduler("thunderagent", num_blocks=64))
+    for name, seed in (("A", 1), ("B", 2), ("C", 3)):
+        d.submit(f"{name}-0", prompt(seed, 300), name, max_tokens=2)
+    out = d.step()
+    scheduled = {n.req_id for n in out.scheduled_new_reqs}
+    assert scheduled == {"A-0", "B-0"}
+    assert d.free_blocks > 300 // BLOCK  # C would fit: the gate, not memory, holds it
+    d.run_until_finished("A-0")
+    d.run_until_finished("B-0")
+    assert "C-0" not in d.finished
+    d.scheduler.handle_event(AgentEvent("program_end", "A"), d.clock.now())
+    d.advance(6.0)  # the next tick
+    d.run_until_finished("C-0")
+    assert d.scheduler.pin_stats.gate_overridden == 0
+
+
+def test_an_idle_engine_admits_a_held_turn_rather_than_stall(monkeypatch):
+    """lookahead on 1,008 tokens keeps its active programs within 907: A (600 + 100) is
+    admitted and pinned through its tool call, B (700 more) waits. With A acting and nothing
+    running the gate would hold B for good, so the scheduler admits it anyway (and counts the
+    override); A's pin gives way under pressure."""
+    d = Driver(make_scheduler("lookahead", num_blocks=64))
+    d.submit("A-0", prompt(1, 600), "A", max_tokens=2)
+    d.submit("B-0", prompt(2, 600), "B", max_tokens=2)
+    d.run_until_finished("A-0")
+    assert "A" in d.scheduler.pins and "B-0" not in d.finished
+    d.run_until_finished("B-0")
+    assert d.scheduler.pin_stats.gate_overridden >= 1
+
+
+def test_a_held_turn_whose_client_went_away_frees_its_programs_slot(monkeypatch):
+    """ThunderAgent holds C back (A and B fill the 1,008 tokens); C's client goes away (the
+    API server aborts its request): the program is forgotten, nothing of it stays queued."""
+    d = Driver(make_scheduler("thunderagent", num_blocks=64))
+    for name, seed in (("A", 1), ("B", 2), ("C", 3)):
+        d.submit(f"{name}-0", prompt(seed, 300), name, max_tokens=2)
+    d.step()
+    programs = d.scheduler.agent_policy.programs
+    assert "C" in programs.table and not programs.may_run("C")
+    from vllm.v1.request import RequestStatus
+    d.scheduler.finish_requests("C-0", RequestStatus.FINISHED_ABORTED)
+    assert "C" not in programs.table

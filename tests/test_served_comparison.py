@@ -108,9 +108,19 @@ def test_systems_are_parsed_and_grouped_by_replica_policy() -> None:
     assert [(p, [s.name for s in g]) for p, g in groups] == [
         ("vllm", ["vr-programs", "vr-hash", "session:vllm"]),
         ("continuum", ["session:continuum"])]
-    for bad in ("vr-nope", "session:nope", "session:", "", "vr-hash,vr-hash"):
+    for bad in ("vr-nope", "session:nope", "session:", "", "vr-hash,vr-hash", "programs:",
+                "programs:nope", "ring:vllm"):
         with pytest.raises(ServedComparisonInputError):
             parse_systems(bad)
+
+
+def test_a_programs_system_runs_our_router_with_the_programs_strategy() -> None:
+    (system,) = parse_systems("programs:lookahead")
+    assert (system.policy, system.ours, system.strategy) == ("lookahead", True, "programs")
+    assert parse_systems("session:vllm")[0].strategy == "session"
+    assert parse_systems("vr-programs")[0].strategy is None
+    argv = our_router_argv(["http://127.0.0.1:1"], 8000, system.strategy)
+    assert "programs" in argv
 
 
 def _result(system: str, jct: float, p95: float, hit: float, repeat: int = 0,

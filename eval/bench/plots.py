@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_path
+from eval.bench.occupancy import plot_occupancy
 from eval.bench.runs import jps_label, load_text
 
 
@@ -51,6 +52,7 @@ def plot(summary: dict[str, Any], out: Path) -> None:
         ax.step(jcts, ys, where="post", label=policy, color=colors(i))
     _finish_plot(plt, fig, ax, "JCT (s)", "fraction of programs",
                  f"JCT CDF at {load_text(top, top_closed)}", out / "jct_cdf.png")
+    plot_occupancy(out)  # program schedulers' runs only
 
 
 def _load_value(row: dict[str, Any]) -> float:

@@ -34,6 +34,9 @@ def make_row(run: Run, result: Any, metrics: dict[str, Any], isolated: dict[str,
             for p in result.programs.values()
         ],
     }
+    occupancy = getattr(result, "program_occupancy", None)
+    if occupancy:  # a program scheduler: KV tokens by program state over time
+        records["occupancy"] = [{"t": t, **held} for t, held in occupancy]
     write_json(out / "runs" / f"{run.policy}-jps{jps_label(run.jps, run.concurrency)}.json",
                records)
     return row

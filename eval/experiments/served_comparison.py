@@ -20,7 +20,10 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
   program scheduling (affinity only).
 * ``session:POLICY``: our router (`cluster.router_app`, strategy ``session``) in front of
   replicas running ``POLICY`` (``session:vllm`` is session-routed vLLM; ``session:continuum``
-  our best policy for now; any policy name works, so a new one slots in).
+  our best per-request policy; any policy name works, so a new one slots in).
+* ``programs:POLICY``: our router with strategy ``programs`` (`cluster.program_router`:
+  placement by each replica's free KV room, programs kept home while they fit) in front of
+  replicas running ``POLICY`` (``programs:lookahead``: our program scheduler in both places).
 
 Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`);
 every request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
@@ -94,7 +97,17 @@ class System:
 
     @property
     def ours(self) -> bool:
-        return self.name.startswith("session:")
+        return self.strategy is not None
+
+    @property
+    def strategy(self) -> str | None:
+        """Our router's strategy (``session`` or ``programs``); None for vllm-router."""
+        head = self.name.split(":", 1)[0]
+        return head if head in OUR_STRATEGIES and ":" in self.name else None
+
+
+#: our router's strategies a system may name (``STRATEGY:POLICY``)
+OUR_STRATEGIES = ("session", "programs")
 
 
 def parse_systems(text: str) -> list[System]:
@@ -106,17 +119,19 @@ def parse_systems(text: str) -> list[System]:
             continue
         if name in VLLM_ROUTER_SYSTEMS:
             systems.append(System(name, "vllm", VLLM_ROUTER_SYSTEMS[name]))
-        elif name.startswith("session:") and name != "session:":
-            policy = name.split(":", 1)[1]
+        elif name.split(":", 1)[0] in OUR_STRATEGIES and name.split(":", 1)[1:] not in ([], [""]):
+            strategy, policy = name.split(":", 1)
             try:
                 policy_class(policy)
             except ValueError as exc:
                 raise ServedComparisonInputError(f"--systems {name}: {exc}") from None
-            systems.append(System(name, policy, f"our router (session) in front of {policy}"))
+            systems.append(System(name, policy,
+                                  f"our router ({strategy}) in front of {policy}"))
         else:
             raise ServedComparisonInputError(
                 f"--systems: unknown system {name!r}; choose from "
-                f"{', '.join(VLLM_ROUTER_SYSTEMS)} or session:POLICY (e.g. session:continuum)")
+                f"{', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY (e.g. session:continuum) "
+                "or programs:POLICY (e.g. programs:lookahead)")
     if not systems:
         raise ServedComparisonInputError("--systems: name at least one system")
     if len({s.name for s in systems}) != len(systems):
@@ -145,8 +160,9 @@ class ServedComparisonOptions:
     time_scale: float = field(default=0.2, metadata={
         "help": "multiply arrival gaps and tool durations"})
     systems: str = field(default=DEFAULT_SYSTEMS, metadata={
-        "help": f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)} or session:POLICY "
-        "(our router in front of POLICY replicas)"})
+        "help": f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY "
+        "(our router in front of POLICY replicas) or programs:POLICY (our router placing "
+        "programs by KV room, e.g. programs:lookahead)"})
     repeats: int = field(default=1, metadata={
         "help": "run every system this many times (program ids, hence placement, differ per "
         "run) and print the means too"})
@@ -203,7 +219,8 @@ def front_for(system: System, workers: Sequence[str], out: Path, calibration: Ca
     log = out / f"router-{system.name.replace(':', '-')}.log"
     if system.ours:
         port = free_port()
-        return RouterProcess(our_router_argv(workers, port), port, log, name="our router")
+        return RouterProcess(our_router_argv(workers, port, system.strategy or "session"),
+                             port, log, name="our router")
     if system.name == "vr-hash":
         return VllmRouter("consistent_hash", workers, log)
     overrides: dict[str, Any] = {"binding_only": True} if system.name == "vr-binding" else {}

@@ -25,6 +25,11 @@ POLICIES: dict[str, str] = {
     "ampd": "server.policies.ampd:AMPDPolicy",
     "oracle": "server.policies.oracle:OraclePolicy",
     "remaining-work": "server.policies.remaining_work:RemainingWorkPolicy",
+    # program schedulers (`server.programs`): which programs may run at all
+    "thunderagent": "server.policies.thunderagent:ThunderAgentPolicy",
+    "mori": "server.policies.mori:MoriPolicy",
+    "lookahead": "server.policies.lookahead:LookaheadPolicy",
+    "lookahead-oracle": "server.policies.lookahead:LookaheadOraclePolicy",
 }
 
 

@@ -109,6 +109,11 @@ class Policy:
     #: contexts back into GPU memory ahead of their next turn (`server.scheduler`'s prefetch).
     prefetches = False
 
+    #: When True the scheduler asks `held_back` every step and keeps the named waiting turns
+    #: out of that step's admission even while memory is free (a program scheduler's paused
+    #: programs, `server.policies.programs`).
+    gates_admission = False
+
     #: When True the scheduler sorts its running batch by `running_key` every step: vLLM
     #: gives token budget to running requests in that order and, when memory runs out,
     #: preempts from its end (FCFS scheduling; under `--scheduling-policy priority` vLLM's own
@@ -146,6 +151,9 @@ class Policy:
 
     def on_event(self, event: AgentEvent, now: float) -> None:
         """An interception event from the harness."""
+
+    def on_aborted(self, req: RequestView, now: float) -> None:
+        """A turn was aborted before it finished (its client went away)."""
 
     # -- retention ---------------------------------------------------------------------
     def on_finish(self, req: RequestView, now: float) -> bool:
@@ -198,6 +206,15 @@ class Policy:
         """This step's limit on scheduled tokens (used when adapts_token_budget); never above
         `max_batch_tokens`, which sizes the model runner's buffers."""
         return self.max_batch_tokens
+
+    # -- admission ---------------------------------------------------------------------
+    def held_back(self, waiting: list[RequestView], used_blocks: int, running: int,
+                  now: float) -> set[str]:
+        """Request ids of waiting turns to keep out of this step's admission (used when
+        `gates_admission`). `used_blocks`: KV blocks referenced now (running turns and pins);
+        `running`: turns in the running batch. When nothing runs the scheduler admits the
+        first waiting turn regardless, so a gate can never stall the engine."""
+        return set()
 
     # -- ordering ----------------------------------------------------------------------
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:

@@ -1,0 +1,93 @@
+"""`programs`: a router that places programs, not requests, by the KV room each replica has.
+
+Why: session routing hashes a program to a replica and keeps it there whatever the replica
+holds; least-loaded routing moves every turn to the emptiest queue and loses the program's KV
+each time. A program scheduler (`server.programs`) knows how much KV each program holds, so the
+router can put a program where there is room for it and keep it there while it fits:
+
+* A program's first turn goes to the replica with the most free KV room, counted from the
+  contexts of the programs the router has placed there (their latest prompts, plus
+  `PER_PROGRAM_TOKENS` each) against the replica's KV capacity (`ReplicaLoad.kv_capacity_tokens`;
+  where a replica does not report one, the replica's measured KV usage ranks it instead).
+* Later turns follow the program home (its KV is there). A program whose home no longer has
+  room for it, while another replica has, is moved there at its next turn (a resume elsewhere:
+  re-prefilled, as ThunderAgent and vllm-router resume; carrying the KV over NIXL instead is
+  not built yet) — `moves` counts them.
+* Each replica's own program scheduler (its policy, e.g. `lookahead`) decides which of the
+  programs placed on it run at once; the router decides where, the engine decides when.
+
+Placement is `ProgramScheduler.place` (the rule the engine-side schedulers share); the ledger
+forgets a program at its end, and one that never ends after `STALE_AFTER_S` of silence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, _alive
+from server.programs import PER_PROGRAM_TOKENS, ProgramScheduler, Room
+from server.programs.state import STALE_AFTER_S
+
+#: A replica is full for placement above this share of its capacity (room for growing turns).
+ROOM_SHARE = 0.9
+
+
+class ProgramRouter(Router):
+    name = "programs"
+
+    def __init__(self) -> None:
+        self.placer = ProgramScheduler()
+        self.home: dict[str, str] = {}
+        self.tokens: dict[str, int] = {}
+        self.seen: dict[str, float] = {}
+        self.moves = 0
+
+    def _held(self, replica: str) -> int:
+        return sum(self.tokens[p] + PER_PROGRAM_TOKENS for p, r in self.home.items()
+                   if r == replica)
+
+    def _rooms(self, live: Sequence[ReplicaLoad], program_id: str) -> list[Room]:
+        rooms = []
+        for r in live:
+            if r.kv_capacity_tokens > 0:
+                held = self._held(r.name) - (
+                    self.tokens.get(program_id, 0) + PER_PROGRAM_TOKENS
+                    if self.home.get(program_id) == r.name else 0)
+                rooms.append(Room(r.name, int(ROOM_SHARE * r.kv_capacity_tokens), held))
+            else:  # no capacity reported: rank by measured usage on a 0..1000 scale
+                rooms.append(Room(r.name, 1000, int(1000 * r.kv_usage)))
+        return rooms
+
+    def route(self, program_id: str, turn: int, replicas: Sequence[ReplicaLoad],
+              info: TurnInfo | None = None) -> Route:
+        live = _alive(replicas, "colocated")
+        now = info.now if info is not None else 0.0
+        self._forget_stale(now)
+        self.seen[program_id] = now
+        if info is not None:
+            self.tokens[program_id] = info.prompt_tokens
+        self.tokens.setdefault(program_id, 0)
+        table = self.placer.table
+        st = table.get(program_id) or table.turn_arrived(program_id, self.tokens[program_id],
+                                                         now)
+        st.context_tokens = self.tokens[program_id]
+        home = self.home.get(program_id)
+        st.replica = home if home in {r.name for r in live} else None
+        chosen = self.placer.place(program_id, self._rooms(live, program_id))
+        if home is not None and chosen != home:
+            self.moves += 1
+        self.home[program_id] = chosen
+        return Route(decode=chosen)
+
+    def program_end(self, program_id: str) -> None:
+        self.home.pop(program_id, None)
+        self.tokens.pop(program_id, None)
+        self.seen.pop(program_id, None)
+        self.placer.table.programs.pop(program_id, None)
+
+    def bound(self, program_id: str) -> str | None:
+        return self.home.get(program_id)
+
+    def _forget_stale(self, now: float) -> None:
+        for pid in [p for p, t in self.seen.items() if now - t > STALE_AFTER_S]:
+            self.program_end(pid)

@@ -1,0 +1,224 @@
+"""The program scheduler interface: which programs hold memory, which run, and what happens
+to a paused program's KV cache.
+
+Why a layer above the policies: a policy (`server.policies`) decides per request — which
+waiting turn goes first, whether a finished turn's KV is pinned. That is measured to be at its
+limit (docs/programs.md): on a burst of long programs, admitting fewer programs at once beats
+every per-request order, the clairvoyant one included. A program scheduler decides per program:
+a program is *active* (its turns may run) or *paused* (its next turn waits even while memory is
+free), and when it is paused its KV is kept, offloaded to the host tier or dropped.
+
+One decision layer, carried out in two places: the engine (`server.policies.programs`: the
+scheduler holds back a paused program's turns and keeps, offloads or drops its KV) and the
+router (`cluster`: a program queue over the replicas, placement at start and resume). Neither
+imports vLLM; the engine and the router only tell a scheduler facts (a turn arrived, was
+admitted, finished; a tool started with its predicted duration; a tool ended; a program
+ended; how much memory is in use) and ask it what to do.
+
+Time is the caller's clock (seconds): the engine's virtual or real clock, the router's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from server.programs.state import Kv, Phase, ProgramState, ProgramTable
+
+#: Tokens a program is charged beyond its context (ThunderAgent's per-program allowance for the
+#: tokens its next turn adds before the next accounting).
+PER_PROGRAM_TOKENS = 100
+
+
+@dataclass(frozen=True)
+class Room:
+    """A replica as placement sees it: its KV capacity and what its active programs hold."""
+
+    name: str
+    capacity_tokens: int
+    used_tokens: int
+
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - self.used_tokens
+
+
+class ProgramScheduler:
+    """Base: every program active at once, KV as the engine leaves it (vLLM's behaviour).
+
+    Subclasses decide in `rebalance` (who is active) and `on_turn_end` (what a finished turn's
+    KV does while its tool runs); `victim` answers which pinned program gives way when an
+    allocation would fail."""
+
+    name = "all-active"
+    #: seconds between decisions; None: at every fact (ours). ThunderAgent decides on a tick.
+    tick_s: float | None = None
+    #: whether `prefetch_due` may name programs (the engine then keeps the prefetch books)
+    prefetches = False
+
+    def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
+                 host_tier: bool = False) -> None:
+        self.table = ProgramTable()
+        self.capacity_tokens = capacity_tokens
+        self.cost_model = cost_model
+        self.host_tier = host_tier
+        self.used_tokens = 0  # the engine's measured KV use (tokens), when it reports it
+        self._next_tick = 0.0
+        self._dirty = True
+
+    # -- facts -------------------------------------------------------------------------
+    def configure(self, capacity_tokens: int, host_tier: bool) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.host_tier = host_tier
+
+    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
+        st = self.table.turn_arrived(program_id, prompt_tokens, now)
+        if st.phase is Phase.NEW and not st.active:
+            self.on_new(st, now)
+        self._dirty = True
+
+    def turn_admitted(self, program_id: str, now: float) -> None:
+        self.table.turn_admitted(program_id, now)
+
+    def turn_finished(self, program_id: str, context_tokens: int, now: float,
+                      tool: str | None = None, predicted_s: float | None = None) -> Kv:
+        """A turn ended (its program is now in a tool call; `tool` and `predicted_s` when the
+        request's hints named them): where its KV stays meanwhile. `Kv.GPU` keeps it resident
+        (the engine pins it)."""
+        st = self.table.get(program_id)
+        if st is None:
+            return Kv.NONE
+        self.table.turn_finished(program_id, context_tokens, now)
+        if predicted_s is not None:
+            self.table.tool_started(program_id, tool, predicted_s, now)
+        self._dirty = True
+        if st.pause_on_finish:
+            self.pause(st, now)
+        if not st.active:
+            return st.kv
+        st.kv = self.on_turn_end(st, now)
+        return st.kv
+
+    def tool_started(self, program_id: str, tool: str | None, predicted_s: float | None,
+                     now: float) -> None:
+        """The tool call began: with its predicted duration, a kept KV is decided again
+        (the prediction may say the memory is better released)."""
+        self.table.tool_started(program_id, tool, predicted_s, now)
+        st = self.table.get(program_id)
+        if (st is not None and st.active and st.phase is Phase.ACTING and st.kv is Kv.GPU
+                and predicted_s is not None):
+            st.kv = self.on_turn_end(st, now)
+
+    def tool_ended(self, program_id: str, now: float) -> None:
+        self.table.tool_ended(program_id, now)
+
+    def program_ended(self, program_id: str, now: float) -> None:
+        self.table.program_ended(program_id, now)
+        self._dirty = True
+
+    def observe_memory(self, used_tokens: int, now: float) -> None:
+        self.used_tokens = used_tokens
+
+    # -- decisions -----------------------------------------------------------------------
+    def may_run(self, program_id: str | None) -> bool:
+        """Whether this program's waiting turn may be admitted now (unknown programs may)."""
+        st = self.table.get(program_id)
+        return st is None or st.active
+
+    def kv_of(self, program_id: str) -> Kv:
+        st = self.table.get(program_id)
+        return Kv.NONE if st is None else st.kv
+
+    def decide(self, now: float, *, idle: bool = False) -> None:
+        """Bring the active set up to date: at every fact, or on the tick (`tick_s`), and
+        whenever the caller is `idle` (nothing runs: a tick would only waste the time)."""
+        if self.tick_s is not None and now < self._next_tick and not idle:
+            return
+        if self.tick_s is None and not self._dirty and not idle:
+            return
+        for st in self.table.reap(now):
+            st.active = False
+        self.rebalance(now)
+        self._dirty = False
+        if self.tick_s is not None:
+            self._next_tick = now + self.tick_s
+
+    def rebalance(self, now: float) -> None:
+        for st in self.table.inactive():
+            self.resume(st, now)
+
+    def on_new(self, st: ProgramState, now: float) -> None:
+        """A program's first turn arrived (it is queued until `rebalance` admits it)."""
+
+    def on_turn_end(self, st: ProgramState, now: float) -> Kv:
+        """An active program's turn ended: where its KV waits for the tool (default: as
+        vLLM leaves it: freed to the prefix cache, or to the host tier)."""
+        return Kv.CPU if self.host_tier else Kv.NONE
+
+    def victim(self, pinned: Sequence[str], now: float) -> str:
+        """Which pinned program gives up its KV when an allocation would fail."""
+        return pinned[-1]
+
+    def prefetch_due(self, now: float) -> list[str]:
+        """Programs whose offloaded KV should start coming back now."""
+        return []
+
+    def order_key(self, program_id: str | None, now: float) -> tuple[float, ...]:
+        """Order of the waiting turns of active programs, smallest first."""
+        st = self.table.get(program_id)
+        return (st.arrival if st is not None else now,)
+
+    def place(self, program_id: str, rooms: Sequence[Room]) -> str:
+        """Where a program starts or resumes: the room with the most free KV (ThunderAgent's
+        and ours), kept where it is when it still fits (sticky, MORI's)."""
+        st = self.table.get(program_id)
+        need = (st.context_tokens if st is not None else 0) + PER_PROGRAM_TOKENS
+        if st is not None and st.replica is not None:
+            home = next((r for r in rooms if r.name == st.replica), None)
+            if home is not None and home.free_tokens >= need:
+                return home.name
+        best = max(rooms, key=lambda r: (r.free_tokens, -rooms.index(r)))
+        if st is not None:
+            st.replica = best.name
+        return best.name
+
+    # -- helpers for subclasses ----------------------------------------------------------
+    def held_tokens(self, st: ProgramState) -> int:
+        """What an active program is charged: its context plus the per-program allowance."""
+        return st.context_tokens + PER_PROGRAM_TOKENS
+
+    def active_usage(self) -> int:
+        return sum(self.held_tokens(st) for st in self.table.active())
+
+    def pause(self, st: ProgramState, now: float, kv: Kv | None = None) -> None:
+        """Pause `st`: its next turn waits; its KV goes to the host tier if there is one
+        (else it is dropped), unless `kv` says otherwise."""
+        self.table.set_active(st, False, now)
+        st.kv = kv if kv is not None else (Kv.CPU if self.host_tier else Kv.NONE)
+
+    def resume(self, st: ProgramState, now: float) -> None:
+        self.table.set_active(st, True, now)
+
+    # -- reports ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Per-state seconds summed over programs, pauses and resumes (live and ended)."""
+        everyone = [*self.table.ended, *self.table]
+        return {
+            "active_s": sum(st.active_s for st in everyone),
+            "paused_s": sum(st.paused_s for st in everyone),
+            "queued_s": sum(st.queued_s for st in everyone),
+            "pauses": float(sum(st.pauses for st in everyone)),
+            "resumes": float(sum(st.resumes for st in everyone)),
+        }
+
+    def occupancy(self) -> Mapping[str, int]:
+        """KV tokens by program state now (for the occupancy-over-time plot)."""
+        out = {"reasoning": 0, "acting": 0, "paused": 0}
+        for st in self.table:
+            if not st.active:
+                out["paused"] += st.context_tokens if st.kv is Kv.GPU else 0
+            elif st.phase is Phase.ACTING:
+                out["acting"] += st.context_tokens if st.kv is Kv.GPU else 0
+            else:
+                out["reasoning"] += st.context_tokens
+        return out

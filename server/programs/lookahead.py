@@ -1,0 +1,268 @@
+"""`lookahead`: our program scheduler — how many programs share the engine, decided at events
+from the engine's cost model, the tool-duration predictions and the expected remaining work.
+
+Why (docs/programs.md has the measurements): on a burst of long programs a plain cap of 32
+programs at a time beats every per-request order, because a program alone decodes at ~7 ms a
+token and in a batch of 100 long contexts at ~40: admitting everyone makes everyone slow and
+thrashes memory. What cap is right depends on the step-time model, the contexts and how many
+programs are waiting, which only the engine knows; what a program will do next (its tool's
+predicted return) only the harness's events tell. The rules:
+
+* **How many reason at once.** Serving N waiting programs in batches of B, with a decode step
+  of a + b B seconds (a: the step's fixed part, reading the weights; b: one sequence's share at
+  the programs' mean context, reading its KV), gives a mean completion time proportional to
+  (a + b B)(N / B + 1), least at B* = sqrt(a N / b). a and b come from the engine's own cost
+  model (`step_seconds`); N counts every live program plus those expected to arrive while
+  they are served (as many as arrived in the last mean lifetime: none after a burst, as many
+  again as are live in a closed loop, where by Little's law throughput is what mean JCT
+  wants); the mean context is the live programs' projected to the middle of their expected
+  remaining turns. Programs in a tool call decode
+  nothing, so the active set is B* divided by the measured share of time active programs spend
+  reasoning (at least `MIN_REASONING_SHARE`).
+* **Memory.** Active programs' contexts (held through tool calls: pinned) stay within
+  `MEMORY_SHARE` of the KV capacity, the rest being headroom for the tokens a turn adds. A
+  program is admitted only if it fits. With a host tier only reasoning programs count: an
+  acting program's KV can wait in host memory and come back over PCIe.
+* **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
+  work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
+  then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
+* **Who gives way.** When the target shrinks or memory runs short, the acting program whose
+  next turn is furthest away, weighted by its size ((predicted return - now) x context), is
+  paused at once; its KV goes to the host tier when there is one, else it is dropped. A
+  reasoning program is never paused mid-turn. Under an allocation failure the same score picks
+  which pin to give up (Belady's rule with the predicted return standing in for the future).
+* **What a tool call keeps.** An active program's finished turn is pinned when its tool's
+  predicted duration is shorter than the reload it saves (`keep_worth_it`); otherwise released
+  to the host tier (or dropped) and, with a host tier, prefetched at the predicted return minus
+  the transfer time.
+* **When.** At every event (a turn arrives, is admitted, finishes; a tool starts or ends; a
+  program ends), never on a tick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
+from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
+from server.programs.state import Kv, Phase, ProgramState
+
+#: Active programs' KV stays within this share of the capacity (headroom for growing turns).
+MEMORY_SHARE = 0.9
+#: The reasoning share below which the active set is not stretched further (a floor on the
+#: estimate while few cycles are seen).
+MIN_REASONING_SHARE = 0.25
+#: Arrivals and lifetimes remembered for the arrival term of the square-root rule.
+ARRIVAL_MEMORY = 4096
+#: How far above the target the active set may stay before programs are paused for the count.
+SHRINK_SLACK = 0.1
+#: Programs ended before remaining-work ordering replaces arrival order.
+MIN_ENDED = 10
+#: Tool duration assumed when no prediction came (s): Continuum's Exp(1) prior mean.
+DEFAULT_TOOL_S = 1.0
+#: Fallback step-cost constants when the cost model has no `step_seconds` (an 8B model on one
+#: H100: ~6.6 ms fixed, 0.05 ms per sequence plus 39 ns per context token).
+FALLBACK_FIXED_S = 6.6e-3
+FALLBACK_SEQ_S = 5e-5
+FALLBACK_TOKEN_S = 3.9e-8
+
+
+class Lookahead(ProgramScheduler):
+    name = "lookahead"
+    tick_s = None
+    prefetches = True
+
+    def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
+                 host_tier: bool = False) -> None:
+        super().__init__(capacity_tokens, cost_model, host_tier)
+        self._step = getattr(cost_model, "step_seconds", None)
+        #: E[N - k | N > k] over the last ended programs' turn counts (remaining-work's table)
+        self._lengths = RemainingTurns(window=LENGTH_WINDOW, min_programs=MIN_ENDED)
+        self._growth_sum = 0.0
+        self._growth_n = 0
+        self._last_ctx: dict[str, int] = {}
+        self._arrivals: deque[float] = deque(maxlen=ARRIVAL_MEMORY)  # new programs' arrivals
+        self._jct: deque[float] = deque(maxlen=ARRIVAL_MEMORY)  # ended programs' lifetimes
+        #: program -> its turn count, when told (`lookahead-oracle`, a clairvoyant reference:
+        #: what the same rules reach when program lengths are known)
+        self.known_turns: dict[str, int] | None = None
+        self.target_active = 0  # for the reports
+        self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
+        self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
+
+    # -- learning ------------------------------------------------------------------------
+    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
+        prev = self._last_ctx.get(program_id)
+        if prev is not None and prompt_tokens > prev:
+            self._growth_sum += prompt_tokens - prev
+            self._growth_n += 1
+        self._last_ctx[program_id] = prompt_tokens
+        if program_id not in self.table:
+            self._arrivals.append(now)
+        super().turn_arrived(program_id, prompt_tokens, now)
+
+    def program_ended(self, program_id: str, now: float) -> None:
+        st = self.table.get(program_id)
+        if st is not None and st.turns > 0:
+            self._lengths.add(st.turns)
+            self._jct.append(now - st.arrival)
+        self._last_ctx.pop(program_id, None)
+        super().program_ended(program_id, now)
+
+    def turns_left(self, st: ProgramState) -> float:
+        """E[N - k | N > k] over ended programs (this turn included); before `MIN_ENDED`
+        ended, as many again as it has done (a program seen at age k is as likely to be in
+        its first half as its second)."""
+        k = st.turns
+        if self.known_turns is not None and st.program_id in self.known_turns:
+            return float(max(1, self.known_turns[st.program_id] - k))
+        left = self._lengths.expected(k)
+        if left is None or (left == 1.0 and k >= max(self._lengths.lengths)):
+            return float(max(1, k))  # too few ended, or older than every ended program
+        return left
+
+    def growth(self) -> float:
+        return self._growth_sum / self._growth_n if self._growth_n else 0.0
+
+    # -- costs -----------------------------------------------------------------------------
+    def step_costs(self, context: int) -> tuple[float, float]:
+        """(a, b): a decode step's fixed seconds and one sequence's at this context."""
+        if self._step is not None:
+            one = float(self._step([], [context]))
+            two = float(self._step([], [context, context]))
+            b = max(two - one, 1e-9)
+            return max(one - b, 1e-9), b
+        return FALLBACK_FIXED_S, FALLBACK_SEQ_S + FALLBACK_TOKEN_S * context
+
+    def expected_work(self, st: ProgramState) -> float:
+        left = self.turns_left(st)
+        ctx = st.context_tokens + left / 2 * self.growth()
+        _, b = self.step_costs(int(ctx))
+        return left * b
+
+    def reasoning_share(self) -> float:
+        reason = acting = 0.0
+        for st in self.table:
+            for r, a in st.cycles:
+                reason += r
+                acting += a
+        share = reason / (reason + acting) if reason + acting > 0 else 1.0
+        return max(MIN_REASONING_SHARE, share)
+
+    def expected_arrivals(self, now: float) -> float:
+        """Programs expected to arrive while the live ones are served: as many as arrived in
+        the last mean lifetime of an ended program (none before a program has ended). In a
+        closed loop that is as many again as are live (Little's law), so the batch grows
+        towards the memory bound, as throughput wants there; after a burst it is none."""
+        if not self._jct:
+            return 0.0
+        window = sum(self._jct) / len(self._jct)
+        return float(sum(1 for t in self._arrivals if now - t < window))
+
+    def target(self, now: float | None = None) -> int:
+        live = list(self.table)
+        if not live:
+            return 0
+        g = self.growth()
+        ctx = sum(st.context_tokens + self.turns_left(st) / 2 * g for st in live) / len(live)
+        a, b = self.step_costs(max(1, int(ctx)))
+        n = len(live) + (self.expected_arrivals(now) if now is not None else 0.0)
+        reasoning = self.scale * math.sqrt(a * n / b)
+        return max(1, math.ceil(reasoning / self.reasoning_share()))
+
+    # -- decisions -------------------------------------------------------------------------
+    def rank(self, st: ProgramState) -> tuple[float, ...]:
+        """Smaller first: admitted programs, then expected remaining work, then arrival, then
+        the programs that made the most progress (a paused program returns before a new one,
+        as in ThunderAgent and MORI: its turns done are work a later start would still owe)."""
+        known = self.known_turns is not None or self._lengths.known()
+        work = self.expected_work(st) if known else 0.0
+        return (0.0 if st.active else 1.0, work, st.arrival, -st.turns)
+
+    def give_way_score(self, st: ProgramState, now: float) -> float:
+        """How little a pause costs: time until its next turn x the KV it frees."""
+        back = st.predicted_return if st.predicted_return is not None else (
+            (st.tool_started or now) + DEFAULT_TOOL_S)
+        return max(0.0, back - now) * max(1, st.context_tokens)
+
+    def resident(self, st: ProgramState) -> int:
+        """What a program holds in GPU memory for the memory rule. With a host tier an acting
+        program's KV is not counted: under pressure its pin goes to the host tier (the
+        engine's victim rule) and its next turn reloads it over PCIe, so GPU memory bounds
+        only the programs that reason."""
+        if self.host_tier and st.phase is Phase.ACTING and not st.turn_waiting:
+            return 0
+        return self.held_tokens(st)
+
+    def rebalance(self, now: float) -> None:
+        self.target_active = want = self.target(now)
+        limit = MEMORY_SHARE * self.capacity_tokens
+        active = self.table.active()
+        usage = sum(self.resident(st) for st in active)
+        # shrink: acting programs give way, cheapest pause first (for the count only past
+        # `SHRINK_SLACK`: a pause costs a reload, so a target that dips briefly is let be)
+        over = len(active) - math.ceil(want * (1 + SHRINK_SLACK))
+        if over > 0 or usage > limit:
+            acting = sorted((st for st in active if st.phase is Phase.ACTING),
+                            key=lambda st: -self.give_way_score(st, now))
+            for st in acting:
+                freed = self.resident(st)
+                if over <= 0 and not (usage > limit and freed > 0):
+                    continue
+                self.pause(st, now)
+                over -= 1
+                usage -= freed
+            return
+        # grow: the best-ranked waiting programs that fit
+        room = want - len(active)
+        for st in sorted(self.table.inactive(), key=self.rank):
+            if room <= 0:
+                break
+            need = self.resident(st)
+            if usage + need > limit and usage > 0:
+                continue
+            self.resume(st, now)
+            usage += need
+            room -= 1
+
+    def on_turn_end(self, st: ProgramState, now: float) -> Kv:
+        return Kv.GPU if self.keep_worth_it(st, now) else (
+            Kv.CPU if self.host_tier else Kv.NONE)
+
+    def keep_worth_it(self, st: ProgramState, now: float) -> bool:
+        """Keep while memory allows: an active program's KV is part of its budget already, and
+        the next turn saves the reload. Only a tool call predicted to outlast the reload many
+        times over, with a host tier to reload from, is worth releasing the memory for."""
+        if not self.host_tier or st.predicted_return is None:
+            return True
+        reload = getattr(self.cost_model, "swap_seconds", None)
+        cost = float(reload(st.context_tokens)) if reload is not None else 0.0
+        return st.predicted_return - now <= max(10 * cost, 1.0)
+
+    def victim(self, pinned: Sequence[str], now: float) -> str:
+        def score(pid: str) -> float:
+            st = self.table.get(pid)
+            return -1.0 if st is None else self.give_way_score(st, now)
+        return max(pinned, key=score)
+
+    def prefetch_due(self, now: float) -> list[str]:
+        """Offloaded active programs whose tool is due back within the reload time."""
+        if not self.host_tier:
+            return []
+        reload = getattr(self.cost_model, "swap_seconds", None)
+        due = []
+        for st in self.table.active():
+            if st.phase is not Phase.ACTING or st.kv is not Kv.CPU:
+                continue
+            if st.predicted_return is None:
+                continue
+            lead = float(reload(st.context_tokens)) if reload is not None else 0.0
+            if now >= st.predicted_return - lead:
+                st.kv = Kv.GPU  # asked once per interception
+                due.append(st.program_id)
+        return due
+
+
+__all__ = ["Lookahead", "PER_PROGRAM_TOKENS"]

@@ -1,0 +1,385 @@
+"""The program schedulers' decisions on hand-worked cases (pure Python: no engine).
+
+Each test states a rule of the paper (ThunderAgent, MORI) or of ours (`lookahead`) and checks
+it on a few programs whose numbers are worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from server.policies import make_policy
+from server.policies.base import AgentEvent, Hints, RequestView
+from server.programs import Kv, Phase, ProgramScheduler, Room
+from server.programs.lookahead import Lookahead
+from server.programs.mori import Mori
+from server.programs.state import STALE_AFTER_S
+from server.programs.thunderagent import ThunderAgent
+
+
+def _start(s: ProgramScheduler, pid: str, tokens: int, now: float) -> None:
+    s.turn_arrived(pid, tokens, now)
+    s.decide(now)
+    if s.may_run(pid):
+        s.turn_admitted(pid, now)
+
+
+def _act(s: ProgramScheduler, pid: str, tokens: int, now: float, predicted: float | None = None,
+         tool: str = "bash") -> Kv:
+    kv = s.turn_finished(pid, tokens, now)
+    s.tool_started(pid, tool, predicted, now)
+    return kv
+
+
+# -- ThunderAgent ------------------------------------------------------------------------------
+
+def test_thunderagent_admits_new_programs_while_they_fit_and_queues_the_rest():
+    # capacity 1000 tokens; each program charged context + 100: 300 + 300 + 300 = 900 fit, a
+    # fourth (300 more: 1200) does not and waits for a tick
+    s = ThunderAgent(capacity_tokens=1000)
+    for i in range(4):
+        _start(s, f"p{i}", 200, now=0.0)
+    assert [s.may_run(f"p{i}") for i in range(4)] == [True, True, True, False]
+
+
+def test_thunderagent_pauses_acting_programs_smallest_first_at_the_tick():
+    # usage after the turns: a 500 + 100, b 200 + 100, c 300 + 100 = 1300 > 1000; pausing the
+    # smallest acting one (b: -300) brings it to 1000 <= 1000: only b pauses
+    s = ThunderAgent(capacity_tokens=1000)
+    for pid in "abc":
+        _start(s, pid, 100, now=0.0)
+    _act(s, "a", 500, now=1.0)
+    _act(s, "b", 200, now=1.0)
+    _act(s, "c", 300, now=1.0)
+    s.decide(now=2.0)  # before the tick (5 s after the first decision): nothing changes
+    assert all(s.may_run(p) for p in "abc")
+    s.decide(now=5.0)
+    assert [s.may_run(p) for p in "abc"] == [True, False, True]
+    assert s.kv_of("b") is Kv.NONE  # assumed lost: ThunderAgent holds no pins
+
+
+def test_thunderagent_marks_reasoning_programs_to_pause_at_their_turn_end():
+    # both reasoning (turns in flight), usage 700 + 100 + 600 + 100 = 1500 > 1000; no acting
+    # program to pause, so the smaller (b) is marked and pauses when its turn ends
+    s = ThunderAgent(capacity_tokens=1000)
+    _start(s, "a", 100, 0.0)
+    _start(s, "b", 100, 0.0)
+    s.turn_arrived("a", 700, 1.0)
+    s.turn_arrived("b", 600, 1.0)
+    s.decide(now=5.0)
+    assert s.may_run("a") and s.may_run("b")
+    assert s.turn_finished("b", 650, 6.0) is Kv.NONE
+    assert not s.may_run("b") and s.may_run("a")
+
+
+def test_thunderagent_resumes_returning_programs_before_new_ones_smallest_first():
+    s = ThunderAgent(capacity_tokens=1000)
+    _start(s, "big", 100, 0.0)
+    _start(s, "small", 100, 0.0)
+    _act(s, "big", 600, 1.0)
+    _act(s, "small", 400, 1.0)  # usage 700 + 500 = 1200: small pauses at the tick
+    s.decide(5.0)
+    assert not s.may_run("small")
+    s.turn_arrived("new", 300, 6.0)  # 700 + 400 = 1100 > 1000: queued
+    s.decide(6.0)
+    assert not s.may_run("new")
+    s.turn_arrived("small", 450, 7.0)  # its tool returned: a turn waits
+    s.program_ended("big", 8.0)  # room: 0 used
+    s.decide(10.0)
+    # returning first (small: 550), then new (400): 950 <= 1000, both resume
+    assert s.may_run("small") and s.may_run("new")
+
+
+def test_thunderagent_dynamo_thresholds_are_checked():
+    with pytest.raises(ValueError):
+        ThunderAgent(1000, pause_above=0.8, pause_to=0.95)
+
+
+# -- MORI ---------------------------------------------------------------------------------
+
+def test_mori_demotes_the_most_idle_acting_program_to_the_host_tier():
+    # idle: a spent 1 s reasoning, 9 s in tools (0.9); b 5 s and 5 s (0.5). Over capacity,
+    # the most idle (a) is demoted GPU -> CPU; active programs keep KV on the GPU meanwhile
+    s = Mori(capacity_tokens=1000, host_tier=True)
+    for pid in "ab":
+        _start(s, pid, 100, 0.0)
+    assert _act(s, "a", 300, 1.0) is Kv.GPU
+    _act(s, "b", 300, 5.0)
+    s.turn_arrived("a", 300, 10.0)
+    s.turn_arrived("b", 300, 10.0)
+    _act(s, "a", 500, 11.0)
+    _act(s, "b", 500, 11.0)  # usage 600 + 600 = 1200 > 1000
+    s.decide(11.0)
+    assert not s.may_run("a") and s.may_run("b")
+    assert s.kv_of("a") is Kv.CPU
+
+
+def test_mori_drops_when_the_host_tier_is_full():
+    s = Mori(capacity_tokens=1000, host_tier=True, host_capacity_tokens=100)
+    for pid in "ab":
+        _start(s, pid, 100, 0.0)
+    _act(s, "a", 600, 1.0)
+    _act(s, "b", 500, 1.0)
+    s.decide(5.0)  # the tick
+    paused = [p for p in "ab" if not s.may_run(p)]
+    assert len(paused) == 1 and s.kv_of(paused[0]) is Kv.NONE
+
+
+# -- lookahead (ours) ------------------------------------------------------------------------
+
+class _Costs:
+    """A step of a + b_seq x sequences + b_tok x context tokens: a = 6 ms, one sequence at
+    context c adds 0.05 ms + 40 ns x c."""
+
+    def step_seconds(self, prefill, decode):
+        return 6e-3 + sum(5e-5 + 4e-8 * c for c in decode)
+
+    def swap_seconds(self, tokens):
+        return 4e-6 * tokens
+
+
+def test_lookahead_target_is_the_square_root_rule():
+    # 100 programs at 2,000 tokens (no growth seen yet, turns_left 1): a = 6 ms,
+    # b = 0.05 + 0.08 = 0.13 ms -> B* = sqrt(6 * 100 / 0.13) = 67.9; no cycles seen, so the
+    # reasoning share is 1 -> 68 active
+    s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
+    for i in range(100):
+        s.turn_arrived(f"p{i}", 2000, 0.0)
+    assert s.target() == math.ceil(math.sqrt(6e-3 * 100 / 1.3e-4))
+    s.decide(0.0)
+    assert sum(s.may_run(f"p{i}") for i in range(100)) == 68
+    # program-level FCFS until programs end: the first 68 by arrival (ties: insertion order)
+    assert all(s.may_run(f"p{i}") for i in range(68))
+
+
+def test_lookahead_memory_bounds_the_active_set():
+    # capacity 10,000 tokens x 0.9 = 9,000; each program 2,000 + 100: four fit (8,400)
+    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+    for i in range(10):
+        s.turn_arrived(f"p{i}", 2000, 0.0)
+    s.decide(0.0)
+    assert sum(s.may_run(f"p{i}") for i in range(10)) == 4
+
+
+def test_lookahead_pauses_the_program_whose_next_turn_is_furthest_weighted_by_size():
+    # three active, all acting; memory now over 9,000: scores (return - now) x context:
+    # a 2 s x 3,000 = 6,000; b 30 s x 2,000 = 60,000; c 10 s x 4,000 = 40,000 -> b pauses
+    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+    for pid in "abc":
+        _start(s, pid, 1000, 0.0)
+    _act(s, "a", 3000, 1.0, predicted=2.0)
+    _act(s, "b", 2000, 1.0, predicted=30.0)
+    _act(s, "c", 4000, 1.0, predicted=10.0)
+    s.decide(1.0)
+    assert [s.may_run(p) for p in "abc"] == [True, False, True]
+    assert s.kv_of("b") is Kv.NONE  # no host tier: dropped
+    # the same score picks the pin to give up under an allocation failure
+    assert s.victim(["a", "c"], 1.0) == "c"
+
+
+def test_lookahead_orders_by_expected_remaining_work_once_programs_ended():
+    s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
+    for i in range(12):  # 12 programs of 4 turns end: E[N - k | N > k] = 4 - k
+        pid = f"old{i}"
+        _start(s, pid, 100, 0.0)
+        for k in range(4):
+            _act(s, pid, 200 + k, 0.1 * k)
+            s.turn_arrived(pid, 200 + k, 0.1 * k + 0.05)
+        s.program_ended(pid, 1.0)
+    young, aged = (s.table.turn_arrived(p, 500, 2.0) for p in ("young", "aged"))
+    aged.turns = 3  # one turn left, against four for young
+    assert s.rank(aged) < s.rank(young)
+
+
+def test_lookahead_prefetches_an_offloaded_context_ahead_of_the_predicted_return():
+    # host tier; a 50 s tool (predicted) is worth releasing: 50 > max(10 x 0.02 s, 1 s).
+    # reload of 5,000 tokens = 0.02 s: the prefetch is due at 51 - 0.02 = 50.98 s
+    s = Lookahead(capacity_tokens=10**6, cost_model=_Costs(), host_tier=True)
+    _start(s, "a", 1000, 0.0)
+    assert s.turn_finished("a", 5000, 1.0) is Kv.GPU  # no prediction yet: kept
+    s.tool_started("a", "python", 50.0, 1.0)  # the prediction: released to the host tier
+    assert s.kv_of("a") is Kv.CPU
+    # a short tool keeps it: 0.5 s <= max(10 x 0.02 s, 1 s)
+    _start(s, "b", 1000, 0.0)
+    assert s.turn_finished("b", 5000, 1.0, "bash", 0.5) is Kv.GPU
+    assert s.prefetch_due(50.9) == []
+    assert s.prefetch_due(50.99) == ["a"]
+    assert s.prefetch_due(51.0) == []  # once per interception
+
+
+# -- what every scheduler shares -----------------------------------------------------------
+
+def test_a_program_that_never_ends_is_forgotten_with_its_slot():
+    s = ThunderAgent(capacity_tokens=1000)
+    _start(s, "gone", 800, 0.0)
+    _act(s, "gone", 800, 1.0)
+    s.turn_arrived("next", 300, 2.0)  # 900 + 400 > 1000: queued behind the silent program
+    s.decide(5.0)
+    assert not s.may_run("next")
+    s.decide(1.0 + STALE_AFTER_S + 5.0)
+    assert "gone" not in s.table and s.may_run("next")
+
+
+def test_events_for_unknown_programs_are_ignored():
+    s = Lookahead(capacity_tokens=1000)
+    s.tool_started("ghost", "bash", 1.0, 0.0)
+    s.tool_ended("ghost", 0.0)
+    s.program_ended("ghost", 0.0)
+    assert s.turn_finished("ghost", 10, 0.0) is Kv.NONE
+    assert len(s.table) == 0 and s.may_run("ghost")
+
+
+def test_placement_prefers_the_home_replica_then_the_most_free_room():
+    s = ThunderAgent(capacity_tokens=1000)
+    s.turn_arrived("p", 300, 0.0)
+    rooms = [Room("r0", 1000, 800), Room("r1", 1000, 100)]
+    assert s.place("p", rooms) == "r1"
+    rooms = [Room("r0", 1000, 100), Room("r1", 1000, 500)]
+    assert s.place("p", rooms) == "r1"  # home still fits (500 free >= 400)
+    rooms = [Room("r0", 1000, 100), Room("r1", 1000, 900)]
+    assert s.place("p", rooms) == "r0"  # home full: moved
+
+
+def test_time_is_accounted_per_state():
+    s = ThunderAgent(capacity_tokens=300)
+    _start(s, "a", 100, 0.0)
+    s.turn_arrived("b", 150, 0.0)  # 200 + 250 > 300: queued
+    s.decide(0.0)
+    s.program_ended("a", 4.0)
+    s.decide(5.0)
+    assert s.may_run("b")
+    s.program_ended("b", 9.0)
+    stats = s.stats()
+    assert stats["queued_s"] == pytest.approx(5.0)
+    assert stats["active_s"] == pytest.approx(4.0 + 4.0)
+
+
+# -- the engine adapter ----------------------------------------------------------------------
+
+def test_the_policy_holds_back_turns_of_paused_programs_and_releases_their_pins():
+    policy = make_policy("thunderagent")
+    policy.configure(max_batch_tokens=2048, total_blocks=64, block_size=16)  # 1,024 tokens
+    views = [RequestView(f"r{i}", f"p{i}", 0.0, 400) for i in range(3)]
+    for v in views:
+        policy.on_arrival(v, 0.0)
+    # 500 + 500 fit in 1,024, the third (1,500) does not
+    held = policy.held_back(views, used_blocks=0, running=0, now=0.0)
+    assert held == {"r2"}
+    policy.on_scheduled(views[0], 0.0)
+    done = RequestView("r0", "p0", 0.0, 400, output_tokens=100, hints=Hints(turn=0))
+    assert policy.on_finish(done, 1.0) is False  # ThunderAgent pins nothing
+    policy.on_event(AgentEvent("program_end", "p0"), 2.0)
+    policy.on_event(AgentEvent("program_end", "p1"), 2.0)
+    assert policy.held_back(views[2:], used_blocks=0, running=0, now=10.0) == set()
+
+
+def test_lookahead_policy_pins_while_active_and_releases_when_paused():
+    policy = make_policy("lookahead")
+    policy.configure(max_batch_tokens=2048, total_blocks=640, block_size=16)  # 10,240 tokens
+    view = RequestView("r0", "p0", 0.0, 1000)
+    policy.on_arrival(view, 0.0)
+    assert policy.held_back([view], 0, 0, 0.0) == set()
+    policy.on_scheduled(view, 0.0)
+    done = RequestView("r0", "p0", 0.0, 1000, output_tokens=50)
+    assert policy.on_finish(done, 1.0) is True
+    assert policy.pin_expired("p0", 1.0, has_waiting=False) is False
+    policy.programs.pause(policy.programs.table.get("p0"), 2.0)
+    assert policy.pin_expired("p0", 2.0, has_waiting=False) is True
+    assert policy.programs.table.get("p0").phase is Phase.ACTING
+
+
+# -- the router ------------------------------------------------------------------------------
+
+def _loads(*used: tuple[str, int]) -> list:
+    from cluster.routing import ReplicaLoad
+    return [ReplicaLoad(name, "colocated", kv_capacity_tokens=cap) for name, cap in used]
+
+
+def test_program_router_places_by_room_and_follows_the_program_home():
+    from cluster.program_router import ProgramRouter
+    from cluster.routing import TurnInfo
+    router = ProgramRouter()
+    replicas = _loads(("r0", 10_000), ("r1", 10_000))
+    # room is 0.9 x 10,000 = 9,000 each; a takes 5,000 + 100 on r0 (ties: first listed)
+    assert router.route("a", 0, replicas, TurnInfo(0.0, prompt_tokens=5000)).decode == "r0"
+    # b goes where the room is: r1 (9,000 free against r0's 3,900)
+    assert router.route("b", 0, replicas, TurnInfo(0.0, prompt_tokens=1000)).decode == "r1"
+    # c (2,000) fits r1 (7,900 free) best
+    assert router.route("c", 0, replicas, TurnInfo(0.0, prompt_tokens=2000)).decode == "r1"
+    # a grows to 8,000: r0 still holds it alone (8,100 <= 9,000): it stays home
+    assert router.route("a", 1, replicas, TurnInfo(1.0, prompt_tokens=8000)).decode == "r0"
+    assert router.moves == 0
+
+
+def test_program_router_moves_a_program_whose_home_is_full():
+    from cluster.program_router import ProgramRouter
+    from cluster.routing import TurnInfo
+    router = ProgramRouter()
+    replicas = _loads(("r0", 10_000), ("r1", 10_000))
+    router.route("a", 0, replicas, TurnInfo(0.0, prompt_tokens=4000))  # r0
+    router.route("b", 0, replicas, TurnInfo(0.0, prompt_tokens=4000))  # r1
+    router.route("c", 0, replicas, TurnInfo(0.0, prompt_tokens=3000))  # r0: 4,900 free
+    # b ends (r1 empty); c grows to 6,000: at home it would need 6,100 of r0's 4,900 free
+    # (9,000 - a's 4,100): it moves to r1, which has 9,000
+    router.program_end("b")
+    assert router.route("c", 1, replicas, TurnInfo(1.0, prompt_tokens=6000)).decode == "r1"
+    assert router.moves == 1 and router.bound("c") == "r1"
+    router.program_end("c")
+    assert router.bound("c") is None
+
+
+def test_the_served_router_reads_kv_capacity_from_vllms_cache_config():
+    from cluster.router_state import engine_gauges
+    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+            'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+            'num_gpu_blocks="28851",num_cpu_blocks="None"} 1.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n')
+    gauges = engine_gauges(text)
+    assert gauges["kv_capacity_tokens"] == 28851 * 16
+    assert gauges["kv_usage"] == 0.25
+    assert "kv_capacity_tokens" not in engine_gauges("vllm:cache_config_info{x=\"1\"} 1.0\n")
+
+
+def test_lookahead_oracle_ranks_by_known_remaining_turns_from_the_start():
+    # told the lengths (5 and 50 turns), before any program ended: the short one ranks first
+    policy = make_policy("lookahead-oracle")
+    policy.configure(max_batch_tokens=2048, total_blocks=10**5, block_size=16)
+    policy.foresee({"short": [None] * 5, "long": [None] * 50})
+    s = policy.programs
+    for pid in ("long", "short"):
+        s.turn_arrived(pid, 1000, 0.0)
+    assert s.turns_left(s.table.get("short")) == 5.0
+    assert s.rank(s.table.get("short")) < s.rank(s.table.get("long"))
+    assert not hasattr(make_policy("lookahead"), "foresee")
+
+
+def test_lookahead_counts_expected_arrivals_only_once_programs_replace_each_other():
+    # a burst: 10 programs at t=0, one ends at t=100 (lifetime 100 s): at t=150 no program
+    # arrived in the last 100 s, so N is the 9 live ones
+    s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
+    for i in range(10):
+        _start(s, f"b{i}", 2000, 0.0)
+    _act(s, "b0", 2100, 50.0)
+    s.program_ended("b0", 100.0)
+    assert s.expected_arrivals(150.0) == 0.0
+    # a closed loop: each end brings a new program; 3 arrived within the last 100 s
+    for t in (110.0, 120.0, 130.0):
+        s.turn_arrived(f"n{t}", 2000, t)
+    assert s.expected_arrivals(150.0) == 3.0
+    # and the target grows with them: sqrt(a (12 + 3) / b) against sqrt(a 12 / b)
+    a, b = s.step_costs(2000)
+    assert s.target(150.0) == math.ceil(math.sqrt(a * 15 / b))
+    assert s.target() == math.ceil(math.sqrt(a * 12 / b))
+
+
+def test_lookahead_with_a_host_tier_bounds_only_reasoning_programs_by_gpu_memory():
+    # capacity 10,000 x 0.9 = 9,000; a (6,000) is acting: without a host tier it holds 6,100
+    # and b (4,000 + 100) does not fit; with one, a's KV can wait in host memory: b fits
+    for host, admitted in ((False, False), (True, True)):
+        s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=host)
+        _start(s, "a", 1000, 0.0)
+        _act(s, "a", 6000, 1.0, predicted=30.0)
+        s.turn_arrived("b", 4000, 2.0)
+        s.decide(2.0)
+        assert s.may_run("b") is admitted
