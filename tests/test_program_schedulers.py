@@ -383,3 +383,14 @@ def test_lookahead_with_a_host_tier_bounds_only_reasoning_programs_by_gpu_memory
         s.turn_arrived("b", 4000, 2.0)
         s.decide(2.0)
         assert s.may_run("b") is admitted
+
+
+def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_history():
+    # no prediction from the client: the program's last cycles say its tools take 20 s,
+    # longer than max(10 reloads of 5,000 tokens = 0.2 s, 1 s): released to the host tier
+    s = Lookahead(capacity_tokens=10**6, cost_model=_Costs(), host_tier=True)
+    _start(s, "a", 1000, 0.0)
+    assert s.turn_finished("a", 2000, 1.0) is Kv.GPU  # no history yet: 1 s assumed, kept
+    s.turn_arrived("a", 2100, 21.0)  # its tool took 20 s
+    s.turn_admitted("a", 21.0)
+    assert s.turn_finished("a", 5000, 22.0) is Kv.CPU

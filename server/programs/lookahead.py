@@ -60,6 +60,9 @@ ARRIVAL_MEMORY = 4096
 SHRINK_SLACK = 0.1
 #: Programs ended before remaining-work ordering replaces arrival order.
 MIN_ENDED = 10
+#: With a host tier, a tool call is worth keeping the KV through when it is expected back
+#: within this many reloads of the context.
+KEEP_RELOADS = 10
 #: Tool duration assumed when no prediction came (s): Continuum's Exp(1) prior mean.
 DEFAULT_TOOL_S = 1.0
 #: Fallback step-cost constants when the cost model has no `step_seconds` (an 8B model on one
@@ -232,14 +235,23 @@ class Lookahead(ProgramScheduler):
             Kv.CPU if self.host_tier else Kv.NONE)
 
     def keep_worth_it(self, st: ProgramState, now: float) -> bool:
-        """Keep while memory allows: an active program's KV is part of its budget already, and
-        the next turn saves the reload. Only a tool call predicted to outlast the reload many
-        times over, with a host tier to reload from, is worth releasing the memory for."""
-        if not self.host_tier or st.predicted_return is None:
+        """Without a host tier: keep (an active program's KV is part of its budget already,
+        and the next turn saves the recompute). With one: keep only a tool call expected back
+        within the reload many times over (`KEEP_RELOADS`, and at least `DEFAULT_TOOL_S`);
+        a longer one releases the memory to the reasoning programs and reloads over PCIe. The
+        expected duration is the client's prediction, else the program's own mean tool time
+        over its last cycles, else `DEFAULT_TOOL_S`."""
+        if not self.host_tier:
             return True
+        if st.predicted_return is not None:
+            expected = st.predicted_return - now
+        elif st.cycles:
+            expected = sum(a for _, a in st.cycles) / len(st.cycles)
+        else:
+            expected = DEFAULT_TOOL_S
         reload = getattr(self.cost_model, "swap_seconds", None)
         cost = float(reload(st.context_tokens)) if reload is not None else 0.0
-        return st.predicted_return - now <= max(10 * cost, 1.0)
+        return expected <= max(KEEP_RELOADS * cost, DEFAULT_TOOL_S)
 
     def victim(self, pinned: Sequence[str], now: float) -> str:
         def score(pid: str) -> float:
