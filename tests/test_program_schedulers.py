@@ -354,23 +354,27 @@ def test_lookahead_oracle_ranks_by_known_remaining_turns_from_the_start():
     assert not hasattr(make_policy("lookahead"), "foresee")
 
 
-def test_lookahead_counts_expected_arrivals_only_once_programs_replace_each_other():
-    # a burst: 10 programs at t=0, one ends at t=100 (lifetime 100 s): at t=150 no program
-    # arrived in the last 100 s, so N is the 9 live ones
+def test_lookahead_applies_the_square_root_rule_only_while_the_backlog_drains():
+    # a burst: 10 programs at t=0 -> draining from the start (nothing after that instant)
     s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
     for i in range(10):
         _start(s, f"b{i}", 2000, 0.0)
+    assert s.draining(0.0) and s.draining(50.0)
+    a, b = s.step_costs(2000)
+    assert s.target(50.0) == math.ceil(math.sqrt(a * 10 / b))
+    # one ends at t=100 (lifetime 100 s) and a new program arrives at 110 (a closed loop):
+    # programs keep arriving, so every live one may run (memory alone bounds them)
     _act(s, "b0", 2100, 50.0)
     s.program_ended("b0", 100.0)
-    assert s.expected_arrivals(150.0) == 0.0
-    # a closed loop: each end brings a new program; 3 arrived within the last 100 s
-    for t in (110.0, 120.0, 130.0):
-        s.turn_arrived(f"n{t}", 2000, t)
-    assert s.expected_arrivals(150.0) == 3.0
-    # and the target grows with them: sqrt(a (12 + 3) / b) against sqrt(a 12 / b)
-    a, b = s.step_costs(2000)
-    assert s.target(150.0) == math.ceil(math.sqrt(a * 15 / b))
-    assert s.target() == math.ceil(math.sqrt(a * 12 / b))
+    s.turn_arrived("n", 2000, 110.0)
+    assert not s.draining(150.0) and s.target(150.0) == 10
+    # no arrival within the last mean lifetime (100 s): draining again
+    assert s.draining(211.0)
+    # a trickle (an open loop) is not a drain even before any program ended
+    t = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
+    t.turn_arrived("x", 2000, 0.0)
+    t.turn_arrived("y", 2000, 5.0)
+    assert not t.draining(6.0)
 
 
 def test_lookahead_with_a_host_tier_bounds_only_reasoning_programs_by_gpu_memory():
@@ -383,3 +387,14 @@ def test_lookahead_with_a_host_tier_bounds_only_reasoning_programs_by_gpu_memory
         s.turn_arrived("b", 4000, 2.0)
         s.decide(2.0)
         assert s.may_run("b") is admitted
+
+
+def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_history():
+    # no prediction from the client: the program's last cycles say its tools take 20 s,
+    # longer than max(10 reloads of 5,000 tokens = 0.2 s, 1 s): released to the host tier
+    s = Lookahead(capacity_tokens=10**6, cost_model=_Costs(), host_tier=True)
+    _start(s, "a", 1000, 0.0)
+    assert s.turn_finished("a", 2000, 1.0) is Kv.GPU  # no history yet: 1 s assumed, kept
+    s.turn_arrived("a", 2100, 21.0)  # its tool took 20 s
+    s.turn_admitted("a", 21.0)
+    assert s.turn_finished("a", 5000, 22.0) is Kv.CPU

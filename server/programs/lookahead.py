@@ -12,16 +12,17 @@ predicted return) only the harness's events tell. The rules:
   of a + b B seconds (a: the step's fixed part, reading the weights; b: one sequence's share at
   the programs' mean context, reading its KV), gives a mean completion time proportional to
   (a + b B)(N / B + 1), least at B* = sqrt(a N / b). a and b come from the engine's own cost
-  model (`step_seconds`); N counts every live program plus those expected to arrive while
-  they are served (as many as arrived in the last mean lifetime: none after a burst, as many
-  again as are live in a closed loop, where by Little's law throughput is what mean JCT
-  wants); the mean context is the live programs' projected to the middle of their expected
-  remaining turns. Programs in a tool call decode
+  model (`step_seconds`); N counts the live programs; the mean context is theirs,
+  projected to the middle of their expected remaining turns. The rule is for a backlog that
+  drains: while programs keep arriving (one arrived within the last mean lifetime of an
+  ended program), every live program may be active and memory alone bounds them, since
+  there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a tool call decode
   nothing, so the active set is B* divided by the measured share of time active programs spend
   reasoning (at least `MIN_REASONING_SHARE`).
-* **Memory.** Active programs' contexts (held through tool calls: pinned) stay within
-  `MEMORY_SHARE` of the KV capacity, the rest being headroom for the tokens a turn adds. A
-  program is admitted only if it fits. With a host tier only reasoning programs count: an
+* **Memory.** Active programs' contexts (held through tool calls: pinned) stay within the KV
+  capacity less the tokens the reasoning programs add before the next decisions (a turn's
+  mean growth each; `MEMORY_SHARE` of the capacity until a growth is seen). A program is
+  admitted only if it fits. With a host tier only reasoning programs count: an
   acting program's KV can wait in host memory and come back over PCIe.
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
@@ -49,7 +50,7 @@ from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
 from server.programs.state import Kv, Phase, ProgramState
 
-#: Active programs' KV stays within this share of the capacity (headroom for growing turns).
+#: Active programs' KV stays within this share of the capacity until a turn's growth is known.
 MEMORY_SHARE = 0.9
 #: The reasoning share below which the active set is not stretched further (a floor on the
 #: estimate while few cycles are seen).
@@ -60,6 +61,9 @@ ARRIVAL_MEMORY = 4096
 SHRINK_SLACK = 0.1
 #: Programs ended before remaining-work ordering replaces arrival order.
 MIN_ENDED = 10
+#: With a host tier, a tool call is worth keeping the KV through when it is expected back
+#: within this many reloads of the context.
+KEEP_RELOADS = 10
 #: Tool duration assumed when no prediction came (s): Continuum's Exp(1) prior mean.
 DEFAULT_TOOL_S = 1.0
 #: Fallback step-cost constants when the cost model has no `step_seconds` (an 8B model on one
@@ -151,25 +155,29 @@ class Lookahead(ProgramScheduler):
         share = reason / (reason + acting) if reason + acting > 0 else 1.0
         return max(MIN_REASONING_SHARE, share)
 
-    def expected_arrivals(self, now: float) -> float:
-        """Programs expected to arrive while the live ones are served: as many as arrived in
-        the last mean lifetime of an ended program (none before a program has ended). In a
-        closed loop that is as many again as are live (Little's law), so the batch grows
-        towards the memory bound, as throughput wants there; after a burst it is none."""
-        if not self._jct:
-            return 0.0
-        window = sum(self._jct) / len(self._jct)
-        return float(sum(1 for t in self._arrivals if now - t < window))
+    def draining(self, now: float) -> bool:
+        """Whether the live programs are all there is to serve: no program arrived within
+        the last mean lifetime of an ended program (before any ended: none after the first
+        arrivals' instant, so a burst drains from its start and a trickle of arrivals does
+        not)."""
+        if not self._arrivals:
+            return True
+        if self._jct:
+            since = now - sum(self._jct) / len(self._jct)
+        else:
+            since = self._arrivals[0]
+        return self._arrivals[-1] <= since
 
     def target(self, now: float | None = None) -> int:
         live = list(self.table)
         if not live:
             return 0
+        if now is not None and not self.draining(now):
+            return len(live)  # programs keep arriving: throughput decides, memory bounds it
         g = self.growth()
         ctx = sum(st.context_tokens + self.turns_left(st) / 2 * g for st in live) / len(live)
         a, b = self.step_costs(max(1, int(ctx)))
-        n = len(live) + (self.expected_arrivals(now) if now is not None else 0.0)
-        reasoning = self.scale * math.sqrt(a * n / b)
+        reasoning = self.scale * math.sqrt(a * len(live) / b)
         return max(1, math.ceil(reasoning / self.reasoning_share()))
 
     # -- decisions -------------------------------------------------------------------------
@@ -196,9 +204,18 @@ class Lookahead(ProgramScheduler):
             return 0
         return self.held_tokens(st)
 
+    def memory_limit(self) -> float:
+        """What active programs may hold: the capacity less the tokens the reasoning ones add
+        before the next decisions (one turn's growth each: its output and the tool's return,
+        the mean seen); `MEMORY_SHARE` of the capacity until a growth has been seen."""
+        if not self._growth_n:
+            return MEMORY_SHARE * self.capacity_tokens
+        reasoning = sum(1 for st in self.table.active() if st.phase is not Phase.ACTING)
+        return max(0.0, self.capacity_tokens - reasoning * self.growth())
+
     def rebalance(self, now: float) -> None:
         self.target_active = want = self.target(now)
-        limit = MEMORY_SHARE * self.capacity_tokens
+        limit = self.memory_limit()
         active = self.table.active()
         usage = sum(self.resident(st) for st in active)
         # shrink: acting programs give way, cheapest pause first (for the count only past
@@ -232,14 +249,23 @@ class Lookahead(ProgramScheduler):
             Kv.CPU if self.host_tier else Kv.NONE)
 
     def keep_worth_it(self, st: ProgramState, now: float) -> bool:
-        """Keep while memory allows: an active program's KV is part of its budget already, and
-        the next turn saves the reload. Only a tool call predicted to outlast the reload many
-        times over, with a host tier to reload from, is worth releasing the memory for."""
-        if not self.host_tier or st.predicted_return is None:
+        """Without a host tier: keep (an active program's KV is part of its budget already,
+        and the next turn saves the recompute). With one: keep only a tool call expected back
+        within the reload many times over (`KEEP_RELOADS`, and at least `DEFAULT_TOOL_S`);
+        a longer one releases the memory to the reasoning programs and reloads over PCIe. The
+        expected duration is the client's prediction, else the program's own mean tool time
+        over its last cycles, else `DEFAULT_TOOL_S`."""
+        if not self.host_tier:
             return True
+        if st.predicted_return is not None:
+            expected = st.predicted_return - now
+        elif st.cycles:
+            expected = sum(a for _, a in st.cycles) / len(st.cycles)
+        else:
+            expected = DEFAULT_TOOL_S
         reload = getattr(self.cost_model, "swap_seconds", None)
         cost = float(reload(st.context_tokens)) if reload is not None else 0.0
-        return st.predicted_return - now <= max(10 * cost, 1.0)
+        return expected <= max(KEEP_RELOADS * cost, DEFAULT_TOOL_S)
 
     def victim(self, pinned: Sequence[str], now: float) -> str:
         def score(pid: str) -> float:
