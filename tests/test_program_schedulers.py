@@ -163,16 +163,19 @@ def test_lookahead_memory_bounds_the_active_set():
 
 
 def test_lookahead_pauses_the_program_whose_next_turn_is_furthest_weighted_by_size():
-    # three active, all acting; memory now over 9,000: scores (return - now) x context:
-    # a 2 s x 3,000 = 6,000; b 30 s x 2,000 = 60,000; c 10 s x 4,000 = 40,000 -> b pauses
-    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
-    for pid in "abc":
+    # the count: a drain of 4 programs whose target shrinks to 1 (contexts grew); with 10%
+    # slack 2 may stay, so 2 acting programs give way, the cheapest pauses first: scores
+    # (return - now) x context: a 2 s x 3,000 = 6,000; b 30 s x 2,000 = 60,000; c 10 s x
+    # 4,000 = 40,000 -> b and c pause, a stays (d reasons: never paused mid-turn)
+    s = Lookahead(capacity_tokens=10**6, cost_model=_Costs())
+    for pid in "abcd":
         _start(s, pid, 1000, 0.0)
     _act(s, "a", 3000, 1.0, predicted=2.0)
     _act(s, "b", 2000, 1.0, predicted=30.0)
     _act(s, "c", 4000, 1.0, predicted=10.0)
+    s.target = lambda now=None: 1  # type: ignore[method-assign]
     s.decide(1.0)
-    assert [s.may_run(p) for p in "abc"] == [True, False, True]
+    assert [s.may_run(p) for p in "abcd"] == [True, False, False, True]
     assert s.kv_of("b") is Kv.NONE  # no host tier: dropped
     # the same score picks the pin to give up under an allocation failure
     assert s.victim(["a", "c"], 1.0) == "c"
@@ -377,16 +380,17 @@ def test_lookahead_applies_the_square_root_rule_only_while_the_backlog_drains():
     assert not t.draining(6.0)
 
 
-def test_lookahead_with_a_host_tier_bounds_only_reasoning_programs_by_gpu_memory():
-    # capacity 10,000 x 0.9 = 9,000; a (6,000) is acting: without a host tier it holds 6,100
-    # and b (4,000 + 100) does not fit; with one, a's KV can wait in host memory: b fits
-    for host, admitted in ((False, False), (True, True)):
+def test_lookahead_bounds_only_reasoning_programs_by_gpu_memory():
+    # capacity 10,000 x 0.9 = 9,000: a (6,000) is acting, its pin the first to go under
+    # pressure, so b (4,000 + 100) is admitted; c (5,000 more, reasoning) is not
+    for host in (False, True):
         s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=host)
         _start(s, "a", 1000, 0.0)
         _act(s, "a", 6000, 1.0, predicted=30.0)
         s.turn_arrived("b", 4000, 2.0)
+        s.turn_arrived("c", 5000, 2.0)
         s.decide(2.0)
-        assert s.may_run("b") is admitted
+        assert s.may_run("b") and not s.may_run("c")
 
 
 def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_history():

@@ -19,11 +19,11 @@ predicted return) only the harness's events tell. The rules:
   there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a tool call decode
   nothing, so the active set is B* divided by the measured share of time active programs spend
   reasoning (at least `MIN_REASONING_SHARE`).
-* **Memory.** Active programs' contexts (held through tool calls: pinned) stay within the KV
-  capacity less the tokens the reasoning programs add before the next decisions (a turn's
-  mean growth each; `MEMORY_SHARE` of the capacity until a growth is seen). A program is
-  admitted only if it fits. With a host tier only reasoning programs count: an
-  acting program's KV can wait in host memory and come back over PCIe.
+* **Memory.** Reasoning programs' contexts stay within the KV capacity less the tokens they
+  add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
+  until a growth is seen); a program is admitted only if it fits. Acting programs' pins do
+  not count: under pressure they are the first to go (to the host tier, or recomputed), so a
+  kept KV never holds a ready turn back while the GPU idles.
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -196,11 +196,12 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def resident(self, st: ProgramState) -> int:
-        """What a program holds in GPU memory for the memory rule. With a host tier an acting
-        program's KV is not counted: under pressure its pin goes to the host tier (the
-        engine's victim rule) and its next turn reloads it over PCIe, so GPU memory bounds
-        only the programs that reason."""
-        if self.host_tier and st.phase is Phase.ACTING and not st.turn_waiting:
+        """What a program holds in GPU memory for the memory rule: an acting program's KV is
+        not counted. Its pin is the first to go when an allocation would fail (the engine's
+        victim rule, furthest next turn first), to the host tier when there is one and
+        recomputed otherwise; counting it would keep a ready turn waiting, and the GPU idle,
+        for a KV that is only needed later. GPU memory bounds the programs that reason."""
+        if st.phase is Phase.ACTING and not st.turn_waiting:
             return 0
         return self.held_tokens(st)
 
