@@ -402,3 +402,15 @@ def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_his
     s.turn_arrived("a", 2100, 21.0)  # its tool took 20 s
     s.turn_admitted("a", 21.0)
     assert s.turn_finished("a", 5000, 22.0) is Kv.CPU
+
+
+def test_lookahead_counts_acting_programs_kv_while_the_backlog_drains():
+    # a burst (all at t=0): a acting with 6,000 is counted, so b (4,100 more) waits
+    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+    _start(s, "a", 1000, 0.0)
+    s.turn_arrived("b", 4000, 0.0)
+    _act(s, "a", 6000, 1.0, predicted=30.0)
+    s.turn_arrived("a", 6000, 1.5)  # a's turn is back (reasoning): it holds its context
+    s.turn_finished("a", 6000, 1.6)
+    s.decide(2.0)
+    assert s.draining(2.0) and not s.may_run("b")

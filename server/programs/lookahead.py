@@ -21,9 +21,10 @@ predicted return) only the harness's events tell. The rules:
   reasoning (at least `MIN_REASONING_SHARE`).
 * **Memory.** Reasoning programs' contexts stay within the KV capacity less the tokens they
   add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
-  until a growth is seen); a program is admitted only if it fits. Acting programs' pins do
-  not count: under pressure they are the first to go (to the host tier, or recomputed), so a
-  kept KV never holds a ready turn back while the GPU idles.
+  until a growth is seen); a program is admitted only if it fits. While programs keep
+  arriving, acting programs' pins do not count (under pressure they are the first to go, to
+  the host tier or recomputed, so a kept KV never holds a ready turn back); while the backlog
+  drains they do (their KV is what keeps the chosen few fast).
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -93,6 +94,7 @@ class Lookahead(ProgramScheduler):
         #: what the same rules reach when program lengths are known)
         self.known_turns: dict[str, int] | None = None
         self.target_active = 0  # for the reports
+        self._drain = True  # whether the latest decision saw the backlog draining
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
 
@@ -196,12 +198,14 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def resident(self, st: ProgramState) -> int:
-        """What a program holds in GPU memory for the memory rule: an acting program's KV is
-        not counted. Its pin is the first to go when an allocation would fail (the engine's
-        victim rule, furthest next turn first), to the host tier when there is one and
-        recomputed otherwise; counting it would keep a ready turn waiting, and the GPU idle,
-        for a KV that is only needed later. GPU memory bounds the programs that reason."""
-        if st.phase is Phase.ACTING and not st.turn_waiting:
+        """What a program holds in GPU memory for the memory rule. While programs keep
+        arriving an acting program's KV is not counted: its pin is the first to go when an
+        allocation would fail (the engine's victim rule, furthest next turn first), to the
+        host tier when there is one and recomputed otherwise, and counting it would keep a
+        ready turn waiting for a KV needed only later. While the backlog drains it is
+        counted: the square-root rule has chosen the few programs to finish, and their KV is
+        what keeps them fast (evicting it thrashes a burst)."""
+        if st.phase is Phase.ACTING and not st.turn_waiting and not self._drain:
             return 0
         return self.held_tokens(st)
 
@@ -215,6 +219,7 @@ class Lookahead(ProgramScheduler):
         return max(0.0, self.capacity_tokens - reasoning * self.growth())
 
     def rebalance(self, now: float) -> None:
+        self._drain = self.draining(now)
         self.target_active = want = self.target(now)
         limit = self.memory_limit()
         active = self.table.active()
