@@ -414,3 +414,20 @@ def test_lookahead_counts_acting_programs_kv_while_the_backlog_drains():
     s.turn_finished("a", 6000, 1.6)
     s.decide(2.0)
     assert s.draining(2.0) and not s.may_run("b")
+
+
+def test_lookahead_counts_acting_pins_when_the_engines_memory_is_short():
+    # not a drain (arrivals keep coming), but the engine reports its KV in use at the limit:
+    # a's pin (6,100) counts again and b (4,100 more) waits
+    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+    _start(s, "a", 1000, 0.0)
+    _act(s, "a", 6000, 1.0, predicted=30.0)
+    s.turn_arrived("b", 4000, 2.0)
+    s.observe_memory(9_500, 2.0)
+    s.decide(2.0)
+    assert not s.draining(2.0) and not s.may_run("b")
+    s.observe_memory(6_000, 3.0)
+    s.tool_ended("a", 3.0)  # any fact: a new decision
+    s.turn_arrived("c", 10, 3.0)
+    s.decide(3.0)
+    assert s.may_run("b")

@@ -21,10 +21,10 @@ predicted return) only the harness's events tell. The rules:
   reasoning (at least `MIN_REASONING_SHARE`).
 * **Memory.** Reasoning programs' contexts stay within the KV capacity less the tokens they
   add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
-  until a growth is seen); a program is admitted only if it fits. While programs keep
-  arriving, acting programs' pins do not count (under pressure they are the first to go, to
-  the host tier or recomputed, so a kept KV never holds a ready turn back); while the backlog
-  drains they do (their KV is what keeps the chosen few fast).
+  until a growth is seen); a program is admitted only if it fits. Acting programs' pins
+  count while the backlog drains (their KV keeps the chosen few fast) or while the engine's
+  measured KV use is at the limit; otherwise not (under pressure they are the first to go,
+  to the host tier or recomputed, so a kept KV never holds a ready turn back).
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -95,6 +95,7 @@ class Lookahead(ProgramScheduler):
         self.known_turns: dict[str, int] | None = None
         self.target_active = 0  # for the reports
         self._drain = True  # whether the latest decision saw the backlog draining
+        self._short = False  # whether the engine's measured KV use was at the limit
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
 
@@ -198,14 +199,15 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def resident(self, st: ProgramState) -> int:
-        """What a program holds in GPU memory for the memory rule. While programs keep
-        arriving an acting program's KV is not counted: its pin is the first to go when an
-        allocation would fail (the engine's victim rule, furthest next turn first), to the
-        host tier when there is one and recomputed otherwise, and counting it would keep a
-        ready turn waiting for a KV needed only later. While the backlog drains it is
-        counted: the square-root rule has chosen the few programs to finish, and their KV is
-        what keeps them fast (evicting it thrashes a burst)."""
-        if st.phase is Phase.ACTING and not st.turn_waiting and not self._drain:
+        """What a program holds in GPU memory for the memory rule. An acting program's KV
+        counts only while the backlog drains (the square-root rule has chosen the few
+        programs to finish, and their KV keeps them fast; not counting it thrashed a burst)
+        or while memory is actually short (the engine's measured use at the limit: a closed
+        loop that admitted past its pins thrashed too). Otherwise it does not: its pin is the
+        first to go when an allocation would fail (the victim rule, furthest next turn
+        first), and counting it would hold a ready turn back for a KV needed only later."""
+        if (st.phase is Phase.ACTING and not st.turn_waiting and not self._drain
+                and not self._short):
             return 0
         return self.held_tokens(st)
 
@@ -220,8 +222,9 @@ class Lookahead(ProgramScheduler):
 
     def rebalance(self, now: float) -> None:
         self._drain = self.draining(now)
-        self.target_active = want = self.target(now)
         limit = self.memory_limit()
+        self._short = self.used_tokens >= limit
+        self.target_active = want = self.target(now)
         active = self.table.active()
         usage = sum(self.resident(st) for st in active)
         # shrink: acting programs give way, cheapest pause first (for the count only past
