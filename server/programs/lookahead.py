@@ -16,15 +16,15 @@ predicted return) only the harness's events tell. The rules:
   projected to the middle of their expected remaining turns. The rule is for a backlog that
   drains: while programs keep arriving (one arrived within the last mean lifetime of an
   ended program), every live program may be active and memory alone bounds them, since
-  there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a tool call decode
-  nothing, so the active set is B* divided by the measured share of time active programs spend
-  reasoning (at least `MIN_REASONING_SHARE`).
-* **Memory.** Reasoning programs' contexts stay within the KV capacity less the tokens they
+  there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a
+  tool call decode nothing, so the active set is B* divided by the measured share of time
+  active programs spend reasoning (at least `MIN_REASONING_SHARE`).
+* **Memory.** Active programs' contexts stay within the KV capacity less the tokens they
   add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
-  until a growth is seen); a program is admitted only if it fits. Acting programs' pins
-  count while the backlog drains (their KV keeps the chosen few fast) or while the engine's
-  measured KV use is at the limit; otherwise not (under pressure they are the first to go,
-  to the host tier or recomputed, so a kept KV never holds a ready turn back).
+  until a growth is seen); a program is admitted only if it fits, except that while no
+  admitted program reasons a ready turn is let in anyway (the acting programs' pins make
+  room) rather than leave the GPU idle. With a host tier acting programs' pins do not count
+  (they go to the host tier under pressure); without one they do.
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -94,8 +94,6 @@ class Lookahead(ProgramScheduler):
         #: what the same rules reach when program lengths are known)
         self.known_turns: dict[str, int] | None = None
         self.target_active = 0  # for the reports
-        self._drain = True  # whether the latest decision saw the backlog draining
-        self._short = False  # whether the engine's measured KV use was at the limit
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
 
@@ -199,15 +197,12 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def resident(self, st: ProgramState) -> int:
-        """What a program holds in GPU memory for the memory rule. An acting program's KV
-        counts only while the backlog drains (the square-root rule has chosen the few
-        programs to finish, and their KV keeps them fast; not counting it thrashed a burst)
-        or while memory is actually short (the engine's measured use at the limit: a closed
-        loop that admitted past its pins thrashed too). Otherwise it does not: its pin is the
-        first to go when an allocation would fail (the victim rule, furthest next turn
-        first), and counting it would hold a ready turn back for a KV needed only later."""
-        if (st.phase is Phase.ACTING and not st.turn_waiting and not self._drain
-                and not self._short):
+        """What a program holds in GPU memory for the memory rule. With a host tier an acting
+        program's KV is not counted: under pressure its pin goes to the host tier (the
+        engine's victim rule) and its next turn reloads it over PCIe. Without one it is: not
+        counting it let a closed loop admit past its pins and thrash (1,179 s mean JCT, and
+        923 s when counted only while the measured use was at the limit, which oscillated)."""
+        if self.host_tier and st.phase is Phase.ACTING and not st.turn_waiting:
             return 0
         return self.held_tokens(st)
 
@@ -221,9 +216,7 @@ class Lookahead(ProgramScheduler):
         return max(0.0, self.capacity_tokens - reasoning * self.growth())
 
     def rebalance(self, now: float) -> None:
-        self._drain = self.draining(now)
         limit = self.memory_limit()
-        self._short = self.used_tokens >= limit
         self.target_active = want = self.target(now)
         active = self.table.active()
         usage = sum(self.resident(st) for st in active)
@@ -241,14 +234,19 @@ class Lookahead(ProgramScheduler):
                 over -= 1
                 usage -= freed
             return
-        # grow: the best-ranked waiting programs that fit
+        # grow: the best-ranked waiting programs that fit; while no admitted program reasons
+        # (all in tool calls) a ready turn is let in regardless, its room made by the acting
+        # programs' pins (the engine's victim rule), rather than leave the GPU idle
         room = want - len(active)
+        reasoning = sum(1 for st in active if st.phase is not Phase.ACTING or st.turn_waiting)
         for st in sorted(self.table.inactive(), key=self.rank):
             if room <= 0:
                 break
             need = self.resident(st)
-            if usage + need > limit and usage > 0:
+            if usage + need > limit and (reasoning > 0 or not st.turn_waiting):
                 continue
+            if st.turn_waiting:
+                reasoning += 1
             self.resume(st, now)
             usage += need
             room -= 1
