@@ -380,9 +380,11 @@ def test_lookahead_applies_the_square_root_rule_only_while_the_backlog_drains():
     assert not t.draining(6.0)
 
 
-def test_lookahead_bounds_only_reasoning_programs_by_gpu_memory():
-    # capacity 10,000 x 0.9 = 9,000: a (6,000) is acting, its pin the first to go under
-    # pressure, so b (4,000 + 100) is admitted; c (5,000 more, reasoning) is not
+def test_lookahead_lets_a_ready_turn_in_while_nothing_reasons():
+    # capacity 10,000 x 0.9 = 9,000; a (6,000) is acting. Without a host tier its pin counts
+    # (6,100), so b (4,100 more) does not fit, but nothing reasons: b is let in (a's pin makes
+    # room) rather than leave the GPU idle; c (5,100 more) then waits, as b reasons. With a
+    # host tier a's pin does not count at all: b fits, c does not (4,100 + 5,100 > 9,000)
     for host in (False, True):
         s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=host)
         _start(s, "a", 1000, 0.0)
@@ -402,15 +404,3 @@ def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_his
     s.turn_arrived("a", 2100, 21.0)  # its tool took 20 s
     s.turn_admitted("a", 21.0)
     assert s.turn_finished("a", 5000, 22.0) is Kv.CPU
-
-
-def test_lookahead_counts_acting_programs_kv_while_the_backlog_drains():
-    # a burst (all at t=0): a acting with 6,000 is counted, so b (4,100 more) waits
-    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
-    _start(s, "a", 1000, 0.0)
-    s.turn_arrived("b", 4000, 0.0)
-    _act(s, "a", 6000, 1.0, predicted=30.0)
-    s.turn_arrived("a", 6000, 1.5)  # a's turn is back (reasoning): it holds its context
-    s.turn_finished("a", 6000, 1.6)
-    s.decide(2.0)
-    assert s.draining(2.0) and not s.may_run("b")

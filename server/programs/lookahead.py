@@ -16,15 +16,15 @@ predicted return) only the harness's events tell. The rules:
   projected to the middle of their expected remaining turns. The rule is for a backlog that
   drains: while programs keep arriving (one arrived within the last mean lifetime of an
   ended program), every live program may be active and memory alone bounds them, since
-  there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a tool call decode
-  nothing, so the active set is B* divided by the measured share of time active programs spend
-  reasoning (at least `MIN_REASONING_SHARE`).
-* **Memory.** Reasoning programs' contexts stay within the KV capacity less the tokens they
+  there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a
+  tool call decode nothing, so the active set is B* divided by the measured share of time
+  active programs spend reasoning (at least `MIN_REASONING_SHARE`).
+* **Memory.** Active programs' contexts stay within the KV capacity less the tokens they
   add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
-  until a growth is seen); a program is admitted only if it fits. While programs keep
-  arriving, acting programs' pins do not count (under pressure they are the first to go, to
-  the host tier or recomputed, so a kept KV never holds a ready turn back); while the backlog
-  drains they do (their KV is what keeps the chosen few fast).
+  until a growth is seen); a program is admitted only if it fits, except that while no
+  admitted program reasons a ready turn is let in anyway (the acting programs' pins make
+  room) rather than leave the GPU idle. With a host tier acting programs' pins do not count
+  (they go to the host tier under pressure); without one they do.
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -94,7 +94,6 @@ class Lookahead(ProgramScheduler):
         #: what the same rules reach when program lengths are known)
         self.known_turns: dict[str, int] | None = None
         self.target_active = 0  # for the reports
-        self._drain = True  # whether the latest decision saw the backlog draining
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
         self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
 
@@ -198,14 +197,12 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def resident(self, st: ProgramState) -> int:
-        """What a program holds in GPU memory for the memory rule. While programs keep
-        arriving an acting program's KV is not counted: its pin is the first to go when an
-        allocation would fail (the engine's victim rule, furthest next turn first), to the
-        host tier when there is one and recomputed otherwise, and counting it would keep a
-        ready turn waiting for a KV needed only later. While the backlog drains it is
-        counted: the square-root rule has chosen the few programs to finish, and their KV is
-        what keeps them fast (evicting it thrashes a burst)."""
-        if st.phase is Phase.ACTING and not st.turn_waiting and not self._drain:
+        """What a program holds in GPU memory for the memory rule. With a host tier an acting
+        program's KV is not counted: under pressure its pin goes to the host tier (the
+        engine's victim rule) and its next turn reloads it over PCIe. Without one it is: not
+        counting it let a closed loop admit past its pins and thrash (1,179 s mean JCT, and
+        923 s when counted only while the measured use was at the limit, which oscillated)."""
+        if self.host_tier and st.phase is Phase.ACTING and not st.turn_waiting:
             return 0
         return self.held_tokens(st)
 
@@ -219,9 +216,8 @@ class Lookahead(ProgramScheduler):
         return max(0.0, self.capacity_tokens - reasoning * self.growth())
 
     def rebalance(self, now: float) -> None:
-        self._drain = self.draining(now)
-        self.target_active = want = self.target(now)
         limit = self.memory_limit()
+        self.target_active = want = self.target(now)
         active = self.table.active()
         usage = sum(self.resident(st) for st in active)
         # shrink: acting programs give way, cheapest pause first (for the count only past
@@ -238,14 +234,19 @@ class Lookahead(ProgramScheduler):
                 over -= 1
                 usage -= freed
             return
-        # grow: the best-ranked waiting programs that fit
+        # grow: the best-ranked waiting programs that fit; while no admitted program reasons
+        # (all in tool calls) a ready turn is let in regardless, its room made by the acting
+        # programs' pins (the engine's victim rule), rather than leave the GPU idle
         room = want - len(active)
+        reasoning = sum(1 for st in active if st.phase is not Phase.ACTING or st.turn_waiting)
         for st in sorted(self.table.inactive(), key=self.rank):
             if room <= 0:
                 break
             need = self.resident(st)
-            if usage + need > limit and usage > 0:
+            if usage + need > limit and (reasoning > 0 or not st.turn_waiting):
                 continue
+            if st.turn_waiting:
+                reasoning += 1
             self.resume(st, now)
             usage += need
             room -= 1
