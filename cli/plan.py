@@ -25,6 +25,7 @@ import argparse
 import sys
 import time
 from functools import partial
+from typing import Any
 
 from cluster import plan_verify
 from cluster.planner import (
