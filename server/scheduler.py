@@ -269,10 +269,8 @@ class PolicyScheduler(Scheduler):
         whatever the policy says: a gate must never leave an idle engine with work."""
         if not isinstance(self.waiting, FCFSRequestQueue):
             return []  # --scheduling-policy priority: not gated
-        pool = self.kv_cache_manager.block_pool
-        used = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
         views = [self.view(r) for r in self.waiting]
-        ids = self.agent_policy.held_back(views, used, len(self.running), now)
+        ids = self.agent_policy.held_back(views, len(self.running), now)
         if not ids:
             return []
         held = [r for r in self.waiting if r.request_id in ids]

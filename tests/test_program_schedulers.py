@@ -267,14 +267,14 @@ def test_the_policy_holds_back_turns_of_paused_programs_and_releases_their_pins(
     for v in views:
         policy.on_arrival(v, 0.0)
     # 500 + 500 fit in 1,024, the third (1,500) does not
-    held = policy.held_back(views, used_blocks=0, running=0, now=0.0)
+    held = policy.held_back(views, running=0, now=0.0)
     assert held == {"r2"}
     policy.on_scheduled(views[0], 0.0)
     done = RequestView("r0", "p0", 0.0, 400, output_tokens=100, hints=Hints(turn=0))
     assert policy.on_finish(done, 1.0) is False  # ThunderAgent pins nothing
     policy.on_event(AgentEvent("program_end", "p0"), 2.0)
     policy.on_event(AgentEvent("program_end", "p1"), 2.0)
-    assert policy.held_back(views[2:], used_blocks=0, running=0, now=10.0) == set()
+    assert policy.held_back(views[2:], running=0, now=10.0) == set()
 
 
 def test_lookahead_policy_pins_while_active_and_releases_when_paused():
@@ -282,7 +282,7 @@ def test_lookahead_policy_pins_while_active_and_releases_when_paused():
     policy.configure(max_batch_tokens=2048, total_blocks=640, block_size=16)  # 10,240 tokens
     view = RequestView("r0", "p0", 0.0, 1000)
     policy.on_arrival(view, 0.0)
-    assert policy.held_back([view], 0, 0, 0.0) == set()
+    assert policy.held_back([view], 0, 0.0) == set()
     policy.on_scheduled(view, 0.0)
     done = RequestView("r0", "p0", 0.0, 1000, output_tokens=50)
     assert policy.on_finish(done, 1.0) is True

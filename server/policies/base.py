@@ -208,12 +208,11 @@ class Policy:
         return self.max_batch_tokens
 
     # -- admission ---------------------------------------------------------------------
-    def held_back(self, waiting: list[RequestView], used_blocks: int, running: int,
-                  now: float) -> set[str]:
+    def held_back(self, waiting: list[RequestView], running: int, now: float) -> set[str]:
         """Request ids of waiting turns to keep out of this step's admission (used when
-        `gates_admission`). `used_blocks`: KV blocks referenced now (running turns and pins);
-        `running`: turns in the running batch. When nothing runs the scheduler admits the
-        first waiting turn regardless, so a gate can never stall the engine."""
+        `gates_admission`). `running`: turns in the running batch. When nothing runs the
+        scheduler admits the first waiting turn regardless, so a gate can never stall the
+        engine."""
         return set()
 
     # -- ordering ----------------------------------------------------------------------

@@ -13,15 +13,14 @@ replicas. Inside one engine they are carried out with the scheduler's mechanisms
 * the waiting turns of active programs are ordered by the program scheduler (`queue_key`);
 * prefetch of an offloaded context ahead of the predicted return (`prefetch_due`).
 
-The engine's capacity in tokens is its KV blocks times the block size (`configure`); memory in
-use is read each step (`held_back`'s `used_blocks`).
+The engine's capacity in tokens is its KV blocks times the block size (`configure`).
 """
 
 from __future__ import annotations
 
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView
 from server.programs.base import ProgramScheduler
-from server.programs.state import Kv
+from server.programs.state import Kv, Phase
 
 #: How often (clock seconds) the KV held by program state is sampled for the reports.
 OCCUPANCY_EVERY_S = 5.0
@@ -84,11 +83,9 @@ class ProgramPolicy(Policy):
             self.programs.program_ended(req.program_id, now)
 
     # -- admission -----------------------------------------------------------------------
-    def held_back(self, waiting: list[RequestView], used_blocks: int, running: int,
-                  now: float) -> set[str]:
+    def held_back(self, waiting: list[RequestView], running: int, now: float) -> set[str]:
         """Request ids of waiting turns whose program may not run now."""
         self._now = now
-        self.programs.observe_memory(used_blocks * self.block_size, now)
         self.programs.decide(now, idle=running == 0)
         if not self.occupancy or now - self.occupancy[-1][0] >= OCCUPANCY_EVERY_S:
             self._sample(now)
@@ -117,7 +114,7 @@ class ProgramPolicy(Policy):
         self._now = now
         if reason in ("pressure", "expired"):
             st = self.programs.table.get(program_id)
-            if st is not None and st.kv is Kv.GPU and st.phase.value == "acting":
+            if st is not None and st.kv is Kv.GPU and st.phase is Phase.ACTING:
                 st.kv = Kv.CPU if self.host_tier else Kv.NONE
 
     def prefetch_due(self, now: float) -> list[str]:

@@ -62,7 +62,6 @@ class ProgramScheduler:
         self.capacity_tokens = capacity_tokens
         self.cost_model = cost_model
         self.host_tier = host_tier
-        self.used_tokens = 0  # the engine's measured KV use (tokens), when it reports it
         self._next_tick = 0.0
         self._dirty = True
 
@@ -115,9 +114,6 @@ class ProgramScheduler:
     def program_ended(self, program_id: str, now: float) -> None:
         self.table.program_ended(program_id, now)
         self._dirty = True
-
-    def observe_memory(self, used_tokens: int, now: float) -> None:
-        self.used_tokens = used_tokens
 
     # -- decisions -----------------------------------------------------------------------
     def may_run(self, program_id: str | None) -> bool:

@@ -93,9 +93,9 @@ class Lookahead(ProgramScheduler):
         #: program -> its turn count, when told (`lookahead-oracle`, a clairvoyant reference:
         #: what the same rules reach when program lengths are known)
         self.known_turns: dict[str, int] | None = None
-        self.target_active = 0  # for the reports
-        self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
-        self.scale = 1.0  # the square-root rule's factor (1: the rule as derived)
+        #: the square-root rule's factor: 1 is the rule as derived (other values are for
+        #: probing its sensitivity, docs/programs.md)
+        self.scale = 1.0
 
     # -- learning ------------------------------------------------------------------------
     def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
@@ -217,7 +217,7 @@ class Lookahead(ProgramScheduler):
 
     def rebalance(self, now: float) -> None:
         limit = self.memory_limit()
-        self.target_active = want = self.target(now)
+        want = self.target(now)
         active = self.table.active()
         usage = sum(self.resident(st) for st in active)
         # shrink: acting programs give way, cheapest pause first (for the count only past

@@ -61,7 +61,6 @@ class ProgramState:
     kv: Kv = Kv.NONE
     replica: str | None = None  # where it runs (the router's placement)
     last_seen: float = 0.0
-    paused_at: float | None = None
     pause_on_finish: bool = False  # ThunderAgent: pause when the running turn ends
     #: the last cycles' (reasoning seconds, acting seconds), oldest first
     cycles: deque[tuple[float, float]] = field(
@@ -205,9 +204,7 @@ class ProgramTable:
         if active:
             if st.phase is not Phase.NEW:
                 st.resumes += 1
-            st.paused_at = None
         else:
             st.pauses += 1
-            st.paused_at = now
         st.active = active
         st.pause_on_finish = False
