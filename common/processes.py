@@ -1,4 +1,5 @@
-"""Child servers we start and stop: a free port to give one, and stopping its process group.
+"""Child servers we start and stop: a free port to give one, waiting until it answers, and
+stopping its process group.
 
 Every server the project starts (`harness serve`, a router, a cluster replica, a served
 cluster) runs in its own session, so its process group holds its helpers too: vLLM's engine
@@ -13,7 +14,11 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
+from typing import Literal
+
+import httpx
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -21,6 +26,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def wait_until_answers(process: subprocess.Popen, url: str, timeout_s: float,
+                       poll_s: float) -> Literal["ready", "exited", "timeout"]:
+    """Poll `url` until it answers 200 (``ready``), the process ends first (``exited``) or
+    `timeout_s` passes (``timeout``); each caller says in its own words what went wrong."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return "exited"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return "ready"
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll_s)
+    return "timeout"
 
 
 def killpg(pgid: int, sig: int) -> None:

@@ -8,13 +8,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
 from common.errors import UserError
-from common.processes import free_port, stop_process_group
+from common.processes import free_port, stop_process_group, wait_until_answers
 from server.model_store import servable_model
 
 #: how long a CPU engine (`--device cpu`) may take to come up: importing, loading, compiling and
@@ -89,17 +86,13 @@ class ServerProcess:
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **self.env},
                                         start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(f"harness serve exited with {self.process.returncode}:\n"
-                                       f"{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
+        state = wait_until_answers(self.process, f"{self.base_url}/health",
+                                   self.startup_timeout_s, poll_s=1.0)
+        if state == "ready":
+            return self
+        if state == "exited":
+            raise ServerStartError(f"harness serve exited with {self.process.returncode}:\n"
+                                   f"{self.log_tail()}")
         self.stop()
         raise ServerStartError(f"harness serve did not answer within {self.startup_timeout_s:.0f}"
                                f" s (log {self.log_path}):\n{self.log_tail()}")

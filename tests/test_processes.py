@@ -67,3 +67,29 @@ def test_a_free_port_can_be_listened_on():
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", free_port()))
+
+
+def test_wait_until_answers_tells_ready_exited_and_timeout_apart(tmp_path):
+    """A real HTTP server answers (ready); a process that ends first (exited); one that never
+    answers (timeout, within the limit given)."""
+    from common.processes import wait_until_answers
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                               "127.0.0.1", "--directory", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until_answers(server, f"http://127.0.0.1:{port}/", 20, 0.1) == "ready"
+    finally:
+        server.kill()
+        server.wait()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_until_answers(gone, f"http://127.0.0.1:{free_port()}/", 20, 0.1) == "exited"
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = time.monotonic()
+        state = wait_until_answers(silent, f"http://127.0.0.1:{free_port()}/", 0.5, 0.1)
+        assert state == "timeout" and time.monotonic() - started < 5
+    finally:
+        silent.kill()
+        silent.wait()

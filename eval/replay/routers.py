@@ -28,7 +28,7 @@ from typing import Any, cast
 
 import httpx
 
-from common.processes import free_port, stop_process_group
+from common.processes import free_port, stop_process_group, wait_until_answers
 from common.trace import Trace
 from eval.replay.http_replay import (
     SERVER_COUNTERS,
@@ -97,17 +97,13 @@ class RouterProcess:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RouterError(f"{self.name} exited with {self.process.returncode} "
-                                  f"(log {self.log_path}):\n{self._tail()}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        state = wait_until_answers(self.process, f"{self.url}/v1/models",
+                                   self.startup_timeout_s, poll_s=0.5)
+        if state == "ready":
+            return self
+        if state == "exited":
+            raise RouterError(f"{self.name} exited with {self.process.returncode} "
+                              f"(log {self.log_path}):\n{self._tail()}")
         self.stop()
         raise RouterError(f"{self.name} did not answer within "
                           f"{self.startup_timeout_s:.0f} s (log {self.log_path}):\n"
