@@ -26,7 +26,6 @@ from collections.abc import Sequence
 
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, _alive
 from server.programs import PER_PROGRAM_TOKENS, ProgramScheduler, Room
-from server.programs.state import STALE_AFTER_S
 
 #: A replica is full for placement above this share of its capacity (room for growing turns).
 ROOM_SHARE = 0.9
@@ -36,24 +35,21 @@ class ProgramRouter(Router):
     name = "programs"
 
     def __init__(self) -> None:
+        #: the programs placed, in a program table: its context, home (`replica`) and last
+        #: turn (`last_seen`, for forgetting a program that never ends) are all it needs
         self.placer = ProgramScheduler()
-        self.home: dict[str, str] = {}
-        self.tokens: dict[str, int] = {}
-        self.seen: dict[str, float] = {}
         self.moves = 0
 
-    def _held(self, replica: str) -> int:
-        return sum(self.tokens[p] + PER_PROGRAM_TOKENS for p, r in self.home.items()
-                   if r == replica)
-
     def _rooms(self, live: Sequence[ReplicaLoad], program_id: str) -> list[Room]:
+        held: dict[str, int] = {}
+        for st in self.placer.table:
+            if st.replica is not None and st.program_id != program_id:
+                held[st.replica] = held.get(st.replica, 0) + st.context_tokens + PER_PROGRAM_TOKENS
         rooms = []
         for r in live:
             if r.kv_capacity_tokens > 0:
-                held = self._held(r.name) - (
-                    self.tokens.get(program_id, 0) + PER_PROGRAM_TOKENS
-                    if self.home.get(program_id) == r.name else 0)
-                rooms.append(Room(r.name, int(ROOM_SHARE * r.kv_capacity_tokens), held))
+                rooms.append(Room(r.name, int(ROOM_SHARE * r.kv_capacity_tokens),
+                                  held.get(r.name, 0)))
             else:  # no capacity reported: rank by measured usage on a 0..1000 scale
                 rooms.append(Room(r.name, 1000, int(1000 * r.kv_usage)))
         return rooms
@@ -62,32 +58,24 @@ class ProgramRouter(Router):
               info: TurnInfo | None = None) -> Route:
         live = _alive(replicas, "colocated")
         now = info.now if info is not None else 0.0
-        self._forget_stale(now)
-        self.seen[program_id] = now
-        if info is not None:
-            self.tokens[program_id] = info.prompt_tokens
-        self.tokens.setdefault(program_id, 0)
         table = self.placer.table
-        st = table.get(program_id) or table.turn_arrived(program_id, self.tokens[program_id],
-                                                         now)
-        st.context_tokens = self.tokens[program_id]
-        home = self.home.get(program_id)
-        st.replica = home if home in {r.name for r in live} else None
+        table.reap(now)
+        st = table.get(program_id) or table.turn_arrived(program_id, 0, now)
+        if info is not None:
+            st.context_tokens = info.prompt_tokens
+        st.last_seen = now
+        home = st.replica
+        if home not in {r.name for r in live}:
+            st.replica = None  # lost with its replica: placed afresh
         chosen = self.placer.place(program_id, self._rooms(live, program_id))
         if home is not None and chosen != home:
             self.moves += 1
-        self.home[program_id] = chosen
+        st.replica = chosen
         return Route(decode=chosen)
 
     def program_end(self, program_id: str) -> None:
-        self.home.pop(program_id, None)
-        self.tokens.pop(program_id, None)
-        self.seen.pop(program_id, None)
         self.placer.table.programs.pop(program_id, None)
 
     def bound(self, program_id: str) -> str | None:
-        return self.home.get(program_id)
-
-    def _forget_stale(self, now: float) -> None:
-        for pid in [p for p, t in self.seen.items() if now - t > STALE_AFTER_S]:
-            self.program_end(pid)
+        st = self.placer.table.get(program_id)
+        return None if st is None else st.replica

@@ -13,7 +13,7 @@ scheduler holds back a paused program's turns and keeps, offloads or drops its K
 router (`cluster`: a program queue over the replicas, placement at start and resume). Neither
 imports vLLM; the engine and the router only tell a scheduler facts (a turn arrived, was
 admitted, finished; a tool started with its predicted duration; a tool ended; a program
-ended; how much memory is in use) and ask it what to do.
+ended) and ask it what to do.
 
 Time is the caller's clock (seconds): the engine's virtual or real clock, the router's.
 """
@@ -198,14 +198,8 @@ class ProgramScheduler:
     # -- reports ---------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         """Per-state seconds summed over programs, pauses and resumes (live and ended)."""
-        everyone = [*self.table.ended, *self.table]
-        return {
-            "active_s": sum(st.active_s for st in everyone),
-            "paused_s": sum(st.paused_s for st in everyone),
-            "queued_s": sum(st.queued_s for st in everyone),
-            "pauses": float(sum(st.pauses for st in everyone)),
-            "resumes": float(sum(st.resumes for st in everyone)),
-        }
+        return {key: total + float(sum(getattr(st, key) for st in self.table))
+                for key, total in self.table.ended_totals.items()}
 
     def occupancy(self) -> Mapping[str, int]:
         """KV tokens by program state now (for the occupancy-over-time plot)."""

@@ -28,6 +28,10 @@ STALE_AFTER_S = 3600.0
 IDLENESS_CYCLES = 5
 
 
+#: what `ProgramState` accounts per program and the reports sum (`ProgramScheduler.stats`)
+ACCOUNTS = ("active_s", "paused_s", "queued_s", "pauses", "resumes")
+
+
 class Phase(StrEnum):
     """What a program is doing: a new one has not been admitted yet."""
 
@@ -100,7 +104,9 @@ class ProgramTable:
     def __init__(self, stale_after_s: float = STALE_AFTER_S) -> None:
         self.programs: dict[str, ProgramState] = {}
         self.stale_after_s = stale_after_s
-        self.ended: list[ProgramState] = []  # for the reports, in end order
+        #: ended programs' time per state, pauses and resumes, summed for the reports (totals,
+        #: not the programs: a server that runs for weeks keeps nothing per ended program)
+        self.ended_totals: dict[str, float] = dict.fromkeys(ACCOUNTS, 0.0)
 
     def __contains__(self, program_id: object) -> bool:
         return program_id in self.programs
@@ -174,7 +180,8 @@ class ProgramTable:
         st = self.programs.pop(program_id, None)
         if st is not None:
             st.account(now)
-            self.ended.append(st)
+            for key in ACCOUNTS:
+                self.ended_totals[key] += getattr(st, key)
         return st
 
     def reap(self, now: float) -> list[ProgramState]:
