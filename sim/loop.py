@@ -318,7 +318,7 @@ class Simulation:
         if local or prefilled_here:  # where the prompt was computed
             stats.prefills += 1
             record.cached_tokens = fin.cached_tokens
-            record.reloaded_tokens = int(getattr(fin, "external_tokens", 0) or 0)
+            record.reloaded_tokens = fin.external_tokens
             if record.turn > 0:
                 record.recomputed_tokens = state.recomputed(record.prompt_tokens,
                                                             record.cached_tokens)
