@@ -130,10 +130,11 @@ def served_path(lone: Sequence[tuple[float, float]], steps: Sequence[StepRecord]
 
 
 async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], repeats: int,
-                log: Any = sys.stderr, lone: list[tuple[float, float]] | None = None
+                log: Any = None, lone: list[tuple[float, float]] | None = None
                 ) -> list[StepRecord]:
     """Every shape after a warm-up; the steps the server logged from then on. `lone`, if
-    given, receives the (sent, first token) times of the requests sent to an idle engine."""
+    given, receives the (sent, first token) times of the requests sent to an idle engine. `log`
+    defaults to the stderr of the moment of the call, not of import."""
     tail = StepLogTail(step_log)
     steps: list[StepRecord] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
@@ -149,7 +150,7 @@ async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], r
             own = [s for s in new if of_shape(s, shape)]
             ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
             print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
-                  f"{len(own)} of the shape, median {ms:.2f} ms", file=log, flush=True)
+                  f"{len(own)} of the shape, median {ms:.2f} ms", file=log or sys.stderr, flush=True)
     if lone is not None:
         lone.extend(driver.lone)
     return steps

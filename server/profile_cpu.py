@@ -138,8 +138,9 @@ class Driver:
 
 
 def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int,
-            log: Any = sys.stderr, mixed_context: int = 1024) -> list[StepRecord]:
-    """Drive every shape (after a warm-up pass) and return the steps recorded."""
+            log: Any = None, mixed_context: int = 1024) -> list[StepRecord]:
+    """Drive every shape (after a warm-up pass) and return the steps recorded. `log` defaults to
+    the stderr of the moment of the call, not of import (a captured stream may be closed since)."""
     engine.start_recording()
     driver = Driver(engine, mixed_context=mixed_context)
     driver.run(("prefill", 64, 0), 2)  # warm-up: first steps are slow (allocations)
@@ -152,7 +153,7 @@ def measure(engine: CpuEngine, shapes: Sequence[Shape], repeats: int,
         own = [s for s in new if of_shape(s, shape)]
         ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
         print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
-              f"{len(own)} of the shape, median {ms:.2f} ms", file=log, flush=True)
+              f"{len(own)} of the shape, median {ms:.2f} ms", file=log or sys.stderr, flush=True)
     return list(engine.steps)
 
 
