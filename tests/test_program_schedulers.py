@@ -242,6 +242,10 @@ def test_placement_prefers_the_home_replica_then_the_most_free_room():
     assert s.place("p", rooms) == "r1"  # home still fits (500 free >= 400)
     rooms = [Room("r0", 1000, 100), Room("r1", 1000, 900)]
     assert s.place("p", rooms) == "r0"  # home full: moved
+    rooms = [Room("r0", 1000, 700), Room("r1", 1000, 950)]
+    assert s.place("p", rooms) == "r0"  # home full, r1 fuller, r0 too small (300 < 400): stays
+    rooms = [Room("r0", 1000, 990), Room("r1", 1000, 700)]
+    assert s.place("p", rooms) == "r0"  # fits nowhere: stays home, its KV may still be there
 
 
 def test_time_is_accounted_per_state():

@@ -166,14 +166,20 @@ class ProgramScheduler:
 
     def place(self, program_id: str, rooms: Sequence[Room]) -> str:
         """Where a program starts or resumes: the room with the most free KV (ThunderAgent's
-        and ours), kept where it is when it still fits (sticky, MORI's)."""
+        and ours), kept where it is when it still fits (sticky, MORI's) and when it fits
+        nowhere else either: a move re-prefills the context, which buys nothing on a
+        replica as full as its home (under overload every replica is, and programs bounced
+        from full to full)."""
         st = self.table.get(program_id)
         need = (st.context_tokens if st is not None else 0) + PER_PROGRAM_TOKENS
+        home = None
         if st is not None and st.replica is not None:
             home = next((r for r in rooms if r.name == st.replica), None)
             if home is not None and home.free_tokens >= need:
                 return home.name
         best = max(rooms, key=lambda r: (r.free_tokens, -rooms.index(r)))
+        if home is not None and best.free_tokens < need:
+            return home.name
         if st is not None:
             st.replica = best.name
         return best.name
