@@ -50,6 +50,7 @@ from ray.serve.request_router import RunningReplica
 
 from cluster.ray_replica import HttpCall
 from cluster.router_state import ClusterState, DownReason
+from cluster.router_wire import KEEPALIVE_EXPIRY_S
 
 log = logging.getLogger("harness.cluster.router")
 
@@ -283,8 +284,9 @@ class EngineTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, view: ReplicaView) -> None:
         self.view = view
-        self.http = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=None,
-                                                                 max_keepalive_connections=256))
+        self.http = httpx.AsyncHTTPTransport(limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=256,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         name, _, path = request.url.raw_path.decode().lstrip("/").partition("/")

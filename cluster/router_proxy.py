@@ -21,7 +21,15 @@ import httpx
 from cluster.router_events import EventFanout
 from cluster.router_state import ClusterState, ReplicaEndpoint, poll_forever
 from cluster.router_turns import TurnForwarder
-from cluster.router_wire import GONE, Reply, auth_of, error_reply, failed_reply, gone_reply
+from cluster.router_wire import (
+    GONE,
+    KEEPALIVE_EXPIRY_S,
+    Reply,
+    auth_of,
+    error_reply,
+    failed_reply,
+    gone_reply,
+)
 from cluster.routers import make_router
 from cluster.routing import Router
 
@@ -92,7 +100,8 @@ class RouterProxy:
             transport=self._transport,
             timeout=httpx.Timeout(connect=self._connect_timeout_s, read=None, write=60.0,
                                   pool=None),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=256))
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=256,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S))
         if self.poll_interval_s is not None:  # None: something else keeps the gauges (Ray)
             self._poll = asyncio.create_task(poll_forever(self._client, self.state,
                                                           self.poll_interval_s))

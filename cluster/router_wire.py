@@ -24,6 +24,12 @@ PREFILL_HEADER = "X-Harness-Prefill"
 _DROP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding",
                  "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection",
                  "accept-encoding"}
+#: How long the router keeps an idle upstream connection: under vLLM's API server's own
+#: keep-alive (uvicorn's, `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s by default). At equal values a
+#: request sent on a connection the server is closing that instant fails with a `ReadError`
+#: (the likely cause of one seen in a 4-replica served comparison: a live replica marked down,
+#: the run lost).
+KEEPALIVE_EXPIRY_S = 2.0
 #: Transport errors that mean the replica is gone (or its process is), not a slow answer.
 GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError,
         httpx.ConnectTimeout, httpx.CloseError)
