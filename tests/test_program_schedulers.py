@@ -384,6 +384,24 @@ def test_lookahead_applies_the_square_root_rule_only_while_the_backlog_drains():
     assert not t.draining(6.0)
 
 
+def test_lookahead_resumes_a_paused_program_only_with_a_band_to_spare():
+    # capacity 10,000 x 0.9 = 9,000 (no growth seen yet). a (3,000 + 100) reasons; p asks for
+    # 4,900 + 100: 8,100 <= 9,000 fits, so a program never paused is admitted, but one paused
+    # before needs 10% of the capacity (1,000) to spare: 8,100 > 8,000, it waits; once a ends
+    # it resumes
+    for resumed in (True, False):
+        s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+        _start(s, "a", 3000, 0.0)
+        s.turn_arrived("p", 4900, 1.0)
+        if resumed:
+            s.table.get("p").pauses = 1
+        s.decide(1.0)
+        assert s.may_run("p") is not resumed
+        s.program_ended("a", 2.0)
+        s.decide(2.0)
+        assert s.may_run("p")  # alone: 5,000 <= 8,000
+
+
 def test_lookahead_lets_a_ready_turn_in_while_nothing_reasons():
     # capacity 10,000 x 0.9 = 9,000; a (6,000) is acting. Without a host tier its pin counts
     # (6,100), so b (4,100 more) does not fit, but nothing reasons: b is let in (a's pin makes

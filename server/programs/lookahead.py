@@ -21,7 +21,9 @@ predicted return) only the harness's events tell. The rules:
   active programs spend reasoning (at least `MIN_REASONING_SHARE`).
 * **Memory.** Active programs' contexts stay within the KV capacity less the tokens they
   add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
-  until a growth is seen); a program is admitted only if it fits, except that while no
+  until a growth is seen); a program is admitted only if it fits (a paused one with
+  `RESUME_BAND` of the capacity to spare: hysteresis against pause-resume cycles, each a
+  whole-context recompute), except that while no
   admitted program reasons a ready turn is let in anyway (the acting programs' pins make
   room) rather than leave the GPU idle. With a host tier acting programs' pins do not count
   (they go to the host tier under pressure); without one they do.
@@ -60,6 +62,12 @@ MIN_REASONING_SHARE = 0.25
 ARRIVAL_MEMORY = 4096
 #: How far above the target the active set may stay before programs are paused for the count.
 SHRINK_SLACK = 0.1
+#: A program paused before resumes only with this share of the capacity to spare beyond
+#: itself (hysteresis): a resume that the next turns' growth undoes costs a whole-context
+#: recompute per cycle. Without it a closed loop of 64 long programs paused 736 times (0.73 of
+#: its prefill recomputed), with it 105 (0.33); ThunderAgent's Dynamo port keeps the same
+#: band (pause above 0.95 of capacity, resume up to 0.85).
+RESUME_BAND = 0.1
 #: Programs ended before remaining-work ordering replaces arrival order.
 MIN_ENDED = 10
 #: With a host tier, a tool call is worth keeping the KV through when it is expected back
@@ -243,7 +251,8 @@ class Lookahead(ProgramScheduler):
             if room <= 0:
                 break
             need = self.resident(st)
-            if usage + need > limit and (reasoning > 0 or not st.turn_waiting):
+            band = RESUME_BAND * self.capacity_tokens if st.pauses else 0.0
+            if usage + need > limit - band and (reasoning > 0 or not st.turn_waiting):
                 continue
             if st.turn_waiting:
                 reasoning += 1
