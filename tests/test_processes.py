@@ -14,9 +14,12 @@ import pytest
 
 from common.processes import free_port, sigterm_unwinds, stop_process_group
 
-# a leader that exits on Ctrl-C, and a child of its group that ignores it (and SIGTERM)
+# a leader that exits on Ctrl-C, and a child of its group that ignores it (and SIGTERM); the
+# leader sets Python's Ctrl-C handler itself: started from a background job (`pytest &`) it
+# would inherit SIGINT ignored, and Python keeps an ignored SIGINT ignored
 LEADER = """
 import signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 child = subprocess.Popen([sys.executable, "-c",
     "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
     "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child', flush=True); time.sleep(60)"])
