@@ -150,7 +150,8 @@ async def drive(url: str, model: str, step_log: Path, shapes: Sequence[Shape], r
             own = [s for s in new if of_shape(s, shape)]
             ms = statistics.median(s.seconds for s in own) * 1e3 if own else float("nan")
             print(f"[{i + 1}/{len(shapes)}] {shape[0]} {shape[1]}x{shape[2]}: {len(new)} steps, "
-                  f"{len(own)} of the shape, median {ms:.2f} ms", file=log or sys.stderr, flush=True)
+                  f"{len(own)} of the shape, median {ms:.2f} ms", file=log or sys.stderr,
+                  flush=True)
     if lone is not None:
         lone.extend(driver.lone)
     return steps
