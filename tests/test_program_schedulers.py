@@ -417,6 +417,22 @@ def test_lookahead_lets_a_ready_turn_in_while_nothing_reasons():
         assert s.may_run("b") and not s.may_run("c")
 
 
+def test_lookahead_with_a_host_tier_counts_an_acting_program_whose_kv_stays_on_the_gpu():
+    # host tier, capacity 10,000 x 0.9 = 9,000. r reasons (1,100); a is in a tool call with
+    # 5,000 tokens (5,100). A short tool (0.5 s <= max(10 x 0.02 s, 1 s)) keeps a's KV on the
+    # GPU, so it counts: b (3,100 more) makes 9,300 > 9,000 and waits. A long one (30 s)
+    # releases it to the host tier, where it does not count: 4,200, b is admitted
+    for predicted, admitted in ((0.5, False), (30.0, True)):
+        s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=True)
+        _start(s, "r", 1000, 0.0)
+        _start(s, "a", 1000, 0.0)
+        _act(s, "a", 5000, 1.0, predicted=predicted)
+        assert s.kv_of("a") is (Kv.CPU if admitted else Kv.GPU)
+        s.turn_arrived("b", 3000, 2.0)
+        s.decide(2.0)
+        assert s.may_run("b") is admitted
+
+
 def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_history():
     # no prediction from the client: the program's last cycles say its tools take 20 s,
     # longer than max(10 reloads of 5,000 tokens = 0.2 s, 1 s): released to the host tier

@@ -25,8 +25,8 @@ predicted return) only the harness's events tell. The rules:
   `RESUME_BAND` of the capacity to spare: hysteresis against pause-resume cycles, each a
   whole-context recompute), except that while no
   admitted program reasons a ready turn is let in anyway (the acting programs' pins make
-  room) rather than leave the GPU idle. With a host tier acting programs' pins do not count
-  (they go to the host tier under pressure); without one they do.
+  room) rather than leave the GPU idle. An acting program counts unless its KV was released
+  to the host tier (a long tool call, until its prefetch).
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -205,12 +205,14 @@ class Lookahead(ProgramScheduler):
         return max(0.0, back - now) * max(1, st.context_tokens)
 
     def resident(self, st: ProgramState) -> int:
-        """What a program holds in GPU memory for the memory rule. With a host tier an acting
-        program's KV is not counted: under pressure its pin goes to the host tier (the
-        engine's victim rule) and its next turn reloads it over PCIe. Without one it is: not
-        counting it let a closed loop admit past its pins and thrash (1,179 s mean JCT, and
-        923 s when counted only while the measured use was at the limit, which oscillated)."""
-        if self.host_tier and st.phase is Phase.ACTING and not st.turn_waiting:
+        """What a program holds in GPU memory for the memory rule. An acting program whose KV
+        was released to the host tier (a long tool call; until its prefetch) is not counted.
+        One whose KV stays on the GPU is, with a host tier or without: not counting acting
+        programs let a closed loop admit past their pins and thrash (1,179 s mean JCT without
+        a tier, and 923 s when counted only while the measured use was at the limit, which
+        oscillated; with a tier, 128 programs in flight recomputed 96% of their prefill, as
+        nothing that held memory could be paused)."""
+        if st.phase is Phase.ACTING and not st.turn_waiting and st.kv is Kv.CPU:
             return 0
         return self.held_tokens(st)
 
