@@ -67,10 +67,9 @@ class ProgramRouter(Router):
         home = st.replica
         if home not in {r.name for r in live}:
             st.replica = None  # lost with its replica: placed afresh
-        chosen = self.placer.place(program_id, self._rooms(live, program_id))
+        chosen = self.placer.place(program_id, self._rooms(live, program_id))  # records it
         if home is not None and chosen != home:
             self.moves += 1
-        st.replica = chosen
         return Route(decode=chosen)
 
     def program_end(self, program_id: str) -> None:

@@ -169,7 +169,7 @@ class ProgramScheduler:
         and ours), kept where it is when it still fits (sticky, MORI's) and when it fits
         nowhere else either: a move re-prefills the context, which buys nothing on a
         replica as full as its home (under overload every replica is, and programs bounced
-        from full to full)."""
+        from full to full). The choice is recorded as the program's `replica`."""
         st = self.table.get(program_id)
         need = (st.context_tokens if st is not None else 0) + PER_PROGRAM_TOKENS
         home = None
