@@ -243,7 +243,7 @@ def test_placement_prefers_the_home_replica_then_the_most_free_room():
     rooms = [Room("r0", 1000, 100), Room("r1", 1000, 900)]
     assert s.place("p", rooms) == "r0"  # home full: moved
     rooms = [Room("r0", 1000, 700), Room("r1", 1000, 950)]
-    assert s.place("p", rooms) == "r0"  # home full, r1 fuller, r0 too small (300 < 400): stays
+    assert s.place("p", rooms) == "r0"  # home too small (300 < 400) but still the roomiest
     rooms = [Room("r0", 1000, 990), Room("r1", 1000, 700)]
     assert s.place("p", rooms) == "r0"  # fits nowhere: stays home, its KV may still be there
 
@@ -385,13 +385,15 @@ def test_lookahead_applies_the_square_root_rule_only_while_the_backlog_drains():
 
 
 def test_lookahead_resumes_a_paused_program_only_with_a_band_to_spare():
-    # capacity 10,000 x 0.9 = 9,000 (no growth seen yet). a (3,000 + 100) reasons; p asks for
-    # 4,900 + 100: 8,100 <= 9,000 fits, so a program never paused is admitted, but one paused
-    # before needs 10% of the capacity (1,000) to spare: 8,100 > 8,000, it waits; once a ends
-    # it resumes
+    # capacity 10,000 x 0.9 = 9,000 (no growth seen yet). a (2,900 + 100) and r (100 + 100)
+    # reason; p asks for 4,900 + 100: 8,200 <= 9,000 fits, so a program never paused is
+    # admitted, but one paused before needs 10% of the capacity (1,000) to spare: 8,200 >
+    # 8,000, it waits. Once a ends, 5,200 <= 8,000 and it resumes while r still reasons (the
+    # band admits it, not the escape for an engine where nothing reasons)
     for resumed in (True, False):
         s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
-        _start(s, "a", 3000, 0.0)
+        _start(s, "a", 2900, 0.0)
+        _start(s, "r", 100, 0.0)
         s.turn_arrived("p", 4900, 1.0)
         if resumed:
             s.table.get("p").pauses = 1
@@ -399,7 +401,8 @@ def test_lookahead_resumes_a_paused_program_only_with_a_band_to_spare():
         assert s.may_run("p") is not resumed
         s.program_ended("a", 2.0)
         s.decide(2.0)
-        assert s.may_run("p")  # alone: 5,000 <= 8,000
+        assert s.may_run("r") and s.table.get("r").phase is not Phase.ACTING
+        assert s.may_run("p")  # 200 + 5,000 <= 8,000
 
 
 def test_lookahead_lets_a_ready_turn_in_while_nothing_reasons():
