@@ -165,3 +165,18 @@ def test_our_router_runs_as_a_process_of_its_own() -> None:
     argv = our_router_argv(["http://a:1", "http://b:2"], 9100)
     assert argv[1:6] == ["-m", "eval.experiments.served_comparison", "route", "session", "9100"]
     assert argv[6:] == ["http://a:1", "http://b:2"]
+
+
+def test_a_turn_no_replica_takes_is_refused_before_any_replica_starts() -> None:
+    # seed 3's 32 SWE programs: swe-00025's turn 5 needs 17,294 tokens (prompt and output);
+    # 1,024 blocks hold (1,024 - 1) x 16 = 16,368 (the null block), 1,082 hold 17,296.
+    # (our router only: vllm-router need not be installed)
+    from eval.experiments.served_comparison import (
+        ServedComparisonOptions,
+        run_served_comparison,
+    )
+    options = ServedComparisonOptions(programs=32, seed=3, num_gpu_blocks=1024,
+                                      systems="session:vllm")
+    with pytest.raises(ServedComparisonInputError,
+                       match=r"swe-00025 turn 5: 17,294 tokens; give --num-gpu-blocks 1082"):
+        run_served_comparison(options)

@@ -81,6 +81,7 @@ from eval.replay.routers import (
     ModeResult,
     RouterError,
     VllmRouter,
+    check_replicas_fit,
     jsonable,
     run_front,
     start_replicas,
@@ -194,6 +195,7 @@ def run_router_baseline(options: RouterBaselineOptions) -> int:
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale
+        check_replicas_fit(trace, options.num_gpu_blocks)
     except (ExperimentError, ValueError) as exc:
         raise RouterBaselineInputError(str(exc)) from None
 

@@ -64,6 +64,7 @@ from eval.replay.routers import (
     RouterError,
     RouterProcess,
     VllmRouter,
+    check_replicas_fit,
     jsonable,
     run_front,
     start_replicas,
@@ -314,6 +315,7 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     try:
         trace = make_trace(options.trace, options.programs, options.jps, options.seed)
         scale_trace(trace, options.time_scale)  # validates the scale
+        check_replicas_fit(trace, options.num_gpu_blocks)
         calibration = calibrate(load_profile(options.profile))
     except (ExperimentError, ValueError) as exc:
         raise ServedComparisonInputError(str(exc)) from None

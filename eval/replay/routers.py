@@ -41,7 +41,8 @@ from eval.replay.http_replay import (
 from eval.replay.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError
-from server.max_model_len import served_max_model_len
+from server.max_model_len import BLOCK_SIZE, SERVED_MAX_MODEL_LEN, served_max_model_len
+from sim.conversation import too_long_turns
 
 
 class RouterError(RuntimeError):
@@ -309,6 +310,25 @@ def run_front(name: str, about: str, front: Any, trace: Trace,
 
 
 # -- replicas ---------------------------------------------------------------------------------
+def check_replicas_fit(trace: Trace, num_gpu_blocks: int) -> None:
+    """Refuse, before any replica starts, a trace with a turn longer than `start_replicas`'
+    replicas take (`served_max_model_len`): the replica would answer it with a 400 mid-run,
+    after minutes of the other systems' runs. A ValueError naming the programs and the
+    `num_gpu_blocks` that would hold them."""
+    limit = served_max_model_len(num_gpu_blocks)
+    long = too_long_turns(trace, limit)
+    if not long:
+        return
+    most = max(tokens for _, _, tokens in long)
+    shown = "; ".join(f"{pid} turn {turn}: {tokens:,} tokens" for pid, turn, tokens in long[:3])
+    more = f" (and {len(long) - 3} more)" if len(long) > 3 else ""
+    fix = (f"give --num-gpu-blocks {-(-most // BLOCK_SIZE) + 1} or more"
+           if most <= SERVED_MAX_MODEL_LEN else
+           f"no replica takes over {SERVED_MAX_MODEL_LEN:,}: choose fewer programs or a seed")
+    raise ValueError(f"{len(long)} program(s) have a turn longer than a replica of "
+                     f"{num_gpu_blocks} blocks takes ({limit:,} tokens): {shown}{more}; {fix}")
+
+
 def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
                    out: Path, startup_timeout_s: float = 240.0) -> list[ServerProcess]:
     """``n`` emulated replicas started side by side; all stopped again if one fails (or is
