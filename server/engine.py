@@ -66,6 +66,9 @@ class NoProgress(RuntimeError):
 #: consecutive steps that compute no token while requests wait, before `NoProgress`: far more
 #: than any legitimate wait (a KV load or a peer's transfer ends within a few idle steps)
 NO_PROGRESS_STEPS = 10_000
+#: P/D: the longest an idle jump (`wait_for_peers`) moves the clock, so a queued request's
+#: heartbeats (every `kv_lease_duration // 6`, 5 s by default) still go out on time
+PEER_WAIT_MAX_S = 1.0
 
 
 @dataclass
@@ -252,6 +255,9 @@ class VirtualEngine:
         self.scheduler = self.core.scheduler
         self._pending: dict[str, Pending] = {}
         self._idle_steps = 0  # consecutive steps computing nothing while requests wait
+        self._idle_since = 0.0  # the clock when the first of them began
+        self._idle_at = 0.0  # the clock at the latest of them
+        self._still_steps = 0  # of them, those in a row at which the clock stood still
         self.nixl = getattr(self.core.model_executor, "_nixl", None)  # P/D worker side, or None
         policy = self.scheduler.agent_policy
         if getattr(policy, "clairvoyant", False):
@@ -261,6 +267,7 @@ class VirtualEngine:
             policy.foresee(self.future)
         if self.nixl is not None:
             self.nixl.set_wake(self._wake)
+            self._peer_stall_s = _peer_stall_limit(self.vllm_config.kv_transfer_config)
 
     # -- inputs ------------------------------------------------------------------------
     @_on_own_clock
@@ -314,9 +321,12 @@ class VirtualEngine:
         scheduler = self.scheduler
         if scheduler.get_num_unfinished_requests() > 0 or scheduler.finished_req_ids:
             return True
-        if self.nixl.busy():
-            return True
-        pending = getattr(scheduler.connector, "connector_scheduler", None)
+        return self.nixl.busy() or self._connector_bookkeeping()
+
+    def _connector_bookkeeping(self) -> bool:
+        """P/D: whether the connector's scheduler side has something for the next step to ship
+        to the worker (requests to read, send or account for)."""
+        pending = getattr(self.scheduler.connector, "connector_scheduler", None)
         return bool(pending is not None and (
             pending._reqs_need_recv or pending._reqs_need_send or pending._reqs_in_batch
             or pending._reqs_not_processed))
@@ -366,8 +376,11 @@ class VirtualEngine:
         return done
 
     def _check_progress(self, outputs: dict[Any, Any], done: list[Finished]) -> None:
-        """Raise `NoProgress` after `NO_PROGRESS_STEPS` steps in a row that computed no token
-        and finished nothing while requests were unfinished."""
+        """Raise `NoProgress` when steps that computed no token and finished nothing while
+        requests were unfinished go on: `NO_PROGRESS_STEPS` in a row, or, for a P/D engine
+        whose clock moves while it waits, for longer than a peer can hold blocks it needs
+        (`_peer_stall_limit`): a P/D engine may wait for minutes for a peer to read what it
+        holds, or to work through the prefills that read it, and vLLM would wait with it."""
         scheduler = self.scheduler
         if scheduler.last_scheduled_tokens or done:  # the usual case, decided cheaply
             self._idle_steps = 0
@@ -377,8 +390,19 @@ class VirtualEngine:
         if computed or not scheduler.get_num_unfinished_requests():
             self._idle_steps = 0
             return
+        now = self.clock.now()
+        if self._idle_steps == 0:
+            self._idle_since = self._idle_at = now
+            self._still_steps = 0
         self._idle_steps += 1
-        if self._idle_steps < NO_PROGRESS_STEPS:
+        self._still_steps = self._still_steps + 1 if now <= self._idle_at else 0
+        self._idle_at = now
+        if self.nixl is None:
+            stalled = self._idle_steps >= NO_PROGRESS_STEPS
+        else:  # waiting for peers is no stall until it outlasts what they may hold
+            stalled = (self._still_steps >= NO_PROGRESS_STEPS
+                       or now - self._idle_since > self._peer_stall_s)
+        if not stalled:
             return
         pool = self.scheduler.kv_cache_manager.block_pool
         def listed(requests: Any) -> str:
@@ -387,13 +411,44 @@ class VirtualEngine:
             return ", ".join(shown) or "none"
 
         raise NoProgress(
-            f"{self._idle_steps:,} engine steps in a row computed nothing at t="
+            f"{self._idle_steps:,} engine steps in a row computed nothing (for "
+            f"{now - self._idle_since:,.1f} s) at t="
             f"{self.clock.now():.3f} s with {self.scheduler.get_num_unfinished_requests()} "
             f"request(s) unfinished; waiting: {listed(self.scheduler.waiting)}; running: "
             f"{listed(self.scheduler.running)}; free KV blocks {pool.get_num_free_blocks():,} "
             f"of {pool.num_gpu_blocks - 1:,}; max_model_len "
             f"{self.vllm_config.model_config.max_model_len:,}; pinned "
             f"programs {len(self.scheduler.pins)}")
+
+    def waits_for_peers(self) -> bool:
+        """P/D: the engine has work, yet its latest step computed nothing and it awaits nothing
+        of its own (no read in flight, no note to take, no finished read or request for the
+        next step to act on, no connector bookkeeping to ship, no pin that could expire): it
+        changes only when a peer's note, a new request or one of its own deadlines
+        (`next_wakeup`) arrives. (An engine without work is not stepped; an arrival moves its
+        clock.)"""
+        scheduler = self.scheduler
+        return bool(self.nixl is not None and self.has_work()
+                    and not scheduler.last_scheduled_tokens
+                    and not self.nixl.busy() and not scheduler.pins
+                    and not scheduler.finished_recving_kv_req_ids
+                    and not scheduler.failed_recving_kv_req_ids
+                    and not scheduler.finished_req_ids and not self._connector_bookkeeping())
+
+    def wait_for_peers(self, t: float) -> None:
+        """If `waits_for_peers`, move the clock to `t`, when a loop knows something may next
+        reach the engine (at most `PEER_WAIT_MAX_S` on, and not past its next deadline)
+        instead of polling every millisecond: the same steps, without thousands of empty
+        ones between them."""
+        if not self.waits_for_peers():
+            return
+        now = self.clock.now()
+        until = min(t, now + PEER_WAIT_MAX_S)
+        deadline = self.nixl.next_deadline()
+        if deadline is not None:
+            until = min(until, deadline)
+        if until > now:
+            self.clock.advance_to(until)
 
     def advance_to(self, t: float) -> None:
         """Idle until `t` (an arrival or a tool return); the engine's pins may expire meanwhile.
@@ -415,6 +470,19 @@ class VirtualEngine:
     def _eos(self) -> int:
         eos = self.vllm_config.model_config.hf_config.eos_token_id
         return int(eos[0] if isinstance(eos, list) else eos)
+
+
+def _peer_stall_limit(kv_transfer: Any) -> float:
+    """How long a P/D engine may wait on its peers before its wait is no peer's doing: the
+    longest anything is held for a reader (a decode replica's export, `decoder_kv_blocks_ttl`,
+    under bidirectional transfer) plus two leases (a prefill's blocks held while the decode
+    replica queues it, and the read that follows). Past that every block held for or by this
+    engine's requests has been read or released."""
+    extra = getattr(kv_transfer, "kv_connector_extra_config", None) or {}
+    lease = float(extra.get("kv_lease_duration", 30))
+    exported = bool(extra.get("bidirectional_kv_xfer"))
+    ttl = float(extra.get("decoder_kv_blocks_ttl", 480)) if exported else 0.0
+    return ttl + 2 * lease
 
 
 def _copy_config(value: Any) -> Any:

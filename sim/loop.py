@@ -141,6 +141,8 @@ class Simulation:
         self.observe_itl = getattr(self.router, "observe_itl", None)
         self.programs_done = 0
         self.engine_steps = 0
+        #: P/D engines whose latest step found nothing to do but wait for a peer (`step`)
+        self.waiting_for_peers: set[Replica] = set()
         self.start = start
         # one engine's fast path: no list of busy engines to build before every step
         self.only = cluster.replicas[0] if len(cluster.replicas) == 1 else None
@@ -226,6 +228,7 @@ class Simulation:
         if not replica.has_work():
             with replica.active() as engine:
                 engine.advance_to(t)
+        self.waiting_for_peers.discard(replica)  # it has something new to try
         state = self.states[request.program_id]
         program = state.program
         options: dict[str, Any] = dict(turn_hints(program, request.turn))
@@ -272,6 +275,11 @@ class Simulation:
         try:
             step_start = engine.clock.now()
             finished = engine.step()
+            if not finished and engine.waits_for_peers():
+                self.waiting_for_peers.add(replica)
+                engine.wait_for_peers(self.nothing_reaches(replica))
+            else:
+                self.waiting_for_peers.discard(replica)
             now = engine.clock.now()
             requests = engine.scheduler.requests
         finally:
@@ -303,6 +311,24 @@ class Simulation:
             if turn is not None and turn.record.admitted is None:
                 turn.record.admitted = step_start
             self.request_finished(replica, fin)
+
+    def nothing_reaches(self, replica: Replica) -> float:
+        """Until when nothing can reach `replica`: the next agenda item, a step of another busy
+        engine (its notes and hand-overs are stamped at or after its clock) or, for one that
+        is itself waiting for its peers, its next deadline (which may free what it waits for)."""
+        times = []
+        for other in self.cluster.replicas:
+            if other is replica or not other.has_work():
+                continue
+            if other in self.waiting_for_peers and other.engine.waits_for_peers():
+                deadline = other.engine.next_wakeup()
+                if deadline is not None:
+                    times.append(deadline)
+            else:
+                times.append(other.now())
+        if self.agenda:
+            times.append(self.agenda.next_time())
+        return min(times, default=float("inf"))
 
     def request_finished(self, replica: Replica, fin: Any) -> None:
         """A request finished on `replica`: a remote prefill (handed over to the decode

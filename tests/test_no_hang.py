@@ -11,11 +11,16 @@ import pytest
 from cli.main import main
 from common.trace import Program, Trace, Turn
 from server import engine as engine_module
-from server.engine import ContextTooLong, NoProgress
+from common.metrics import SLO
+from eval.ampd.bench import STRATEGIES, RunConfig, _engine_factory, cluster_config
+from eval.workloads.registry import load_or_generate
+from server.engine import ContextTooLong, NoProgress, VirtualEngine
 from server.max_model_len import context_limit, served_max_model_len
 from sim.conversation import too_long_turns
 from sim.engines import make_engine
+from sim.loop import Simulation
 from sim.replay import replay
+from sim.virtual_cluster import VirtualCluster
 
 PROFILE = "h100-llama-3.1-8b"
 
@@ -78,6 +83,51 @@ def test_an_engine_that_stops_making_progress_raises(monkeypatch, autoclose) -> 
         for _ in range(1000):
             assert engine.has_work()
             engine.step()
+
+
+@pytest.mark.engine
+def test_a_pd_engine_stuck_for_good_still_raises(monkeypatch, autoclose) -> None:
+    """The same stuck prompt on a P/D engine (a prefill replica, no peer at all): its steps may
+    let time pass while it waits for peers, but a clock that stands still is a hang too."""
+    from cluster import pd  # the P/D connector config: only this test needs it
+
+    monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
+    engine = autoclose(VirtualEngine(
+        policy="vllm", profile=PROFILE, num_gpu_blocks=300, max_model_len=4784,
+        kv_transfer=pd.kv_transfer_config("p", "prefill", {}, fabric="inproc:no-hang")))
+    monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
+    engine.add_request("stuck", [7] * 6000, output_tokens=4)
+    with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing \(for "
+                                         r"0.0 s\).*running: stuck"):
+        for _ in range(1000):
+            assert engine.has_work()
+            engine.step()
+
+
+@pytest.mark.engine
+def test_pd_replicas_that_wait_on_each_other_wait_out_the_export_ttl(autoclose) -> None:
+    """vLLM's pull mode, short of memory (1P1D, 1,000 blocks a replica, DuReader's long
+    prompts at 2 programs/s): the decode replica fills with finished turns' exports held for
+    the prefill replica (`decoder_kv_blocks_ttl`, 480 s), while the prefill replica is full of
+    prefills leased to the decode replica and cannot admit the next turns that would read the
+    exports. Only the TTL breaks that wait, as it would in vLLM: the replay waits it out and
+    finishes (it raised `NoProgress` after 10,000 one-millisecond polls), and the loop moves
+    the waiting engines' clocks to what can next reach them instead of polling."""
+    trace = load_or_generate("dureader", 8, 2.0, 0)
+    run = RunConfig(STRATEGIES["pd"], (1, 1))
+    config = cluster_config(run, replicas=2, profile="h20x2-llama-3.1-70b", slo=SLO(5, 0.05),
+                            seed=0, num_gpu_blocks=1000)
+    cluster = autoclose(VirtualCluster(config, seed=0,
+                                       make_engine=_engine_factory(config, 0, "pull",
+                                                                   run.strategy)))
+    sim = Simulation(trace, cluster)
+    result = sim.run()
+    assert all(p.finished is not None for p in result.programs.values())
+    decode = cluster.by_name["d0"].engine
+    assert decode.nixl.expired_leases > 0  # exports nobody could read in time: the TTL
+    assert max(p.finished for p in result.programs.values()) > 480
+    # each stall of up to 480 s costs steps of the other engine's pace, not 1 ms polls
+    assert sim.engine_steps < 30_000
 
 
 def _write_trace(path, programs) -> None:
