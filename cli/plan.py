@@ -110,8 +110,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "programs each, and print their attainment beside the predicted (default 0: "
                    "no replay)")
     p.add_argument("--bench-seed", type=int, default=None,
-                   help="seed of the --bench replays (default --seed + 1: programs the "
-                   "prediction was not made on)")
+                   help="first seed of the --bench replays (default: the first after the "
+                   "--verify-seeds, programs the prediction was not made on)")
+    p.add_argument("--bench-seeds", type=int, default=1, metavar="N",
+                   help="replay each plan under N bench seeds and compare the mean with the "
+                   "prediction (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -128,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
                         "(or give --verify 0)")
     if args.jobs < 1:
         raise PlanError("--jobs must be at least 1")
-    if args.bench < 0:
-        raise PlanError("--bench must be >= 0")
+    if args.bench < 0 or args.bench_seeds < 1:
+        raise PlanError("--bench must be >= 0 and --bench-seeds >= 1")
     if args.bench and args.table:
         raise PlanError("--bench replays the plans on the emulated GPUs: drop --table")
     if args.slo_ttft_x is not None:
@@ -210,20 +213,27 @@ def run(args: argparse.Namespace) -> int:
 
 def bench_plans(args: argparse.Namespace, sim: Any, plans: Any) -> None:
     """`--bench N`: each printed plan replayed by the bench, beside its predictions."""
-    seed = args.seed + 1 if args.bench_seed is None else args.bench_seed
+    seeds = plan_check.bench_seeds(args.seed, args.verify_seeds if args.verify else 0,
+                                   args.bench_seed, args.bench_seeds)
     checked = []
     for p in plans:
         pre, dec = (p.prefill.degree, p.prefill.count), (p.decode.degree, p.decode.count)
-        row = plan_check.replay_plan(sim.gpu, sim.model, pre, dec, trace=args.trace,
-                                     rate=args.rate, programs=args.bench, seed=seed,
-                                     slo=SLO(args.slo_ttft, args.slo_itl), router=args.router,
-                                     history=sim.history)
+        label = plan_check.plan_label(pre, dec)
+        rows = []
+        for seed in seeds:
+            row = plan_check.replay_plan(sim.gpu, sim.model, pre, dec, trace=args.trace,
+                                         rate=args.rate, programs=args.bench, seed=seed,
+                                         slo=SLO(args.slo_ttft, args.slo_itl),
+                                         router=args.router, history=sim.history)
+            rows.append(row)
+            if not args.quiet:
+                print(f"bench replayed {label} (seed {seed}): SLO {row['slo_attainment']:.3f} "
+                      f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
         whole = [v for (a, b, _), v in sim.replayed.items() if (a, b) == (pre, dec)]
+        replays = tuple(float(r["slo_attainment"]) for r in rows)
         checked.append(plan_check.Checked(
-            plan_check.plan_label(pre, dec), sim.predicted_attainment(p),
-            sum(whole) / len(whole) if whole else float("nan"), row["slo_attainment"], row))
-        if not args.quiet:
-            print(f"bench replayed {checked[-1].label}: SLO {row['slo_attainment']:.3f} "
-                  f"({row['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+            label, sim.predicted_attainment(p),
+            sum(whole) / len(whole) if whole else float("nan"),
+            sum(replays) / len(replays), rows[0], replays if len(replays) > 1 else ()))
     print()
-    print(plan_check.report(checked, programs=args.bench, seed=seed))
+    print(plan_check.report(checked, programs=args.bench, seeds=seeds))

@@ -23,6 +23,7 @@ from cluster.planner import (
     plan,
     solve_ilp,
 )
+from eval.ampd import plan_check
 from eval.bench.traces import make_trace
 from eval.workloads.registry import load_or_generate
 from sim import planning as plan_sim
@@ -495,3 +496,22 @@ def test_ampd_planning_routes_prefills_locally_in_its_simulations():
     assert any(t.prefill_replica is None for t in turns)  # local: no remote prefill replica
     sim.deployment((8, 1), (8, 1), 6)
     assert 0.0 <= sim.replayed[((8, 1), (8, 1), 0)] <= 1.0
+
+
+def test_the_bench_replays_other_programs_than_the_prediction_and_averages_its_seeds():
+    """The bench's seeds start after the planner's verify seeds (with 3 verify seeds, seed + 1
+    was one of the programs the prediction was made on); with several bench seeds the error
+    is the mean's, each seed's replay shown beside it."""
+    assert plan_check.bench_seeds(0, 1, None, 1) == [1]
+    assert plan_check.bench_seeds(0, 3, None, 2) == [3, 4]
+    assert plan_check.bench_seeds(5, 0, None, 1) == [6]
+    assert plan_check.bench_seeds(0, 3, 10, 3) == [10, 11, 12]
+    with pytest.raises(ValueError, match="--bench-seeds"):
+        plan_check.bench_seeds(0, 1, None, 0)
+    c = plan_check.Checked("P TP4 x1 + D TP4 x1", 1.0, 0.70, 0.66, {}, (0.60, 0.72))
+    assert c.error() == pytest.approx(0.04 / 0.66)
+    text = plan_check.report([c], programs=80, seeds=[3, 4])
+    assert "seeds 3, 4" in text and "0.600 / 0.720 |" in text and "| 6.1 % | yes |" in text
+    one = plan_check.report([plan_check.Checked("x", 1.0, 0.825, 0.596, {})], programs=80,
+                            seeds=[1])
+    assert "| 38.4 % | no |" in one and "--bench-seeds N" in one
