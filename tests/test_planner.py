@@ -515,3 +515,6 @@ def test_the_bench_replays_other_programs_than_the_prediction_and_averages_its_s
     one = plan_check.report([plan_check.Checked("x", 1.0, 0.825, 0.596, {})], programs=80,
                             seeds=[1])
     assert "| 38.4 % | no |" in one and "--bench-seeds N" in one
+    many = plan_check.Checked("y", 1.0, 0.6, 0.6, {}, tuple(0.5 + 0.01 * i for i in range(21)))
+    text = plan_check.report([many], programs=80, seeds=list(range(40, 61)))
+    assert "seeds 40-60" in text and "0.500-0.700, sd 0.062 (21 seeds) |" in text

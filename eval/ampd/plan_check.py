@@ -85,7 +85,8 @@ def report(checked: Sequence[Checked], *, programs: int, seeds: Sequence[int]) -
     """Predicted beside replayed, as markdown (with several bench seeds, each seed's replay
     and their spread as well)."""
     several = len(seeds) > 1
-    named = ", ".join(str(s) for s in seeds)
+    named = (", ".join(str(s) for s in seeds) if len(seeds) <= LISTED_SEEDS
+             else f"{seeds[0]}-{seeds[-1]}")
     lines = [f"Plans replayed by the bench (`eval.ampd.bench.run_one`, {programs} programs, "
              f"seed{'s' if several else ''} {named}), SLO attainment per turn"
              + (" (the mean over the seeds)" if several else "") + ":", "",
@@ -97,12 +98,25 @@ def report(checked: Sequence[Checked], *, programs: int, seeds: Sequence[int]) -
         row = (f"| {c.label} | {_f(c.predicted_roles)} | {_f(c.predicted_whole)} | "
                f"{_f(c.replayed)} | {100 * err:.1f} % | {'yes' if err <= TOLERANCE else 'no'} |")
         if several:
-            row += " " + " / ".join(_f(x) for x in c.per_seed()) + " |"
+            row += " " + _spread(c.per_seed()) + " |"
         lines.append(row)
     if not several:
         lines += ["", "One bench seed: a single draw of the programs varies by more than the "
                   "10 % bar; `--bench-seeds N` compares means over N draws."]
     return "\n".join(lines)
+
+
+#: bench seeds listed one by one in the report; more are summarised (range, sd)
+LISTED_SEEDS = 10
+
+
+def _spread(values: Sequence[float]) -> str:
+    """Each seed's figure, or for many seeds their range and standard deviation."""
+    if len(values) <= LISTED_SEEDS:
+        return " / ".join(_f(x) for x in values)
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1))
+    return f"{_f(min(values))}-{_f(max(values))}, sd {sd:.3f} ({len(values)} seeds)"
 
 
 def _f(x: float) -> str:
