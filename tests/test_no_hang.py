@@ -9,11 +9,11 @@ import json
 import pytest
 
 from cli.main import main
-from common.trace import Program, Trace, Turn
-from server import engine as engine_module
 from common.metrics import SLO
+from common.trace import Program, Trace, Turn
 from eval.ampd.bench import STRATEGIES, RunConfig, _engine_factory, cluster_config
 from eval.workloads.registry import load_or_generate
+from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress, VirtualEngine
 from server.max_model_len import context_limit, served_max_model_len
 from sim.conversation import too_long_turns
