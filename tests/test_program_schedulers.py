@@ -405,37 +405,27 @@ def test_lookahead_resumes_a_paused_program_only_with_a_band_to_spare():
         assert s.may_run("p")  # 200 + 5,000 <= 8,000
 
 
-def test_lookahead_with_known_lengths_lets_a_short_program_take_a_long_ones_place():
-    # capacity 10,000 x 0.9 = 9,000. "long" (50 turns) is in a tool call holding 6,100; "r"
-    # reasons (200). "short" (3 turns) is ready with 4,000 (4,100): 10,400 > 9,000, it does
-    # not fit. Told the lengths, long's remaining work (49 turns at 6,000) is over twice
-    # short's (3 at 4,000): long is paused and short runs. With lengths learned (none ended
-    # yet) nobody is paused for it: short waits.
-    for known in (True, False):
-        s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
-        if known:
-            s.known_turns = {"long": 50, "short": 3, "r": 10}
-        _start(s, "long", 1000, 0.0)
-        _start(s, "r", 100, 0.0)
-        _act(s, "long", 6000, 1.0, predicted=30.0)
-        s.turn_arrived("short", 4000, 2.0)
-        s.decide(2.0)
-        assert s.may_run("short") is known
-        assert s.may_run("long") is not known
-        assert s.may_run("r")
-
-
-def test_lookahead_with_known_lengths_does_not_pause_for_a_near_tie():
-    # the same, but "long" has 4 turns left (at 6,000) against short's 3 (at 4,000): not
-    # PREEMPT_MARGIN times the work, so nobody gives way and short waits
+@pytest.mark.parametrize("long_turns, known, preempted", [
+    (50, True, True),    # told the lengths: long's 49 turns at 6,000 > 2 x short's 3 at 4,000
+    (50, False, False),  # learned (none ended yet): nobody is paused for it
+    (5, True, False),    # long has 4 turns left: a near tie is not worth a pause
+])
+def test_lookahead_with_known_lengths_lets_a_short_program_take_a_long_ones_place(
+        long_turns, known, preempted):
+    # capacity 10,000 x 0.9 = 9,000. "long" is in a tool call holding 6,100; "r" reasons
+    # (200). "short" (3 turns) is ready with 4,000 (4,100): 10,400 > 9,000, it does not fit.
+    # It takes long's place only when its remaining work is under 1/PREEMPT_MARGIN of long's
     s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
-    s.known_turns = {"long": 5, "short": 3, "r": 10}
+    if known:
+        s.known_turns = {"long": long_turns, "short": 3, "r": 10}
     _start(s, "long", 1000, 0.0)
     _start(s, "r", 100, 0.0)
     _act(s, "long", 6000, 1.0, predicted=30.0)
     s.turn_arrived("short", 4000, 2.0)
     s.decide(2.0)
-    assert not s.may_run("short") and s.may_run("long")
+    assert s.may_run("short") is preempted
+    assert s.may_run("long") is not preempted
+    assert s.may_run("r")
 
 
 def test_lookahead_lets_a_ready_turn_in_while_nothing_reasons():
