@@ -7,7 +7,14 @@ import math
 import pytest
 
 from common.trace import Program, Trace, Turn
-from eval.bench.floor import WorkPrices, add_bounds, gap_share, srpt_completions, throughput_floor
+from eval.bench.floor import (
+    MemoryPrices,
+    WorkPrices,
+    add_bounds,
+    gap_share,
+    srpt_completions,
+    throughput_floor,
+)
 from server.perf.registry import load_profile
 
 PROFILE = "h100-llama-3.1-8b"
@@ -30,6 +37,45 @@ def test_prices_never_exceed_a_steps_time():
             priced = sum(prices.decode(c) for c in decode)
             priced += sum(prices.prefill(n, c) for n, c in prefill)
             assert profile.step_seconds(prefill, decode) >= priced
+
+
+@pytest.mark.parametrize("profile_name", [PROFILE, "h20x2-llama-3.1-70b"])
+def test_memory_prices_never_exceed_a_steps_time_within_the_cache(profile_name):
+    """The memory bound's claim: a batch whose sequences hold at most the cache's capacity
+    between them (beyond their shared prefix) lasts at least the sum of its memory prices,
+    for every split of the linear roofline (theta); random batches of both profile kinds'
+    shapes, from one long sequence to hundreds of short ones, with and without prefills."""
+    import random
+
+    profile = load_profile(profile_name)
+    capacity = 200_000
+    rng = random.Random(7)
+    for theta in (0.0, 0.3, 0.5, 1.0):
+        prices = MemoryPrices(profile, 2048, capacity, theta)
+        prices.shared = 1200
+        for _ in range(200):
+            budget = capacity
+            decode, prefill = [], []
+            for _ in range(rng.choice([1, 3, 20, 300])):
+                ctx = rng.choice([1300, 5_000, 23_000, 60_000])
+                if ctx - prices.shared > budget:
+                    break
+                budget -= ctx - prices.shared
+                decode.append(ctx)
+            if rng.random() < 0.5 and budget > 3_000:
+                prefill.append((2048, min(budget - 2048, 20_000) + prices.shared))
+            if not decode and not prefill:
+                continue
+            priced = sum(prices.decode(c) for c in decode)
+            priced += sum(prices.prefill(n, c) for n, c in prefill)
+            assert profile.step_seconds(prefill, decode) >= priced * (1 - 1e-12)
+    # a token at 50k of a 400k cache carries an eighth of the step's fixed part (the weights'
+    # read and the step's overhead), which a batch of 512 would have spread thin
+    c = profile.coefficients()
+    memory = MemoryPrices(profile, 2048, 400_000, 0.0).decode(50_000)
+    assert memory == pytest.approx((c.c0 + c.c1 * c.knee) / 8 + c.c3 * 50_000 + c.c4 + c.c5)
+    if profile_name == PROFILE:  # an H100 reads the weights in 5 ms: the share dominates
+        assert memory > WorkPrices(profile, 2048).decode(50_000) + (c.c0 + c.c1 * c.knee) / 10
 
 
 def test_throughput_floor_of_two_programs():

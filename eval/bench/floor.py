@@ -20,6 +20,19 @@ calls and the order of turns within a program, which only make it looser. Prices
 the context rounded down to `CONTEXT_BUCKET` tokens (the step time grows with context, so this
 keeps them lower bounds).
 
+A second price, the memory's. The price above charges a decoded token only what one more
+sequence adds to a batch of 512, as if 512 sequences always fitted; programs of 20-75k tokens
+do not (a 461k-token cache holds a handful), and a batch that small pays for reading the
+weights. So each sequence is also charged a share of the step's fixed part (``c0 + c1 *
+knee`` of the step form) in proportion to the KV it holds beyond the program's shared prefix,
+over the cache's capacity ``M``; the sequences of one step hold at most ``M`` between them,
+so their shares sum to at most the fixed part. Since ``max(T, knee) >= theta * T + (1 - theta)
+* knee`` for any ``theta`` in [0, 1], a sequence's price is ``theta * c1`` per new token plus
+``(1 - theta)`` of that memory share plus its attention, context and per-sequence terms, and
+the sum over a feasible step is at most the form's value, itself at most the step's time (the
+roofline's attention takes a maximum of these terms; a measured table is the form). Each
+``theta`` gives a bound (`MEMORY_THETAS`); the floor is the largest of them and of the first.
+
 The gap column: a policy's share of the gap from `vllm` to `oracle` at the same load,
 (vllm - policy) / (vllm - oracle) of mean JCT: 1 = as good as the clairvoyant schedule, 0 = no
 better than vLLM, negative = worse (NaN when either row is missing or they tie).
@@ -36,6 +49,8 @@ from server.perf.registry import load_profile
 
 BASE_SEQS = 512
 CONTEXT_BUCKET = 256
+#: the weights of the linear layers' roofline split between per-token and memory-share prices
+MEMORY_THETAS = (0.0, 0.5)
 
 
 class WorkPrices:
@@ -82,6 +97,46 @@ class WorkPrices:
         return total
 
 
+class MemoryPrices(WorkPrices):
+    """The memory's price (module docstring): a share of the step's fixed part by the KV a
+    sequence holds over the cache's `capacity_tokens`, and `theta` of the per-token linear
+    cost, with the step form's attention, context and per-sequence terms."""
+
+    def __init__(self, profile: Any, chunk: int, capacity_tokens: int, theta: float) -> None:
+        if capacity_tokens < 1 or not 0.0 <= theta <= 1.0:
+            raise ValueError("capacity_tokens must be >= 1 and theta in [0, 1]")
+        self.profile = profile
+        self.chunk = chunk
+        self.capacity = float(capacity_tokens)
+        self.theta = theta
+        self.c = profile.coefficients()
+        self.fixed = self.c.c0 + self.c.c1 * self.c.knee
+        self.shared = 0  # the current program's shared prefix (`program`)
+
+    def _held(self, kv_tokens: int) -> float:
+        return (1.0 - self.theta) * self.fixed * max(0, kv_tokens - self.shared) / self.capacity
+
+    def decode(self, context_tokens: int) -> float:
+        c = self.c
+        return (self.theta * c.c1 + self._held(context_tokens) + c.c3 * context_tokens + c.c4
+                + c.c5)
+
+    def prefill(self, new_tokens: int, cached_tokens: int) -> float:
+        c = self.c
+        seconds, done = 0.0, cached_tokens
+        while new_tokens > 0:
+            n = min(new_tokens, self.chunk)
+            seconds += (self.theta * c.c1 * n + self._held(done + n)
+                        + c.c2 * (n * done + n * (n + 1) / 2) + c.c4 + c.c5 * n)
+            done += n
+            new_tokens -= n
+        return seconds
+
+    def program(self, program: Any) -> float:
+        self.shared = program.shared_prefix_tokens if program.shared_prefix_id else 0
+        return super().program(program)
+
+
 def srpt_completions(jobs: list[tuple[float, float]]) -> list[float]:
     """Completion times of (release, work) jobs under preemptive SRPT on one machine of
     speed 1, in the jobs' order."""
@@ -107,10 +162,24 @@ def srpt_completions(jobs: list[tuple[float, float]]) -> list[float]:
 
 
 def throughput_floor(trace: Trace, profile: str, offload_copy_model: str,
-                     max_num_batched_tokens: int | None) -> dict[str, float]:
-    """The throughput bound of `trace` on `profile`: mean JCT and makespan, and the work."""
+                     max_num_batched_tokens: int | None,
+                     capacity_tokens: int | None = None) -> dict[str, float]:
+    """The throughput bound of `trace` on `profile`: mean JCT and makespan, and the work, the
+    largest of the batch price's and (with the KV cache's `capacity_tokens`; default: what the
+    profile's GPUs hold) the memory prices' (`MEMORY_THETAS`); ``memory_bound`` says whether
+    a memory price gave the mean."""
     perf = load_profile(profile, offload_copy_model=offload_copy_model)
-    prices = WorkPrices(perf, max_num_batched_tokens or 8192)
+    chunk = max_num_batched_tokens or 8192
+    capacity = capacity_tokens or perf.kv_capacity_tokens(0.9)
+    bounds = [_bound(trace, WorkPrices(perf, chunk))]
+    bounds += [_bound(trace, MemoryPrices(perf, chunk, capacity, theta))
+               for theta in MEMORY_THETAS]
+    best = max(bounds, key=lambda b: b["throughput_jct_mean_s"])
+    return {**best, "throughput_makespan_s": max(b["throughput_makespan_s"] for b in bounds),
+            "memory_bound": float(best is not bounds[0])}
+
+
+def _bound(trace: Trace, prices: WorkPrices) -> dict[str, float]:
     jobs = [(p.arrival_s, prices.program(p)) for p in trace.programs]
     ends = srpt_completions(jobs)
     first = min(r for r, _ in jobs)

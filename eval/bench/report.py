@@ -100,20 +100,22 @@ def bounds_section(summary: dict[str, Any]) -> list[str]:
              "may beat it (gap closed > 1). *gap closed*: a policy's share of the gap from "
              "`vllm` to `oracle` in mean JCT at the same load. *floor*: the larger of the "
              f"isolated JCT mean ({summary['isolated_jct_mean_s']:.2f} s) and the throughput "
-             "bound (every program's work at the engine's most efficient batching, released "
-             "at its arrival, served shortest-remaining-first on one machine: no schedule's "
-             "mean JCT is below it)."]
+             "bound (every program's work at the engine's most efficient batching, or at "
+             "the batches its KV cache holds, released at its arrival, served "
+             "shortest-remaining-first on one machine: no schedule's mean JCT is below it)."]
     floors = summary.get("floors") or []
     if not floors:
         return lines + ["", "No throughput bound for this run (a cluster, a served engine or a "
                         "closed loop): the floor is the isolated JCT mean.", ""]
     lines += ["", "| jobs/s | work per program s | offered load | throughput bound: mean JCT "
-              "s | makespan s | floor: mean JCT s |", "|---|---:|---:|---:|---:|---:|"]
+              "s | priced by | makespan s | floor: mean JCT s |",
+              "|---|---:|---:|---:|---|---:|---:|"]
     n = max(1, summary.get("programs") or 1)
     for floor in floors:
+        by = "memory" if floor.get("memory_bound") else "batch"
         lines.append(f"| {load_text(floor['jps'], None)} | {floor['work_s'] / n:.2f} | "
                      f"{floor['offered_load']:.2f} | {floor['throughput_jct_mean_s']:.2f} | "
-                     f"{floor['throughput_makespan_s']:.1f} | "
+                     f"{by} | {floor['throughput_makespan_s']:.1f} | "
                      f"{max(floor['throughput_jct_mean_s'], summary['isolated_jct_mean_s']):.2f} |")
     steady = (" The throughput bound counts every program, also those `--steady` leaves out "
               "of the policies' means." if summary.get("steady") else "")

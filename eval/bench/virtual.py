@@ -21,7 +21,7 @@ from eval.bench.floor import throughput_floor
 from eval.bench.isolated import IsolatedCost, isolated_timed
 from eval.bench.runs import Run
 from eval.bench.specs import BenchError, ClusterRuns, Engines, split_policy
-from server.max_model_len import context_limit
+from server.max_model_len import BLOCK_SIZE, context_limit
 from sim.engines import make_engine
 from sim.loop import replay_cluster
 from sim.records import steady_programs
@@ -68,8 +68,10 @@ class SingleEngine:
 
     def floor(self, trace: Trace) -> dict[str, float] | None:
         settings = self.engines.settings
+        blocks = settings.num_gpu_blocks
         return throughput_floor(trace, self.engines.profile, settings.offload_copy_model,
-                                settings.max_num_batched_tokens)
+                                settings.max_num_batched_tokens,
+                                None if blocks is None else blocks * BLOCK_SIZE)
 
 
 @dataclass(frozen=True)
