@@ -77,7 +77,8 @@ RESUME_BAND = 0.1
 #: expected remaining work is more than this many times the turn's program's (a pause costs
 #: a reload or a recompute, so a near tie is not worth one). Open loop, swe-long 0.2 jobs/s
 #: with the 64 GiB tier: `lookahead-oracle` 318.3 s without it, 292.5 s with it; the learned
-#: estimate at 2x 338.7 s (331.8 s without), at 4x it never fires.
+#: estimate at 2x 338.7 s (331.8 s without), at 3x 315.4 s but a closed loop of 64 without a
+#: tier thrashed (681.0 s against 558.7 s), at 4x it never fires: known lengths only.
 PREEMPT_MARGIN = 2.0
 #: Programs ended before remaining-work ordering replaces arrival order.
 MIN_ENDED = 10
