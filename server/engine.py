@@ -267,7 +267,7 @@ class VirtualEngine:
             policy.foresee(self.future)
         if self.nixl is not None:
             self.nixl.set_wake(self._wake)
-            self._peer_stall_s = _peer_stall_limit(self.vllm_config.kv_transfer_config)
+            self._peer_stall_s = self._peer_stall_limit()
 
     # -- inputs ------------------------------------------------------------------------
     @_on_own_clock
@@ -413,12 +413,24 @@ class VirtualEngine:
         raise NoProgress(
             f"{self._idle_steps:,} engine steps in a row computed nothing (for "
             f"{now - self._idle_since:,.1f} s) at t="
-            f"{self.clock.now():.3f} s with {self.scheduler.get_num_unfinished_requests()} "
+            f"{now:.3f} s with {self.scheduler.get_num_unfinished_requests()} "
             f"request(s) unfinished; waiting: {listed(self.scheduler.waiting)}; running: "
             f"{listed(self.scheduler.running)}; free KV blocks {pool.get_num_free_blocks():,} "
             f"of {pool.num_gpu_blocks - 1:,}; max_model_len "
             f"{self.vllm_config.model_config.max_model_len:,}; pinned "
             f"programs {len(self.scheduler.pins)}")
+
+    def _peer_stall_limit(self) -> float:
+        """How long a P/D engine may wait on its peers before its wait is no peer's doing: the
+        longest anything is held for a reader (a decode replica's export,
+        `decoder_kv_blocks_ttl`, under bidirectional transfer) plus two leases (a prefill's
+        blocks held while the decode replica queues it, and the read that follows), as vLLM's
+        connector resolved them. Past that every block held for or by this engine's requests
+        has been read or released."""
+        connector = self.scheduler.connector.connector_scheduler
+        ttl = (connector.decoder_kv_blocks_ttl
+               if connector.is_bidirectional_kv_xfer_enabled else 0)
+        return float(ttl + 2 * connector._kv_lease_duration)
 
     def waits_for_peers(self) -> bool:
         """P/D: the engine has work, yet its latest step computed nothing and it awaits nothing
@@ -428,9 +440,8 @@ class VirtualEngine:
         (`next_wakeup`) arrives. (An engine without work is not stepped; an arrival moves its
         clock.)"""
         scheduler = self.scheduler
-        return bool(self.nixl is not None and self.has_work()
-                    and not scheduler.last_scheduled_tokens
-                    and not self.nixl.busy() and not scheduler.pins
+        return bool(self.nixl is not None and not scheduler.last_scheduled_tokens
+                    and self.has_work() and not self.nixl.busy() and not scheduler.pins
                     and not scheduler.finished_recving_kv_req_ids
                     and not scheduler.failed_recving_kv_req_ids
                     and not scheduler.finished_req_ids and not self._connector_bookkeeping())
@@ -470,19 +481,6 @@ class VirtualEngine:
     def _eos(self) -> int:
         eos = self.vllm_config.model_config.hf_config.eos_token_id
         return int(eos[0] if isinstance(eos, list) else eos)
-
-
-def _peer_stall_limit(kv_transfer: Any) -> float:
-    """How long a P/D engine may wait on its peers before its wait is no peer's doing: the
-    longest anything is held for a reader (a decode replica's export, `decoder_kv_blocks_ttl`,
-    under bidirectional transfer) plus two leases (a prefill's blocks held while the decode
-    replica queues it, and the read that follows). Past that every block held for or by this
-    engine's requests has been read or released."""
-    extra = getattr(kv_transfer, "kv_connector_extra_config", None) or {}
-    lease = float(extra.get("kv_lease_duration", 30))
-    exported = bool(extra.get("bidirectional_kv_xfer"))
-    ttl = float(extra.get("decoder_kv_blocks_ttl", 480)) if exported else 0.0
-    return ttl + 2 * lease
 
 
 def _copy_config(value: Any) -> Any:
