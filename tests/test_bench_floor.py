@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -45,8 +46,6 @@ def test_memory_prices_never_exceed_a_steps_time_within_the_cache(profile_name):
     between them (beyond their shared prefix) lasts at least the sum of its memory prices,
     for every split of the linear roofline (theta); random batches of both profile kinds'
     shapes, from one long sequence to hundreds of short ones, with and without prefills."""
-    import random
-
     profile = load_profile(profile_name)
     capacity = 200_000
     rng = random.Random(7)

@@ -13,6 +13,7 @@ one. ``TOLERANCE`` (10 %, relative) is issue 28's bar for "within".
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,8 +115,7 @@ def _spread(values: Sequence[float]) -> str:
     """Each seed's figure, or for many seeds their range and standard deviation."""
     if len(values) <= LISTED_SEEDS:
         return " / ".join(_f(x) for x in values)
-    mean = sum(values) / len(values)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1))
+    sd = statistics.stdev(values)
     return f"{_f(min(values))}-{_f(max(values))}, sd {sd:.3f} ({len(values)} seeds)"
 
 

@@ -105,8 +105,7 @@ class MemoryPrices(WorkPrices):
     def __init__(self, profile: Any, chunk: int, capacity_tokens: int, theta: float) -> None:
         if capacity_tokens < 1 or not 0.0 <= theta <= 1.0:
             raise ValueError("capacity_tokens must be >= 1 and theta in [0, 1]")
-        self.profile = profile
-        self.chunk = chunk
+        super().__init__(profile, chunk)
         self.capacity = float(capacity_tokens)
         self.theta = theta
         self.c = profile.coefficients()
