@@ -269,6 +269,8 @@ class PolicyScheduler(Scheduler):
         whatever the policy says: a gate must never leave an idle engine with work."""
         if not isinstance(self.waiting, FCFSRequestQueue):
             return []  # --scheduling-policy priority: not gated
+        pool = self.kv_cache_manager.block_pool
+        self.agent_policy.observe_kv(pool.num_gpu_blocks - 1 - pool.get_num_free_blocks())
         views = [self.view(r) for r in self.waiting]
         ids = self.agent_policy.held_back(views, len(self.running), now)
         if not ids:

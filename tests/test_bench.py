@@ -127,6 +127,26 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
 
 
 @pytest.mark.engine
+def test_a_program_schedulers_run_records_its_kv_occupancy_beside_the_engines(tmp_path):
+    """`lookahead` on the small cache: its run records KV tokens by program state over time,
+    with the engine's own count of what it held (never above its capacity, and something at
+    some point), and the report draws them."""
+    out = tmp_path / "bench"
+    args = ["bench", "--trace", "swe", "--programs", "6", "--policies", "lookahead",
+            "--concurrency", "6", "--no-bounds", "--out", str(out),
+            "--num-gpu-blocks", str(BLOCKS)]
+    assert main(args) == 0
+    (run,) = (out / "runs").glob("*.json")
+    series = json.loads(run.read_text())["occupancy"]
+    assert len(series) >= 2
+    for sample in series:
+        assert {"reasoning", "acting", "paused", "in_use", "capacity"} <= sample.keys()
+        assert 0 <= sample["in_use"] <= sample["capacity"] == BLOCKS * 16
+    assert max(s["in_use"] for s in series) > 0
+    assert (out / "kv_occupancy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.engine
 @pytest.mark.slow
 def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
     """--jobs 2: the isolated JCTs and each replay in their own process; every figure but the

@@ -333,3 +333,19 @@ def test_a_held_turn_whose_client_went_away_frees_its_programs_slot(monkeypatch)
     from vllm.v1.request import RequestStatus
     d.scheduler.finish_requests("C-0", RequestStatus.FINISHED_ABORTED)
     assert "C" not in programs.table
+
+
+def test_a_program_scheduler_is_told_the_blocks_the_engine_holds():
+    """`lookahead` on real vLLM: A's first turn (320 tokens, then 2 of output) runs and its KV
+    is kept through the tool call (a pin). The occupancy sample taken before the next step's
+    admission has what the engine held then: A's blocks, counted by vLLM's block pool."""
+    d = Driver(make_scheduler("lookahead", num_blocks=64))
+    d.submit("A-0", prompt(1, 320), "A", max_tokens=2)
+    d.run_until_finished("A-0")
+    held = d.total_blocks - d.free_blocks
+    assert held >= 320 // BLOCK  # the pin
+    d.advance(6.0)  # past the sampling period
+    d.submit("B-0", prompt(2, 100), "B", max_tokens=2)
+    d.step()
+    _, sample = d.scheduler.agent_policy.occupancy[-1]
+    assert sample["in_use"] == held * BLOCK

@@ -4,7 +4,10 @@ Why a figure of its own: a program scheduler's whole effect is on who holds memo
 reasoning programs (a turn queued or running), acting ones whose KV is kept through their tool
 call, paused ones — and the mean JCT alone does not show whether it got there by pausing many
 programs briefly or a few for long. One panel per program-scheduling run of the sweep
-(`runs/*.json` with an ``occupancy`` series), stacked areas, the capacity as a line.
+(`runs/*.json` with an ``occupancy`` series), stacked areas, the capacity as a line, and
+the engine's own count of the KV it held (running turns, pins: what cannot be evicted) as a
+line over them: where it runs above the areas, the scheduler's account from contexts
+undercounts (docs/programs.md traces thrashing to that gap).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ def plot_occupancy(out: Path) -> Path | None:
         ax.stackplot(ts, *[[s.get(k, 0) / 1000 for s in series] for k in STATES],
                      labels=[f"{k} (kept on GPU)" if k != "reasoning" else k for k in STATES],
                      alpha=0.8)
+        if any("in_use" in s for s in series):
+            ax.plot(ts, [s.get("in_use", 0) / 1000 for s in series], color="black",
+                    linewidth=0.8, label="held by the engine (not evictable)")
         capacity = series[-1].get("capacity")
         if capacity:
             ax.axhline(capacity / 1000, color="black", linestyle=":", label="KV capacity")

@@ -208,6 +208,12 @@ class Policy:
         return self.max_batch_tokens
 
     # -- admission ---------------------------------------------------------------------
+    def observe_kv(self, blocks_in_use: int) -> None:
+        """The engine's KV blocks in use now, told before `held_back` (when
+        `gates_admission`): running turns', pins', exports' — what the prefix cache cannot
+        evict. A gate's own account of memory is an estimate from contexts; this is the
+        count it estimates."""
+
     def held_back(self, waiting: list[RequestView], running: int, now: float) -> set[str]:
         """Request ids of waiting turns to keep out of this step's admission (used when
         `gates_admission`). `running`: turns in the running batch. When nothing runs the

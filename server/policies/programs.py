@@ -37,8 +37,10 @@ class ProgramPolicy(Policy):
         super().__init__(cost_model)
         self.programs = self.scheduler_cls(0, cost_model, host_tier=False)
         self._now = 0.0  # the latest step's time (`pin_victim` is asked without one)
-        #: (time, KV tokens by state: reasoning / acting / paused, active programs, paused)
+        #: (time, KV tokens by state: reasoning / acting / paused, active programs, paused,
+        #: and what the engine held then: `in_use`, its blocks that cannot be evicted)
         self.occupancy: list[tuple[float, dict[str, int]]] = []
+        self._blocks_in_use = 0
 
     def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int,
                   host_tier: bool = False) -> None:
@@ -83,6 +85,9 @@ class ProgramPolicy(Policy):
             self.programs.program_ended(req.program_id, now)
 
     # -- admission -----------------------------------------------------------------------
+    def observe_kv(self, blocks_in_use: int) -> None:
+        self._blocks_in_use = blocks_in_use
+
     def held_back(self, waiting: list[RequestView], running: int, now: float) -> set[str]:
         """Request ids of waiting turns whose program may not run now."""
         self._now = now
@@ -98,6 +103,7 @@ class ProgramPolicy(Policy):
         held["active"] = sum(1 for st in table if st.active)
         held["inactive"] = len(table) - held["active"]
         held["capacity"] = self.programs.capacity_tokens
+        held["in_use"] = self._blocks_in_use * self.block_size
         self.occupancy.append((now, held))
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
