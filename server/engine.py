@@ -446,20 +446,21 @@ class VirtualEngine:
                     and not scheduler.failed_recving_kv_req_ids
                     and not scheduler.finished_req_ids and not self._connector_bookkeeping())
 
-    def wait_for_peers(self, t: float) -> None:
-        """If `waits_for_peers`, move the clock to `t`, when a loop knows something may next
-        reach the engine (at most `PEER_WAIT_MAX_S` on, and not past its next deadline)
-        instead of polling every millisecond: the same steps, without thousands of empty
-        ones between them."""
+    def wait_for_peers(self, reaches: Callable[[], float]) -> bool:
+        """If `waits_for_peers`, move the clock to `reaches()`, when a loop knows something
+        may next reach the engine (at most `PEER_WAIT_MAX_S` on, and not past its next
+        deadline) instead of polling every millisecond: the same steps, without thousands of
+        empty ones between them. Whether it waited (`reaches` is asked only then)."""
         if not self.waits_for_peers():
-            return
+            return False
         now = self.clock.now()
-        until = min(t, now + PEER_WAIT_MAX_S)
+        until = min(reaches(), now + PEER_WAIT_MAX_S)
         deadline = self.nixl.next_deadline()
         if deadline is not None:
             until = min(until, deadline)
         if until > now:
             self.clock.advance_to(until)
+        return True
 
     def advance_to(self, t: float) -> None:
         """Idle until `t` (an arrival or a tool return); the engine's pins may expire meanwhile.

@@ -276,9 +276,9 @@ class Simulation:
             step_start = engine.clock.now()
             finished = engine.step()
             if engine.nixl is not None:  # P/D only: a co-located replay's steps pay nothing
-                if not finished and engine.waits_for_peers():
+                if not finished and engine.wait_for_peers(
+                        lambda: self.nothing_reaches(replica)):
                     self.waiting_for_peers.add(replica)
-                    engine.wait_for_peers(self.nothing_reaches(replica))
                 else:
                     self.waiting_for_peers.discard(replica)
             now = engine.clock.now()
