@@ -234,6 +234,6 @@ def bench_plans(args: argparse.Namespace, sim: Any, plans: Any) -> None:
         checked.append(plan_check.Checked(
             label, sim.predicted_attainment(p),
             sum(whole) / len(whole) if whole else float("nan"),
-            sum(replays) / len(replays), rows[0], replays if len(replays) > 1 else ()))
+            sum(replays) / len(replays), rows[0], replays))
     print()
     print(plan_check.report(checked, programs=args.bench, seeds=seeds))

@@ -518,3 +518,23 @@ def test_the_bench_replays_other_programs_than_the_prediction_and_averages_its_s
     many = plan_check.Checked("y", 1.0, 0.6, 0.6, {}, tuple(0.5 + 0.01 * i for i in range(21)))
     text = plan_check.report([many], programs=80, seeds=list(range(40, 61)))
     assert "seeds 40-60" in text and "0.500-0.700, sd 0.062 (21 seeds) |" in text
+
+
+def test_plan_command_replays_each_plan_under_every_bench_seed(monkeypatch, capsys):
+    """`harness plan --bench 80 --bench-seeds 3` (simulations stubbed, the bench's replay too):
+    each printed plan is replayed under the three seeds after the planner's own, and the
+    report compares their mean with the prediction, each seed's figure beside it."""
+    asked = []
+
+    def replay(gpu, model, prefill, decode, *, seed, **kw):
+        asked.append((prefill, decode, seed))
+        return {"slo_attainment": 0.5 + 0.1 * (seed - 1), "wall_s": 0.0}
+
+    monkeypatch.setattr(plan_sim, "SimulatedTau", FakeSim)
+    monkeypatch.setattr(plan_check, "replay_plan", replay)
+    assert main(["plan", "--gpus", "16", "--profile", "h100-llama-3.1-70b", "--trace",
+                 "dureader", "--rate", "4", "--quiet", "--verify", "0", "--top", "1",
+                 "--bench", "80", "--bench-seeds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert [seed for _, _, seed in asked] == [1, 2, 3]  # --seed 0, no verify seeds
+    assert "seeds 1, 2, 3" in out and "| 0.600 |" in out and "0.500 / 0.600 / 0.700 |" in out
