@@ -45,20 +45,23 @@ def ray_nodes() -> Iterator[Any]:
     # ray: start-up cost (~2 s), paid only by this module's tests
     from ray.cluster_utils import Cluster
 
-    # this machine is shared: Ray's memory monitor would kill Serve's actors when another
-    # process fills the memory (it looks at the whole machine's use)
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    # Serve runs an HTTP proxy on every node, each binding the same port with SO_REUSEPORT:
-    # on one machine the kernel spreads the tests' connections over all of them, and one on
-    # a node the test kills resets them or, dying, holds them unanswered. The other nodes'
-    # proxies take a port of their own (Serve's knob for proxies that share a machine), so
-    # the tests speak to the head node's, as a user on the head would.
-    os.environ["RAY_SERVE_WORKER_PROXY_HTTP_PORT"] = str(free_port())
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {"node_a": 1}, "include_dashboard": False})
-    cluster.add_node(num_cpus=2, resources={"node_b": 1})
-    yield cluster
-    cluster.shutdown()
+    with pytest.MonkeyPatch.context() as env:  # for this module's nodes, restored after it
+        # this machine is shared: Ray's memory monitor would kill Serve's actors when another
+        # process fills the memory (it looks at the whole machine's use)
+        if "RAY_memory_monitor_refresh_ms" not in os.environ:
+            env.setenv("RAY_memory_monitor_refresh_ms", "0")
+        # Serve runs an HTTP proxy on every node, each binding the same port with
+        # SO_REUSEPORT: on one machine the kernel spreads the tests' connections over all of
+        # them, and one on a node the test kills resets them or, dying, holds them
+        # unanswered. The other nodes' proxies take a port of their own (Serve's knob for
+        # proxies that share a machine), so the tests speak to the head node's, as a user on
+        # the head would. Nodes added later by the tests inherit it too.
+        env.setenv("RAY_SERVE_WORKER_PROXY_HTTP_PORT", str(free_port()))
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "resources": {"node_a": 1}, "include_dashboard": False})
+        cluster.add_node(num_cpus=2, resources={"node_b": 1})
+        yield cluster
+        cluster.shutdown()
 
 
 class RayServed:
