@@ -10,12 +10,25 @@ this rule:
   replica's policy sees a whole lifecycle, start to end);
 * `tool_start` and `tool_end` go to the replica that served the turn before the tool call
   (where that turn's KV cache is held, pinned or not);
-* `program_end` goes to every replica the program touched, so no pin outlives its program.
+* `program_end` goes to every replica the program touched, so no pin outlives its program;
+* `program_moved` goes to the replica a binding router moved a program away from
+  (`moved_from`), at the move: its next turns compute their context elsewhere, so what that
+  replica holds for the program (a pin, a program scheduler's slot and memory account) is
+  released now, not when the program ends. Only for a colocated turn: a P/D program's old
+  decode replica keeps what it exported, which the next prefill may still read.
 """
 
 from __future__ import annotations
 
 from cluster.routing import Route
+
+
+def moved_from(bound_before: str | None, bound_after: str | None, route: Route) -> str | None:
+    """The replica a turn's routing moved its program away from (it gets `program_moved`),
+    or None: the router's binding before and after routing the turn (`Router.bound`)."""
+    if route.prefill is not None or bound_before is None or bound_after == bound_before:
+        return None
+    return bound_before
 
 
 class Placement:

@@ -6,7 +6,9 @@ Events are validated as the replicas validate them (`server.events`), then fanne
 `program_start` is kept and delivered to each replica the first time one of the program's
 turns is routed there (prefill replicas included), before that turn; `tool_start` and
 `tool_end` go to the replica that served the program's latest turn (where its KV cache is);
-`program_end` goes to every replica the program touched and ends the router's binding. A
+`program_end` goes to every replica the program touched and ends the router's binding;
+`program_moved` goes to the replica a turn's routing moved its program away from, before
+the turn (sent by the turn forwarder: `tell_moved`). A
 program no turn of which was routed yet (events before its first request) falls back to its
 binding (`session`, `pd`: bound now) and, for strategies that do not bind, reaches nobody.
 The targets are `ClusterState.event_targets`; this class moves the lines and keeps count.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,8 @@ import httpx
 from cluster.router_state import ClusterState
 from cluster.router_wire import GONE, Reply, auth_of
 from server.events import EventError, parse_events
+
+log = logging.getLogger("harness.cluster.router")
 
 
 class EventFanout:
@@ -78,6 +83,18 @@ class EventFanout:
         state.counters["events_dropped"] += len(events) - len(reached) - held
         return Reply(payload={"accepted": len(events), "forwarded": len(reached),
                               "held": held, "replicas": report})
+
+    async def tell_moved(self, target: str, program_id: str,
+                         auth: dict[str, str] | None = None) -> None:
+        """The router moved `program_id` away from replica `target`: it hears
+        `program_moved` (`cluster.placement`), so it releases what it holds for the program
+        now. A replica that cannot be told is left to its own bounds (a pin's expiry, a
+        program scheduler's silence rule)."""
+        _, problem = await self.send(target, [json.dumps({"type": "program_moved",
+                                                          "program_id": program_id})], auth)
+        if problem is not None:
+            log.warning("could not tell replica %s that program %s moved: %s", target,
+                        program_id, problem)
 
     async def send(self, target: str, lines: list[str],
                    auth: dict[str, str] | None = None) -> tuple[int, str | None]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from cluster.placement import Placement
+from cluster.placement import Placement, moved_from
 from cluster.routing import NoReplicaError, ReplicaLoad, Route, Router, TurnInfo
 from cluster.served_turns import TurnBook
 
@@ -165,6 +165,7 @@ class ClusterState:
         self.placement = Placement()  # who has served each program, for the events fan-out
         self.book = TurnBook()  # prompt / history lengths and prefill queues (AMPD's inputs)
         self.starts: dict[str, str] = {}  # program -> its program_start line, until it ends
+        self.left: dict[str, str] = {}  # program -> the replica it was just moved from
 
     @property
     def pd(self) -> bool:
@@ -183,8 +184,12 @@ class ClusterState:
         """The router's decision (raises `NoReplicaError`), counting rebinds."""
         before = self.router.bound(program_id)
         route = self.router.route(program_id, turn, self.loads(), info)
-        if before is not None and before != self.router.bound(program_id):
+        after = self.router.bound(program_id)
+        if before is not None and before != after:
             self.counters["rebinds"] += 1
+        left = moved_from(before, after, route)
+        if left is not None:
+            self.left[program_id] = left
         return route
 
     def down(self) -> str:
@@ -223,6 +228,12 @@ class ClusterState:
         `program_start` before the turn reaches them."""
         new = self.placement.route(program_id, route)
         return new if program_id in self.starts else []
+
+    def moved_away(self, program_id: str) -> str | None:
+        """The live replica the program's latest routing moved it from, once (it must hear
+        `program_moved`: `cluster.placement`), or None."""
+        left = self.left.pop(program_id, None)
+        return left if left in self.replicas and self.replicas[left].alive else None
 
     def mark_exited(self, name: str, code: int | None) -> None:
         """The launcher saw the replica's process end (called from its watcher thread)."""

@@ -92,6 +92,9 @@ class TurnForwarder:
                                + "; GET /v1/cluster shows the replicas", 503)
         upstream_headers = forward_headers(headers, given)
         if given is not None:
+            left = state.moved_away(program)
+            if left is not None:
+                await self.events.tell_moved(left, program, auth_of(headers))
             for name in state.placed(program, route):
                 await self.events.send(name, [state.starts[program]], auth_of(headers))
         turn = RelayedTurn(program, tokens, info.new_tokens)

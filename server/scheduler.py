@@ -9,9 +9,10 @@ object. The mechanisms added here:
   resident (and findable by the prefix cache), so the program's next turn hits them.
 * Release. A pin ends by hand-off (the program's next turn was admitted and now holds its own
   references), expiry (policy TTL; the policy may hold it while the program waits), program
-  end, memory pressure (an allocation would fail: the policy's victim is unpinned and the
-  allocation retried, so pins can never deadlock the engine), `reset_prefix_cache` and
-  shutdown. Blocks are freed in reverse order so tail blocks are evicted first.
+  end, the program's move to another replica (`program_moved`), memory pressure (an
+  allocation would fail: the policy's victim is unpinned and the allocation retried, so pins
+  can never deadlock the engine), `reset_prefix_cache` and shutdown. Blocks are freed in
+  reverse order so tail blocks are evicted first.
 * Ordering. For policies that reorder, the FCFS waiting deque is put in the policy's order
   (`order_waiting`: by default sorted by its key) once per step, before vLLM's own admission
   loop runs over it; policies that order the running batch (`orders_running`) sort it too,
@@ -70,6 +71,7 @@ class PinStats:
     handoff: int = 0
     expired: int = 0
     program_end: int = 0
+    moved: int = 0  # its program's later turns run on another replica (`program_moved`)
     pressure: int = 0
     reset: int = 0
     replaced: int = 0
@@ -239,9 +241,12 @@ class PolicyScheduler(Scheduler):
     def handle_event(self, event: AgentEvent, now: float) -> None:
         """An agent event, from the side channel or an in-process driver."""
         self.agent_policy.on_event(event, now)
-        if event.kind == "program_end":
+        if event.kind in ("program_end", "program_moved"):
+            # moved: a cluster router sent the program's later turns to another replica,
+            # which computes its context anew, so a pin here would hold memory for nothing
             if event.program_id in self.pins:
-                self._unpin(event.program_id, "program_end", now)
+                self._unpin(event.program_id, "program_end" if event.kind == "program_end"
+                            else "moved", now)
             if self._prefetch is not None:
                 self._prefetch.forget(event.program_id)
 

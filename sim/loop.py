@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from cluster.pd import decode_params, prefill_params
-from cluster.placement import Placement
+from cluster.placement import Placement, moved_from
 from cluster.routing import Route, TurnInfo
 from common.metrics import percentile
 from common.trace import Program, Trace
@@ -188,6 +188,7 @@ class Simulation:
         state = self.states[pid]
         program = state.program
         history = min(state.computed, len(state.tokens)) if i > 0 else 0
+        bound = self.router.bound(pid)
         route = self.router.route(pid, i, self.cluster.loads(),
                                   TurnInfo(now=t, prompt_tokens=len(state.tokens),
                                            history_tokens=history))
@@ -197,6 +198,9 @@ class Simulation:
             self.client.observe(prev.tool, prev.tool_seconds)
             self.tell(self.placement.current(pid), "tool_end", pid, tool=prev.tool,
                       seconds=prev.tool_seconds, return_tokens=prev.tool_return_tokens)
+        left = moved_from(bound, self.router.bound(pid), route)
+        if left is not None and left in self.cluster.by_name:
+            self.tell(left, "program_moved", pid)
         for name in self.placement.route(pid, route):
             self.tell(name, "program_start", pid)
         record = TurnRecord(pid, i, t, prompt_tokens=len(state.tokens))

@@ -177,3 +177,51 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery(autoclose):
     assert b.turns[1].arrival == pytest.approx(b.turns[0].finished + 0.5)
     with pytest.raises(ValueError, match="served-path"):
         lone(-0.001, 0.0)
+
+
+class _MovesAfterFirstTurn:
+    """A binding router that sends a program's first turn to r0 and the rest to r1 (the
+    `programs` router's move, forced)."""
+
+    name = "moves"
+
+    def __init__(self) -> None:
+        self.home: dict[str, str] = {}
+
+    def route(self, program_id, turn, replicas, info=None):
+        from cluster.routing import Route
+
+        self.home[program_id] = "r0" if turn == 0 else "r1"
+        return Route(decode=self.home[program_id])
+
+    def bound(self, program_id):
+        return self.home.get(program_id)
+
+    def program_end(self, program_id):
+        self.home.pop(program_id, None)
+
+
+@pytest.mark.engine
+def test_a_program_a_router_moves_is_let_go_where_it_was():
+    """`lookahead` on two replicas: the program's first turn runs on r0, which keeps its KV
+    through the tool call (a pin, the program active there). Its later turns go to r1: at the
+    move r0 hears `program_moved`, releases the pin (counted `moved`) and forgets the program
+    without learning a length from it; r1 runs the rest and learns a length when it ends.
+    (Before, r0 kept the program active and pinned until it ended.)"""
+    trace = Trace(name="mover", programs=[Program(id="p", arrival_s=0.0, turns=[
+        Turn(input_tokens=600, output_tokens=20, tool="bash", tool_seconds=2.0,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10, tool="bash", tool_seconds=1.0,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10)])])
+    config = parse_cluster({"router": {"strategy": "session"}, "replicas": [
+        {"name": "r", "count": 2, "profile": PROFILE, "policy": "lookahead"}]})
+    with closing(VirtualCluster(config, router=_MovesAfterFirstTurn())) as cluster:
+        result = replay_cluster(trace, cluster)
+        r0, r1 = (r.engine.scheduler for r in cluster.replicas)
+        assert [t.replica for t in result.programs["p"].turns] == ["r0", "r1", "r1"]
+        assert r0.pin_stats.pinned == 1 and r0.pin_stats.moved == 1 and not r0.pins
+        assert r0.pin_stats.program_end == 0  # released at the move, not at the end
+        assert not r0.agent_policy.programs._lengths.lengths
+        assert len(r1.agent_policy.programs._lengths.lengths) == 1
+        assert result.pin_stats["moved"] == 1

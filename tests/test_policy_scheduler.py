@@ -349,3 +349,20 @@ def test_a_program_scheduler_is_told_the_blocks_the_engine_holds():
     d.step()
     _, sample = d.scheduler.agent_policy.occupancy[-1]
     assert sample["in_use"] == held * BLOCK
+
+
+def test_a_program_moved_away_leaves_nothing_held_here(events_address):
+    """`lookahead` on real vLLM: A's first turn runs and its KV is kept through the tool call
+    (a pin, A active in the program table). A cluster router then sends A's next turns to
+    another replica: `program_moved`, over the real side channel, releases the pin (counted
+    as `moved`) and forgets A here without learning a program length from it (A ran one
+    turn here, not its whole life)."""
+    d = Driver(make_scheduler("lookahead", num_blocks=64))
+    d.submit("A-0", prompt(1, 320), "A", max_tokens=2)
+    d.run_until_finished("A-0")
+    programs = d.scheduler.agent_policy.programs
+    assert "A" in d.scheduler.pins and programs.table.get("A").active
+    deliver(d, events_address, {"type": "program_moved", "program_id": "A"})
+    assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.moved == 1
+    assert d.free_blocks == d.total_blocks
+    assert programs.table.get("A") is None and not programs._lengths.lengths

@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
-#: what an agent tells the server (`server.events` accepts exactly these)
-EventKind = Literal["program_start", "tool_start", "tool_end", "program_end"]
+#: what an agent tells the server (`server.events` accepts exactly these); `program_moved` is
+#: a cluster router's, to the replica a program it moved left (`cluster.placement`)
+EventKind = Literal["program_start", "tool_start", "tool_end", "program_end", "program_moved"]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 
 #: why a pin was given up; each is a counter of `server.scheduler.PinStats`
 UnpinReason = Literal["handoff", "expired", "program_end", "pressure", "reset", "shutdown",
-                      "replaced"]
+                      "replaced", "moved"]
 UNPIN_REASONS: tuple[str, ...] = get_args(UnpinReason)
 
 

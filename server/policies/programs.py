@@ -78,6 +78,8 @@ class ProgramPolicy(Policy):
             self.programs.tool_ended(pid, now)
         elif event.kind == "program_end":
             self.programs.program_ended(pid, now)
+        elif event.kind == "program_moved":
+            self.programs.program_left(pid, now)
 
     def on_aborted(self, req: RequestView, now: float) -> None:
         """Its client went away: the program ends here, slot and memory account with it."""

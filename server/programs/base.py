@@ -115,6 +115,14 @@ class ProgramScheduler:
         self.table.program_ended(program_id, now)
         self._dirty = True
 
+    def program_left(self, program_id: str, now: float) -> None:
+        """A cluster router moved the program to another replica: forget it here, slot and
+        memory account with it, without taking it for an ended program (the turns it ran here
+        are not its length, which a subclass may learn from `program_ended`). Left in the
+        table it stayed active, pinned and counted, on the replica that was too full to
+        keep it, until the program ended elsewhere."""
+        ProgramScheduler.program_ended(self, program_id, now)
+
     # -- decisions -----------------------------------------------------------------------
     def may_run(self, program_id: str | None) -> bool:
         """Whether this program's waiting turn may be admitted now (unknown programs may)."""

@@ -136,6 +136,10 @@ class Lookahead(ProgramScheduler):
         self._last_ctx.pop(program_id, None)
         super().program_ended(program_id, now)
 
+    def program_left(self, program_id: str, now: float) -> None:
+        self._last_ctx.pop(program_id, None)  # a return here is not one turn's growth
+        super().program_left(program_id, now)
+
     def turns_left(self, st: ProgramState) -> float:
         """E[N - k | N > k] over ended programs (this turn included); before `MIN_ENDED`
         ended, as many again as it has done (a program seen at age k is as likely to be in
