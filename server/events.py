@@ -1,11 +1,12 @@
 """Agent events: the wire schema and the side channel from the API server to the scheduler.
 
-The harness POSTs events (`program_start`, `tool_start`, `tool_end`, `program_end`) to
-`/v1/agent/events` on the API server; the scheduler lives in vLLM's engine-core process. An
-in-band path does not exist in vLLM for scheduler-bound control messages (`collective_rpc`
-reaches the workers, not the scheduler), so the API server pushes validated events over a
-ZeroMQ PUSH/PULL pair on an IPC socket, and the scheduler drains it without blocking at the top
-of every `schedule()`: an event takes effect within one scheduling step.
+The harness POSTs events (`program_start`, `tool_start`, `tool_end`, `program_end`; a cluster
+router also `program_moved`) to `/v1/agent/events` on the API server; the scheduler lives in
+vLLM's engine-core process. An in-band path does not exist in vLLM for scheduler-bound control
+messages (`collective_rpc` reaches the workers, not the scheduler), so the API server pushes
+validated events over a ZeroMQ PUSH/PULL pair on an IPC socket, and the scheduler drains it
+without blocking at the top of every `schedule()`: an event takes effect within one scheduling
+step.
 
 The socket path travels in `HARNESS_EVENTS_IPC`, set by `harness serve` before vLLM starts so
 both processes inherit it.

@@ -5,7 +5,9 @@
 What the replayed client does: programs arrive at ``arrival_s`` (``program_start`` event, then
 turn 0's request). When a turn finishes, the client sends ``tool_start`` (tool name), lets the
 tool run for ``tool_seconds`` of virtual time, then sends ``tool_end`` (seconds, return tokens)
-and the next turn's request; after the last turn it sends ``program_end``. Requests carry the
+and the next turn's request; after the last turn it sends ``program_end``. The events reach the
+replicas `cluster.placement` says, as behind the served router (a binding router that moves a
+program tells the replica it left ``program_moved``). Requests carry the
 hints a client would send (`sim.client`) and prompts of token ids grown turn by turn
 (`sim.conversation`); what is measured is recorded as `sim.records` says.
 

@@ -223,6 +223,29 @@ def test_events_follow_the_program_across_replicas_under_round_robin():
         assert chat(client, None).status_code == 200  # no program id: routed all the same
 
 
+def test_the_replica_a_program_moves_away_from_hears_it_before_the_turn_goes_elsewhere():
+    """`programs` routing, served: p's first turn goes to one replica; when that replica
+    fills up (its KV usage gauge at 0.95) p's next turn moves to the other, and the replica
+    it left is told `program_moved` first (so it releases p's pin and program slot now, not
+    when p ends); a turn that stays home tells nobody."""
+    app, fake = fake_cluster({"a": "colocated", "b": "colocated"}, strategy="programs")
+    with TestClient(app) as client:
+        home = chat(client, "p").headers["x-harness-replica"]
+        assert chat(client, "p", turn=1).headers["x-harness-replica"] == home
+        assert not any(path == "/v1/agent/events" for _, path, _ in fake.got)
+        fake.kv[home] = 0.95
+        deadline = time.monotonic() + 5
+        while (time.monotonic() < deadline
+               and app.state.cluster.replicas[home].kv_usage < 0.95):
+            time.sleep(0.05)
+        moved = chat(client, "p", turn=2).headers["x-harness-replica"]
+        assert moved != home
+        assert fake.got[-2:] == [
+            (home, "/v1/agent/events", [{"type": "program_moved", "program_id": "p"}]),
+            (moved, "/v1/chat/completions", fake.got[-1][2])]
+        assert client.get("/v1/cluster").json()["counters"]["rebinds"] == 1
+
+
 def test_streaming_is_relayed_and_a_dead_replica_is_named():
     app, fake = fake_cluster({"a": "colocated", "b": "colocated"})
     with TestClient(app) as client:

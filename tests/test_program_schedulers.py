@@ -224,6 +224,29 @@ def test_a_program_that_never_ends_is_forgotten_with_its_slot():
     assert "gone" not in s.table and s.may_run("next")
 
 
+@pytest.mark.parametrize("cls", [ThunderAgent, Lookahead])
+def test_a_program_moved_to_another_replica_frees_its_slot_here_at_once(cls):
+    # the program's later turns went to another replica (`program_left`, the `program_moved`
+    # event): its 800 + 100 tokens stop counting here at once, not after the silence rule,
+    # and nothing is learnt from it as if it had ended (it ran one turn here). ThunderAgent
+    # admits `next` (300 + 100) only then: 900 + 400 > 1000 before
+    s = cls(capacity_tokens=1000)
+    _start(s, "moved", 800, 0.0)
+    _act(s, "moved", 800, 1.0)
+    s.turn_arrived("next", 300, 2.0)
+    s.decide(5.0)
+    assert s.active_usage() >= 900
+    if cls is ThunderAgent:
+        assert not s.may_run("next")
+    s.program_left("moved", 6.0)
+    s.decide(10.0)
+    assert "moved" not in s.table and s.may_run("next")
+    assert s.active_usage() == 400
+    assert s.table.ended_totals["active_s"] > 0  # its time here is still accounted
+    if cls is Lookahead:
+        assert not s._lengths.lengths and not s._jct
+
+
 def test_events_for_unknown_programs_are_ignored():
     s = Lookahead(capacity_tokens=1000)
     s.tool_started("ghost", "bash", 1.0, 0.0)
