@@ -78,6 +78,11 @@ class RouterSpec(_Strict):
     #: `ampd`: charge Eq. 2's T_kv(l_hist) only for the history a prefill replica is believed
     #: to lack (off: the paper's rule, the whole history every time; `cluster.ampd`)
     ampd_credit_held_history: bool = False
+    #: `programs`: a program moved to another replica takes its KV cache along over NIXL (its
+    #: old home prefills the turn's new tokens, the new home reads the whole context) instead
+    #: of recomputing it there; every replica then runs vLLM's NIXL connector (`kv_both`),
+    #: which takes the place of the CPU tier (one connector per engine; `cluster.pd`)
+    carry_kv: bool = False
 
     @field_validator("strategy")
     @classmethod
@@ -155,6 +160,9 @@ class ClusterConfig(_Strict):
             raise ValueError(f"router strategy {self.router.strategy!r} places whole turns on "
                              "one replica: give every replica `role: colocated`, or use "
                              f"strategy {PD_STRATEGIES[0]!r} for prefill/decode replicas")
+        if self.router.carry_kv and self.router.strategy != "programs":
+            raise ValueError(f"`carry_kv` is the `programs` router's (it moves programs with "
+                             f"their KV); router strategy {self.router.strategy!r} moves none")
         return self
 
     # -- queries --------------------------------------------------------------------------------

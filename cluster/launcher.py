@@ -104,14 +104,16 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     if spec.num_gpu_blocks is not None:
         extra += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
     offload = spec.offload_gib
-    if spec.role in ("prefill", "decode"):
+    if pd.carries_kv(spec, config):
         try:
             needs = offload_gib(spec.policy, spec.offload_gib)
         except (ServeError, ValueError) as exc:
             raise LauncherError(f"replica {spec.name}: {exc}") from None
         if needs is not None:
+            why = ("a colocated replica whose router carries KV (`carry_kv`)"
+                   if spec.role == "colocated" else f"a {spec.role} replica")
             raise LauncherError(
-                f"replica {spec.name}: a {spec.role} replica runs vLLM's P/D connector and no "
+                f"replica {spec.name}: {why} runs vLLM's NIXL connector and no "
                 f"KV offloading (one connector per engine), but policy {spec.policy!r} or "
                 "`offload_gib` asks for offloading; drop `offload_gib` or pick a policy that "
                 "does not swap (vllm, continuum, preserve, ...)")
@@ -278,7 +280,7 @@ class Launcher:
             raise LauncherError(f"port(s) already in use: {', '.join(taken)}; stop what holds "
                                 "them, or pick another --base-port")
         for r in self.replicas:
-            side = free_port() if r.spec.role in ("prefill", "decode") else None
+            side = free_port() if pd.carries_kv(r.spec, self.config) else None
             r.argv, r.env = replica_command(self.config, r.spec, r.port, side_channel_port=side,
                                             api_key=self.api_key)
 

@@ -32,8 +32,10 @@ from server.perf.hardware import Link
 
 #: The vLLM connector (pull mode; `NixlConnector` is vLLM's alias of `NixlPullConnector`).
 CONNECTOR = "NixlConnector"
-#: Replica role (cluster file) -> vLLM `kv_role`.
-KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+#: Replica role (cluster file) -> vLLM `kv_role`. A colocated replica carries a connector only
+#: when its router moves programs with their KV (`carry_kv`): it then sends a program's KV
+#: (the old home) or reads it (the new home), as the turn's route says.
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "colocated": "kv_both"}
 #: vLLM's defaults (`nixl/base_scheduler.py`), restated so a cluster file can show them.
 DEFAULT_LEASE_S = 30
 DEFAULT_EXPORT_TTL_S = 480
@@ -46,6 +48,13 @@ FABRICS = ("zmq", "inproc")
 
 class PDError(ValueError):
     """A P/D hand-off that cannot go ahead; the message says what is wrong."""
+
+
+def carries_kv(replica: Any, cluster: Any) -> bool:
+    """Whether a cluster file's replica runs the NIXL connector: a prefill or decode replica
+    always, a colocated one when the router moves programs with their KV (`carry_kv`)."""
+    return replica.role in ("prefill", "decode") or (
+        replica.role == "colocated" and bool(cluster.router.carry_kv))
 
 
 def link_spec(link: Link) -> dict[str, float]:

@@ -14,8 +14,10 @@ this rule:
 * `program_moved` goes to the replica a binding router moved a program away from
   (`moved_from`), at the move: its next turns compute their context elsewhere, so what that
   replica holds for the program (a pin, a program scheduler's slot and memory account) is
-  released now, not when the program ends. Only for a colocated turn: a P/D program's old
-  decode replica keeps what it exported, which the next prefill may still read.
+  released now, not when the program ends; when the move carries the program's KV (the old
+  home prefills the turn for the new one, `carry_kv`), once that prefill is handed over.
+  Not for a P/D program's old decode replica: it keeps what it exported, which the next
+  prefill may still read.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from cluster.routing import Route
 
 
 def moved_from(bound_before: str | None, bound_after: str | None, route: Route) -> str | None:
-    """The replica a turn's routing moved its program away from (it gets `program_moved`),
-    or None: the router's binding before and after routing the turn (`Router.bound`)."""
-    if route.prefill is not None or bound_before is None or bound_after == bound_before:
+    """The replica a turn's routing moved its program away from (it gets `program_moved`:
+    at once, or after its prefill when `route.prefill` is that replica, a move carrying the
+    KV), or None: the router's binding before and after routing the turn (`Router.bound`)."""
+    if bound_before is None or bound_after == bound_before:
         return None
+    if route.prefill is not None and route.prefill != bound_before:
+        return None  # a P/D turn: the prefill replica is not the program's home
     return bound_before
 
 

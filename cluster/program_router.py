@@ -10,9 +10,12 @@ router can put a program where there is room for it and keep it there while it f
   `PER_PROGRAM_TOKENS` each) against the replica's KV capacity (`ReplicaLoad.kv_capacity_tokens`;
   where a replica does not report one, the replica's measured KV usage ranks it instead).
 * Later turns follow the program home (its KV is there). A program whose home no longer has
-  room for it, while another replica has, is moved there at its next turn (a resume elsewhere:
-  re-prefilled, as ThunderAgent and vllm-router resume; carrying the KV over NIXL instead is
-  not built yet) — `moves` counts them.
+  room for it, while another replica has, is moved there at its next turn — `moves` counts
+  them — re-prefilled there, as ThunderAgent and vllm-router resume, or, with `carry_kv`,
+  taking its KV along over NIXL: the turn is routed as a P/D turn whose prefill replica is the
+  old home (its prefix cache holds the context, so it computes only the turn's new tokens)
+  and whose decode replica is the new home, which reads the whole context over the link.
+  The old home then forgets the program (`program_moved`, `cluster.placement`).
 * Each replica's own program scheduler (its policy, e.g. `lookahead`) decides which of the
   programs placed on it run at once; the router decides where, the engine decides when.
 
@@ -34,11 +37,13 @@ ROOM_SHARE = 0.9
 class ProgramRouter(Router):
     name = "programs"
 
-    def __init__(self) -> None:
+    def __init__(self, carry_kv: bool = False) -> None:
         #: the programs placed, in a program table: its context, home (`replica`) and last
         #: turn (`last_seen`, for forgetting a program that never ends) are all it needs
         self.placer = ProgramScheduler()
         self.moves = 0
+        #: a moved program's KV goes along over NIXL (every replica runs the connector)
+        self.carry_kv = carry_kv
 
     def _rooms(self, live: Sequence[ReplicaLoad], program_id: str) -> list[Room]:
         held: dict[str, int] = {}
@@ -65,11 +70,15 @@ class ProgramRouter(Router):
             st.context_tokens = info.prompt_tokens
         st.last_seen = now
         home = st.replica
-        if home not in {r.name for r in live}:
+        home_lives = home in {r.name for r in live}
+        if not home_lives:
             st.replica = None  # lost with its replica: placed afresh
         chosen = self.placer.place(program_id, self._rooms(live, program_id))  # records it
-        if home is not None and chosen != home:
-            self.moves += 1
+        if home is None or chosen == home:
+            return Route(decode=chosen)
+        self.moves += 1
+        if self.carry_kv and home_lives:  # the old home holds the context: it sends it
+            return Route(decode=chosen, prefill=home)
         return Route(decode=chosen)
 
     def program_end(self, program_id: str) -> None:

@@ -91,15 +91,19 @@ class TurnForwarder:
                                + (f"; {down}" if down else "")
                                + "; GET /v1/cluster shows the replicas", 503)
         upstream_headers = forward_headers(headers, given)
+        leaving = None  # a moved program's old home that prefills this turn for the new one
         if given is not None:
             left = state.moved_away(program)
-            if left is not None:
+            if left is not None and left == route.prefill:
+                leaving = left  # told once its prefill is answered (`cluster.placement`)
+            elif left is not None:
                 await self.events.tell_moved(left, program, auth_of(headers))
             for name in state.placed(program, route):
                 await self.events.send(name, [state.starts[program]], auth_of(headers))
         turn = RelayedTurn(program, tokens, info.new_tokens)
         if route.prefill is not None:
-            work = self._pd_turn(path, body, upstream_headers, route, turn)
+            work = self._pd_turn(path, body, upstream_headers, route, turn,
+                                 leaving=(leaving, auth_of(headers)) if leaving else None)
         else:
             state.book.prefill_queued(route.decode, turn.new_tokens)
             turn.queued_on = route.decode
@@ -137,7 +141,12 @@ class TurnForwarder:
         return task.result()
 
     async def _pd_turn(self, path: str, body: dict[str, Any], headers: dict[str, str],
-                       route: Route, turn: RelayedTurn) -> Reply:
+                       route: Route, turn: RelayedTurn,
+                       leaving: tuple[str, dict[str, str]] | None = None) -> Reply:
+        """A turn prefilled on `route.prefill` and decoded, with the prefill's KV, on
+        `route.decode`. `leaving`: (the program's old home, the client's auth) when the
+        prefill replica is the home a move left (`carry_kv`): told `program_moved` once its
+        prefill is answered."""
         state = self.state
         prefill = state.replicas[route.prefill]  # type: ignore[index]
         request_id = next((v for k, v in headers.items() if k.lower() == "x-request-id"),
@@ -161,6 +170,8 @@ class TurnForwarder:
             turn.prefilled(state.book)
         if answer.status_code == 200:
             state.observe("ttft", prefill.name, time.monotonic() - sent)
+        if leaving is not None:  # answered or not, the program's turns now run elsewhere
+            await self.events.tell_moved(leaving[0], turn.program, leaving[1])
         if answer.status_code != 200:
             state.counters["failed"] += 1
             return Reply(answer.status_code, content=answer.content,

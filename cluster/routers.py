@@ -41,4 +41,6 @@ def make_router(spec: Any, cluster: Any = None) -> Router:
     if strategy == "session":
         return SessionRouter(kv_guard=spec.kv_guard,
                              hash_points=spec.hash_points)
+    if strategy == "programs":
+        return ProgramRouter(carry_kv=spec.carry_kv)
     return ROUTERS[strategy]()

@@ -280,7 +280,10 @@ class PolicyScheduler(Scheduler):
         ids = self.agent_policy.held_back(views, len(self.running), now)
         if not ids:
             return []
-        held = [r for r in self.waiting if r.request_id in ids]
+        # a prefill this replica computes for another (a P/D hand-off, or a moved program's
+        # context carried to its new home) is that replica's turn: this one's gate is not asked
+        held = [r for r in self.waiting if r.request_id in ids
+                and not (r.kv_transfer_params or {}).get("do_remote_decode")]
         if len(held) == len(self.waiting) and not self.running:
             held = held[1:]
             self.pin_stats.gate_overridden += 1

@@ -135,6 +135,8 @@ class Simulation:
         # request id -> turn, until its last request finishes
         self.in_flight: dict[str, TurnInFlight] = {}
         self.exports: dict[str, dict[str, Any]] = {}  # program -> its decode replica's last export
+        #: program -> the old home prefilling its moved turn, told `program_moved` at hand-over
+        self.leaving: dict[str, str] = {}
         self.placement = Placement()  # who hears which event (`cluster.placement`)
         # what a latency-aware router (AMPD) is told, as it happens: each turn's TTFT at its
         # first token (under the replica that prefilled it), each token gap under its decode
@@ -201,7 +203,9 @@ class Simulation:
             self.tell(self.placement.current(pid), "tool_end", pid, tool=prev.tool,
                       seconds=prev.tool_seconds, return_tokens=prev.tool_return_tokens)
         left = moved_from(bound, self.router.bound(pid), route)
-        if left is not None and left in self.cluster.by_name:
+        if left is not None and route.prefill == left:
+            self.leaving[pid] = left  # it prefills this turn first: told at the hand-over
+        elif left is not None and left in self.cluster.by_name:
             self.tell(left, "program_moved", pid)
         for name in self.placement.route(pid, route):
             self.tell(name, "program_start", pid)
@@ -254,6 +258,9 @@ class Simulation:
         turn.replica = turn.route.decode
         self.in_flight[rid] = turn
         decoder = self.cluster.by_name[turn.route.decode]
+        left = self.leaving.pop(pid, None)
+        if left is not None:  # a moved program's old home sent its KV: it is let go now
+            self.tell(left, "program_moved", pid)
         self.request_arrives(t, RequestArrives(decoder, rid, pid, i, max_one=False,
                                                params=handover.params))
 

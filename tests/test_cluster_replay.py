@@ -181,17 +181,22 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery(autoclose):
 
 class _MovesAfterFirstTurn:
     """A binding router that sends a program's first turn to r0 and the rest to r1 (the
-    `programs` router's move, forced)."""
+    `programs` router's move, forced); with `carry`, the move's turn is prefilled on r0
+    (the `programs` router's `carry_kv`)."""
 
     name = "moves"
 
-    def __init__(self) -> None:
+    def __init__(self, carry: bool = False) -> None:
         self.home: dict[str, str] = {}
+        self.carry = carry
 
     def route(self, program_id, turn, replicas, info=None):
         from cluster.routing import Route
 
+        before = self.home.get(program_id)
         self.home[program_id] = "r0" if turn == 0 else "r1"
+        if self.carry and before == "r0" and turn == 1:
+            return Route(decode="r1", prefill="r0")
         return Route(decode=self.home[program_id])
 
     def bound(self, program_id):
@@ -225,3 +230,43 @@ def test_a_program_a_router_moves_is_let_go_where_it_was():
         assert not r0.agent_policy.programs._lengths.lengths
         assert len(r1.agent_policy.programs._lengths.lengths) == 1
         assert result.pin_stats["moved"] == 1
+
+
+@pytest.mark.engine
+def test_a_move_that_carries_the_kv_reads_the_context_instead_of_recomputing_it():
+    """The same move with `carry_kv` (every replica runs the NIXL connector): turn 1 is
+    prefilled on r0, whose pin holds the context (only the turn's new tokens are computed),
+    and decoded on r1, which reads the KV over the link; r0 lets the program go once the
+    prefill is handed over. Without the carry, r1 computes the whole context again."""
+    trace = Trace(name="mover", programs=[Program(id="p", arrival_s=0.0, turns=[
+        Turn(input_tokens=3000, output_tokens=20, tool="bash", tool_seconds=2.0,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10, tool="bash", tool_seconds=1.0,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10)])])
+
+    def run_moving(carry: bool):
+        config = parse_cluster({"router": {"strategy": "programs", "carry_kv": carry},
+                                "replicas": [{"name": "r", "count": 2, "profile": PROFILE,
+                                              "policy": "lookahead"}]})
+        with closing(VirtualCluster(config, router=_MovesAfterFirstTurn(carry))) as cluster:
+            result = replay_cluster(trace, cluster)
+            r0 = cluster.replicas[0].engine.scheduler
+            # the pin is released by the move, or handed to the prefill that carries the KV
+            # (whose blocks the connector holds until r1 has read them)
+            assert (r0.pin_stats.handoff, r0.pin_stats.moved) == ((1, 0) if carry else (0, 1))
+            assert not r0.pins and r0.agent_policy.programs.table.get("p") is None
+            return result, cluster_metrics(result)
+
+    (plain, flat), (carried, moved) = run_moving(False), run_moving(True)
+    turn = carried.programs["p"].turns[1]
+    assert (turn.prefill_replica, turn.replica) == ("r0", "r1")
+    assert flat["kv_bytes_moved"] == 0 and moved["kv_bytes_moved"] > 0
+    computed = {name: {r["name"]: r["prompt_tokens"] - r["cached_tokens"]
+                       for r in m["replicas"]} for name, m in (("plain", flat),
+                                                               ("carried", moved))}
+    # r0 computed turn 0 in both; carried, turn 1's prefill there found the context pinned
+    assert computed["carried"]["r0"] < computed["plain"]["r0"] + 200
+    # plain, r1 recomputed turn 1's whole context (3,000+ tokens); carried, it read it
+    assert computed["plain"]["r1"] > 3000 and computed["carried"]["r1"] < 200
+    assert carried.programs["p"].jct < plain.programs["p"].jct

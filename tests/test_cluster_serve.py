@@ -31,7 +31,7 @@ from cluster_helpers import nixl_bytes, pd_turn
 from fastapi.testclient import TestClient
 
 from cluster import served_turns
-from cluster.config import RouterSpec, load_cluster, parse_cluster
+from cluster.config import ClusterConfigError, RouterSpec, load_cluster, parse_cluster
 from cluster.launcher import (
     Launcher,
     LauncherError,
@@ -150,12 +150,12 @@ class FakeReplicas:
         return httpx.Response(200, json={"replica": name, "usage": {"prompt_tokens": 1}})
 
 
-def fake_cluster(roles: dict[str, str], strategy: str = "session"):
+def fake_cluster(roles: dict[str, str], strategy: str = "session", **router: Any):
     ports = {name: 9100 + i for i, name in enumerate(roles)}
     fake = FakeReplicas({port: name for name, port in ports.items()})
     endpoints = [ReplicaEndpoint(name, role, f"http://127.0.0.1:{ports[name]}")
                  for name, role in roles.items()]
-    app = create_app(endpoints, RouterSpec(strategy=strategy), name="fake",
+    app = create_app(endpoints, RouterSpec(strategy=strategy, **router), name="fake",
                      transport=httpx.MockTransport(fake), poll_interval_s=0.05)
     return app, fake
 
@@ -223,12 +223,11 @@ def test_events_follow_the_program_across_replicas_under_round_robin():
         assert chat(client, None).status_code == 200  # no program id: routed all the same
 
 
-def test_the_replica_a_program_moves_away_from_hears_it_before_the_turn_goes_elsewhere():
-    """`programs` routing, served: p's first turn goes to one replica; when that replica
-    fills up (its KV usage gauge at 0.95) p's next turn moves to the other, and the replica
-    it left is told `program_moved` first (so it releases p's pin and program slot now, not
-    when p ends); a turn that stays home tells nobody."""
-    app, fake = fake_cluster({"a": "colocated", "b": "colocated"}, strategy="programs")
+def _fill_home_then_move(carry: bool):
+    """p's first two turns at its home; the home fills up (KV usage gauge 0.95); turn 2 moves.
+    What the replicas got for turn 2, and the two replicas."""
+    app, fake = fake_cluster({"a": "colocated", "b": "colocated"}, strategy="programs",
+                             carry_kv=carry)
     with TestClient(app) as client:
         home = chat(client, "p").headers["x-harness-replica"]
         assert chat(client, "p", turn=1).headers["x-harness-replica"] == home
@@ -238,12 +237,32 @@ def test_the_replica_a_program_moves_away_from_hears_it_before_the_turn_goes_els
         while (time.monotonic() < deadline
                and app.state.cluster.replicas[home].kv_usage < 0.95):
             time.sleep(0.05)
+        before = len(fake.got)
         moved = chat(client, "p", turn=2).headers["x-harness-replica"]
-        assert moved != home
-        assert fake.got[-2:] == [
-            (home, "/v1/agent/events", [{"type": "program_moved", "program_id": "p"}]),
-            (moved, "/v1/chat/completions", fake.got[-1][2])]
         assert client.get("/v1/cluster").json()["counters"]["rebinds"] == 1
+    return fake.got[before:], home, moved
+
+
+def test_the_replica_a_program_moves_away_from_hears_it_before_the_turn_goes_elsewhere():
+    """`programs` routing, served: when p's home fills up, p's next turn moves to the other
+    replica and the replica it left is told `program_moved` first (so it releases p's pin and
+    program slot now, not when p ends); a turn that stays home tells nobody. With `carry_kv`
+    the move's turn is prefilled at the old home, which is told once its prefill is answered,
+    and decoded at the new home with the prefill's KV-transfer parameters."""
+    got, home, moved = _fill_home_then_move(carry=False)
+    assert moved != home
+    assert [(name, path) for name, path, _ in got] == [
+        (home, "/v1/agent/events"), (moved, "/v1/chat/completions")]
+    assert got[0][2] == [{"type": "program_moved", "program_id": "p"}]
+    got, home, moved = _fill_home_then_move(carry=True)
+    assert moved != home
+    assert [(name, path) for name, path, _ in got] == [
+        (home, "/v1/chat/completions"), (home, "/v1/agent/events"),
+        (moved, "/v1/chat/completions")]
+    assert got[0][2]["kv_transfer_params"]["do_remote_decode"] is True
+    assert got[0][2]["max_tokens"] == 1
+    assert got[1][2] == [{"type": "program_moved", "program_id": "p"}]
+    assert got[2][2]["kv_transfer_params"]["remote_engine_id"] == home
 
 
 def test_streaming_is_relayed_and_a_dead_replica_is_named():
@@ -406,6 +425,27 @@ def test_replica_commands_are_separate(tmp_path):
     clash = parse_cluster({"replicas": [{"name": "a", "port": 8301}, {"name": "b"}]})
     with pytest.raises(LauncherError, match="both use port 8301"):
         replica_ports(clash, 8300)
+
+
+def test_a_cluster_that_carries_kv_gives_every_colocated_replica_the_nixl_connector():
+    """`carry_kv` (the `programs` router moves programs with their KV): each colocated
+    replica sends and reads KV (`kv_both`) and advertises its own side channel; without it,
+    no connector. A replica that also asks for the CPU tier is refused (one connector)."""
+    data = {"router": {"strategy": "programs", "carry_kv": True},
+            "replicas": [{"name": "r", "count": 2, "policy": "lookahead"}]}
+    config = parse_cluster(data)
+    argv, env = replica_command(config, config.replicas[0], 8200, side_channel_port=9300)
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_both" and kv["engine_id"] == "r0"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "9300"
+    plain = parse_cluster({**data, "router": {"strategy": "programs"}})
+    assert "--kv-transfer-config" not in replica_command(plain, plain.replicas[0], 8200)[0]
+    tier = parse_cluster({**data, "replicas": [{"name": "r", "count": 2,
+                                                "policy": "lookahead", "offload_gib": 8}]})
+    with pytest.raises(LauncherError, match="carries KV.*one connector per engine"):
+        replica_command(tier, tier.replicas[0], 8200, side_channel_port=9300)
+    with pytest.raises(ClusterConfigError, match="carry_kv"):
+        parse_cluster({**data, "router": {"strategy": "session", "carry_kv": True}})
 
 
 FAKE_REPLICA = textwrap.dedent("""\

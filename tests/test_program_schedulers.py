@@ -359,6 +359,28 @@ def test_program_router_moves_a_program_whose_home_is_full():
     assert router.bound("c") is None
 
 
+def test_program_router_carrying_kv_routes_a_move_as_a_prefill_at_the_old_home():
+    # the same move with `carry_kv`: c's turn is prefilled at its old home r0 (which holds its
+    # context) and decoded at r1, which reads the KV; a turn that stays home is colocated
+    from cluster.program_router import ProgramRouter
+    from cluster.routing import Route, TurnInfo
+    router = ProgramRouter(carry_kv=True)
+    replicas = _loads(("r0", 10_000), ("r1", 10_000))
+    for pid, tokens in (("a", 4000), ("b", 4000), ("c", 3000)):
+        router.route(pid, 0, replicas, TurnInfo(0.0, prompt_tokens=tokens))
+    assert router.route("c", 1, replicas, TurnInfo(0.5, prompt_tokens=3200)) == Route("r0")
+    router.program_end("b")
+    moved = router.route("c", 2, replicas, TurnInfo(1.0, prompt_tokens=6000))
+    assert moved == Route(decode="r1", prefill="r0") and router.moves == 1
+    assert router.route("c", 3, replicas, TurnInfo(2.0, prompt_tokens=6100)) == Route("r1")
+    # a home that is gone sends nothing: the program is placed afresh and recomputed
+    router.route("d", 0, replicas, TurnInfo(3.0, prompt_tokens=100))
+    home = router.bound("d")
+    alive = [r for r in replicas if r.name != home]
+    assert router.route("d", 1, alive, TurnInfo(4.0, prompt_tokens=200)) == Route(
+        alive[0].name)
+
+
 def test_the_served_router_reads_kv_capacity_from_vllms_cache_config():
     from cluster.router_state import engine_gauges
     text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
