@@ -80,8 +80,8 @@ def kv_transfer_config(replica_name: str, role: str, links: Mapping[str, Link], 
     (`kv_recompute_threshold`). The engine id is the replica name.
     """
     if role not in KV_ROLES:
-        raise PDError(f"replica {replica_name!r}: role {role!r} has no KV transfer; P/D "
-                      f"replicas are {' or '.join(KV_ROLES)}")
+        raise PDError(f"replica {replica_name!r}: role {role!r} has no KV transfer; the "
+                      f"roles are {', '.join(KV_ROLES)}")
     kind = fabric.split(":", 1)[0]
     if kind not in FABRICS:
         raise PDError(f"unknown fabric {fabric!r}; use 'zmq' (served) or 'inproc[:NAME]' "

@@ -241,8 +241,10 @@ def test_params_helpers() -> None:
     assert extra["harness_links"]["d0"] == {"latency_s": 10e-6, "bandwidth": 200e9}
     assert extra["harness_fabric"] == "zmq" and "bidirectional_kv_xfer" not in extra
     assert pd.serve_args(config)[0] == "--kv-transfer-config"
+    # a colocated replica both sends and reads (a router that carries moved programs' KV)
+    assert pd.kv_transfer_config("c", "colocated", {})["kv_role"] == "kv_both"
     with pytest.raises(pd.PDError, match="role"):
-        pd.kv_transfer_config("c", "colocated", {})
+        pd.kv_transfer_config("c", "router", {})
     assert pd.side_channel_env(5701) == {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                                          "VLLM_NIXL_SIDE_CHANNEL_PORT": "5701"}
 
