@@ -163,6 +163,17 @@ class ClusterConfig(_Strict):
         if self.router.carry_kv and self.router.strategy != "programs":
             raise ValueError(f"`carry_kv` is the `programs` router's (it moves programs with "
                              f"their KV); router strategy {self.router.strategy!r} moves none")
+        for spec in expanded:
+            transfers = spec.role != "colocated" or self.router.carry_kv
+            if transfers and (spec.offload_gib is not None
+                              or policy_class(spec.policy).needs_offload):
+                why = ("its router carries moved programs' KV (`carry_kv`)"
+                       if spec.role == "colocated" else f"it is a {spec.role} replica")
+                raise ValueError(
+                    f"replica {spec.name!r}: {why}, so it runs vLLM's NIXL connector and no "
+                    f"CPU KV tier (one connector per engine), but policy {spec.policy!r} or "
+                    "`offload_gib` asks for one; drop `offload_gib` or pick a policy that "
+                    "does not swap (vllm, continuum, lookahead, thunderagent, ...)")
         return self
 
     # -- queries --------------------------------------------------------------------------------

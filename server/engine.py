@@ -231,8 +231,10 @@ class VirtualEngine:
         if self.kv_transfer is not None:
             if self.offload_gib is not None:
                 raise ValueError(f"policy {self.policy!r} with KV offloading cannot run on a "
-                                 "P/D replica (one KV connector per engine); pick a policy "
-                                 "that does not swap, or make the replica colocated")
+                                 "replica that transfers KV (a P/D replica, or a colocated "
+                                 "one whose router carries moved programs' KV, `carry_kv`: "
+                                 "one KV connector per engine); pick a policy that does not "
+                                 "swap, drop `offload_gib`, or drop `carry_kv`")
             connector = KVTransferConfig(**_copy_config(self.kv_transfer))
         elif self.offload_gib is not None:
             connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))

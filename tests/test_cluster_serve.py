@@ -440,10 +440,12 @@ def test_a_cluster_that_carries_kv_gives_every_colocated_replica_the_nixl_connec
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "9300"
     plain = parse_cluster({**data, "router": {"strategy": "programs"}})
     assert "--kv-transfer-config" not in replica_command(plain, plain.replicas[0], 8200)[0]
-    tier = parse_cluster({**data, "replicas": [{"name": "r", "count": 2,
-                                                "policy": "lookahead", "offload_gib": 8}]})
+    tier = {**data, "replicas": [{"name": "r", "count": 2, "policy": "mori"}]}
+    with pytest.raises(ClusterConfigError, match="carry_kv.*one connector per engine"):
+        parse_cluster(tier)  # mori needs the CPU tier
     with pytest.raises(LauncherError, match="carries KV.*one connector per engine"):
-        replica_command(tier, tier.replicas[0], 8200, side_channel_port=9300)
+        replica_command(config, config.replicas[0].model_copy(update={"offload_gib": 8}),
+                        8200, side_channel_port=9300)  # the launcher checks it again
     with pytest.raises(ClusterConfigError, match="carry_kv"):
         parse_cluster({**data, "router": {"strategy": "session", "carry_kv": True}})
 

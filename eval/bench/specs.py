@@ -88,19 +88,24 @@ class ClusterRuns:
         except ClusterConfigError as exc:
             raise BenchError(str(exc)) from None
         names = list(routers) if routers is not None else [config.router.strategy]
-        for name in names:  # the file must make sense under every router asked for
-            data = config.model_dump()
-            data["router"]["strategy"] = name
-            try:
-                parse_cluster(data, f"{path} with router {name!r}")
-            except ClusterConfigError as exc:
-                raise BenchError(str(exc)) from None
         wanted: list[str | None] = [None]
         if policies is not None:
             wanted = list(check_policies(policies))
             if any(split_policy(p)[1] != "none" or base_policy(p)[1] for p in wanted):
                 raise BenchError("--cluster: give plain policy names (set `offload_gib` per "
                                  "replica in the cluster file; client hints are not replayed)")
+        for name in names:  # the file must make sense under every router and policy asked for
+            for policy in wanted:
+                data = config.model_dump()
+                data["router"]["strategy"] = name
+                if policy is not None:
+                    for replica in data["replicas"]:
+                        replica["policy"] = policy
+                try:
+                    parse_cluster(data, f"{path} with router {name!r}"
+                                  + ("" if policy is None else f" and policy {policy!r}"))
+                except ClusterConfigError as exc:
+                    raise BenchError(str(exc)) from None
         runs = tuple((name if p is None else f"{name}:{p}", name, p)
                      for name in dict.fromkeys(names) for p in wanted)
         return cls(config, runs)
