@@ -404,9 +404,9 @@ def test_router_proxy_answers_without_a_web_framework():
 # -- the launcher, with fake and real replicas -----------------------------------------------
 
 def cluster_file(tmp_path: Path, replicas: list[dict[str, Any]], name: str = "t",
-                 strategy: str = "session") -> Path:
+                 strategy: str = "session", **router: Any) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(json.dumps({"name": name, "router": {"strategy": strategy},
+    path.write_text(json.dumps({"name": name, "router": {"strategy": strategy, **router},
                                 "replicas": replicas}))
     return path
 
@@ -529,10 +529,10 @@ class Cluster:
     """`python -m cli cluster serve FILE` in a subprocess (its own session)."""
 
     def __init__(self, tmp: Path, replicas: list[dict[str, Any]], name: str,
-                 strategy: str = "session") -> None:
+                 strategy: str = "session", **router: Any) -> None:
         for spec in replicas:
             spec.setdefault("port", free_port())
-        self.file = cluster_file(tmp, replicas, name, strategy)
+        self.file = cluster_file(tmp, replicas, name, strategy, **router)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out = tmp / f"{name}.out"
@@ -941,3 +941,46 @@ def test_served_vs_virtual_ranks_with_ties():
     assert ranking(rows, "jct_mean_s", False, 0.05) == [["pd"], ["ampd"], ["session"], ["rr"]]
     slo = {"pd": {"slo": 0.5}, "ampd": {"slo": 0.9}}
     assert ranking(slo, "slo", True, 0.0) == [["ampd"], ["pd"]]
+
+
+def _completion(c: Cluster, program: str, prompt: list[int], turn: int) -> httpx.Response:
+    reply = httpx.post(c.url + "/v1/completions", timeout=120, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 8, "session_id": program,
+        "return_token_ids": True, "vllm_xargs": {"turn": turn, "emulate_output_tokens": 8}})
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_served_move_carries_the_programs_kv_over_nixl(tmp_path):
+    """A real `harness cluster serve` of two `lookahead` replicas of 160 blocks (2,560 tokens;
+    the `programs` router places up to 0.9 of it) with `carry_kv`. a (600 tokens) goes to d0,
+    b (600) to d1, c (800) to d0 (a tie: the first); b ends. c's next turn (1,600 tokens)
+    needs 1,700 of room, d0 has 2,304 - 700 = 1,604: c moves to d1, its turn prefilled on d0
+    (which holds c's first 800 tokens) and decoded on d1, which reads all 100 blocks over
+    NIXL (100 x 16 tokens x 131,072 bytes); d0 is told `program_moved`. c's next turn stays
+    on d1 and reads nothing."""
+    spec = {"role": "colocated", "policy": "lookahead", "num_gpu_blocks": 160}
+    c = Cluster(tmp_path, [{"name": "d0", **spec}, {"name": "d1", **spec}], "carry",
+                "programs", carry_kv=True).wait_ready()
+    try:
+        urls = replica_urls(c)
+        first = {p: _completion(c, p, list(range(base, base + n)), 0)
+                 for p, base, n in (("a", 1000, 600), ("b", 2000, 600), ("c", 3000, 800))}
+        assert {p: r.headers[REPLICA_HEADER] for p, r in first.items()} == {
+            "a": "d0", "b": "d1", "c": "d0"}
+        httpx.post(c.url + "/v1/agent/events", json={"type": "program_end", "program_id": "b"})
+        told = httpx.get(urls["d0"] + "/v1/agent/events").json()["received"]
+        c1 = list(range(3000, 3800)) + first["c"].json()["choices"][0]["token_ids"]
+        c1 += list(range(5000, 5000 + 1600 - len(c1)))
+        moved = _completion(c, "c", c1, 1)
+        assert (moved.headers[PREFILL_HEADER], moved.headers[REPLICA_HEADER]) == ("d0", "d1")
+        assert nixl_bytes(urls["d1"]) == (100 * 16 * 131_072, 1)
+        assert httpx.get(urls["d0"] + "/v1/agent/events").json()["received"] == told + 1
+        stays = _completion(c, "c", c1 + list(range(7000, 7040)), 2)
+        assert stays.headers[REPLICA_HEADER] == "d1" and PREFILL_HEADER not in stays.headers
+        assert nixl_bytes(urls["d1"]) == (100 * 16 * 131_072, 1)
+        assert c.state()["counters"]["rebinds"] == 1
+    finally:
+        c.kill()
