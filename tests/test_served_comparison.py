@@ -18,6 +18,7 @@ from eval.experiments.served_comparison import (
     format_table,
     our_router_argv,
     parse_systems,
+    router_spec,
 )
 from eval.replay.program_scheduling import (
     calibrate,
@@ -106,8 +107,8 @@ def test_systems_are_parsed_and_grouped_by_replica_policy() -> None:
         ("vr-hash", "vllm", False), ("session:vllm", "vllm", True)]
     groups = by_policy(systems)
     assert [(p, [s.name for s in g]) for p, g in groups] == [
-        ("vllm", ["vr-programs", "vr-hash", "session:vllm"]),
-        ("continuum", ["session:continuum"])]
+        (("vllm", False), ["vr-programs", "vr-hash", "session:vllm"]),
+        (("continuum", False), ["session:continuum"])]
     for bad in ("vr-nope", "session:nope", "session:", "", "vr-hash,vr-hash", "programs:",
                 "programs:nope", "ring:vllm"):
         with pytest.raises(ServedComparisonInputError):
@@ -121,6 +122,26 @@ def test_a_programs_system_runs_our_router_with_the_programs_strategy() -> None:
     assert parse_systems("vr-programs")[0].strategy is None
     argv = our_router_argv(["http://127.0.0.1:1"], 8000, system.strategy)
     assert "programs" in argv
+
+
+def test_a_programs_system_that_carries_kv_has_replicas_of_its_own() -> None:
+    """``programs+kv:POLICY``: our `programs` router with `carry_kv`, in front of replicas
+    that run the NIXL connector, so never the same replicas as ``programs:POLICY``; a policy
+    that needs the CPU tier cannot run there."""
+    systems = parse_systems("programs:lookahead,programs+kv:lookahead,vr-programs")
+    carry = systems[1]
+    assert (carry.policy, carry.strategy, carry.carries_kv) == (
+        "lookahead", "programs+kv", True)
+    assert not systems[0].carries_kv
+    assert [(key, [s.name for s in g]) for key, g in by_policy(systems)] == [
+        (("lookahead", False), ["programs:lookahead"]),
+        (("lookahead", True), ["programs+kv:lookahead"]),
+        (("vllm", False), ["vr-programs"])]
+    spec = router_spec(carry.strategy)
+    assert (spec.strategy, spec.carry_kv) == ("programs", True)
+    assert not router_spec("programs").carry_kv
+    with pytest.raises(ServedComparisonInputError, match="CPU KV tier"):
+        parse_systems("programs+kv:mori")
 
 
 def _result(system: str, jct: float, p95: float, hit: float, repeat: int = 0,

@@ -24,6 +24,9 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
 * ``programs:POLICY``: our router with strategy ``programs`` (`cluster.program_router`:
   placement by each replica's free KV room, programs kept home while they fit) in front of
   replicas running ``POLICY`` (``programs:lookahead``: our program scheduler in both places).
+* ``programs+kv:POLICY``: the same with ``carry_kv`` (a moved program's KV goes along over
+  NIXL instead of being recomputed): its replicas run vLLM's NIXL connector (``kv_both``),
+  so they are a set of their own.
 
 Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`);
 every request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
@@ -102,13 +105,21 @@ class System:
 
     @property
     def strategy(self) -> str | None:
-        """Our router's strategy (``session`` or ``programs``); None for vllm-router."""
+        """Our router's strategy as a system names it (``session``, ``programs`` or
+        ``programs+kv``); None for vllm-router."""
         head = self.name.split(":", 1)[0]
         return head if head in OUR_STRATEGIES and ":" in self.name else None
 
+    @property
+    def carries_kv(self) -> bool:
+        """Its replicas run the NIXL connector (our router moves programs with their KV)."""
+        return self.strategy == CARRY_STRATEGY
 
-#: our router's strategies a system may name (``STRATEGY:POLICY``)
-OUR_STRATEGIES = ("session", "programs")
+
+#: our router's strategies a system may name (``STRATEGY:POLICY``); ``programs+kv`` is
+#: ``programs`` with the router's ``carry_kv``
+CARRY_STRATEGY = "programs+kv"
+OUR_STRATEGIES = ("session", "programs", CARRY_STRATEGY)
 
 
 def parse_systems(text: str) -> list[System]:
@@ -123,16 +134,20 @@ def parse_systems(text: str) -> list[System]:
         elif name.split(":", 1)[0] in OUR_STRATEGIES and name.split(":", 1)[1:] not in ([], [""]):
             strategy, policy = name.split(":", 1)
             try:
-                policy_class(policy)
+                swaps = policy_class(policy).needs_offload
             except ValueError as exc:
                 raise ServedComparisonInputError(f"--systems {name}: {exc}") from None
+            if strategy == CARRY_STRATEGY and swaps:
+                raise ServedComparisonInputError(
+                    f"--systems {name}: its replicas run the NIXL connector, and policy "
+                    f"{policy!r} needs the CPU KV tier (one connector per engine)")
             systems.append(System(name, policy,
                                   f"our router ({strategy}) in front of {policy}"))
         else:
             raise ServedComparisonInputError(
                 f"--systems: unknown system {name!r}; choose from "
-                f"{', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY (e.g. session:continuum) "
-                "or programs:POLICY (e.g. programs:lookahead)")
+                f"{', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY (e.g. session:continuum), "
+                "programs:POLICY (e.g. programs:lookahead) or programs+kv:POLICY")
     if not systems:
         raise ServedComparisonInputError("--systems: name at least one system")
     if len({s.name for s in systems}) != len(systems):
@@ -140,11 +155,12 @@ def parse_systems(text: str) -> list[System]:
     return systems
 
 
-def by_policy(systems: Sequence[System]) -> list[tuple[str, list[System]]]:
-    """The systems grouped by replica policy (one set of replicas each), first-seen order."""
-    groups: dict[str, list[System]] = {}
+def by_policy(systems: Sequence[System]) -> list[tuple[tuple[str, bool], list[System]]]:
+    """The systems grouped by replica set (one each): (policy, whether the replicas carry
+    the NIXL connector), first-seen order."""
+    groups: dict[tuple[str, bool], list[System]] = {}
     for system in systems:
-        groups.setdefault(system.policy, []).append(system)
+        groups.setdefault((system.policy, system.carries_kv), []).append(system)
     return list(groups.items())
 
 
@@ -198,18 +214,28 @@ def our_router_argv(workers: Sequence[str], port: int, strategy: str = "session"
             str(port), *workers]
 
 
+def router_spec(strategy: str) -> Any:
+    """Our router's `RouterSpec` for a system's strategy (``programs+kv``: ``programs`` with
+    ``carry_kv``)."""
+    from cluster.config import RouterSpec  # pydantic: start-up cost, the router's process
+
+    if strategy == CARRY_STRATEGY:
+        return RouterSpec(strategy="programs", carry_kv=True)
+    return RouterSpec(strategy=strategy)
+
+
 def serve_our_router(strategy: str, port: int, workers: Sequence[str]) -> None:
-    """Serve `cluster.router_app` with ``strategy`` in front of ``workers`` until SIGINT."""
+    """Serve `cluster.router_app` with ``strategy`` (``programs+kv``: ``programs`` carrying
+    moved programs' KV) in front of ``workers`` until SIGINT."""
     # uvicorn, FastAPI (cluster.router_app): start-up cost, paid only by the router process
     import uvicorn
 
-    from cluster.config import RouterSpec
     from cluster.router_app import create_app
     from cluster.router_state import ReplicaEndpoint
 
     endpoints = [ReplicaEndpoint(name=f"r{i}", role="colocated", url=url)
                  for i, url in enumerate(workers)]
-    app = create_app(endpoints, RouterSpec(strategy=strategy), name="served-comparison")
+    app = create_app(endpoints, router_spec(strategy), name="served-comparison")
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -326,13 +352,15 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
     replicas: list[ServerProcess] = []
     with sigterm_unwinds():  # SIGTERM unwinds through `finally`: no server outlives us
         try:
-            for policy, group in by_policy(systems):
+            for (policy, carry), group in by_policy(systems):
                 print(f"starting {options.replicas} replicas ({policy}, {options.profile}, "
-                      f"{options.num_gpu_blocks} blocks each) ...", flush=True)
+                      f"{options.num_gpu_blocks} blocks each"
+                      + (", NIXL connector" if carry else "") + ") ...", flush=True)
                 # a busy machine takes minutes to start several vLLM servers side by side
                 replicas = start_replicas(options.replicas, policy, options.profile,
-                                          options.num_gpu_blocks, out / policy,
-                                          startup_timeout_s=600.0)
+                                          options.num_gpu_blocks,
+                                          out / (policy + ("+kv" if carry else "")),
+                                          startup_timeout_s=600.0, carry_kv=carry)
                 workers = [r.base_url for r in replicas]
                 for repeat in range(options.repeats):
                     for system in group:

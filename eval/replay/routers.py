@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import httpx
 
+from cluster import pd
 from common.processes import free_port, stop_process_group, wait_until_answers
 from common.trace import Trace
 from eval.replay.http_replay import (
@@ -42,6 +43,7 @@ from eval.replay.program_scheduling import metric_totals
 from harness.model_client import SESSION_HEADER
 from harness.server_process import ServerProcess, ServerStartError
 from server.max_model_len import BLOCK_SIZE, SERVED_MAX_MODEL_LEN, served_max_model_len
+from server.perf.hardware import NVLINK
 from sim.conversation import too_long_turns
 
 
@@ -330,20 +332,28 @@ def check_replicas_fit(trace: Trace, num_gpu_blocks: int) -> None:
 
 
 def start_replicas(n: int, policy: str, profile: str, num_gpu_blocks: int,
-                   out: Path, startup_timeout_s: float = 240.0) -> list[ServerProcess]:
+                   out: Path, startup_timeout_s: float = 240.0,
+                   carry_kv: bool = False) -> list[ServerProcess]:
     """``n`` emulated replicas started side by side; all stopped again if one fails (or is
-    not up within ``startup_timeout_s``)."""
-    replicas = [ServerProcess(policy=policy, profile=profile,
-                              serve_args=["--max-model-len",
-                                          str(served_max_model_len(num_gpu_blocks))],
-                              vllm_args=["--num-gpu-blocks-override", str(num_gpu_blocks),
-                                         "--enable-log-requests"],
-                              log_path=out / f"replica-{i}.log",
-                              # INFO: the request log says which replica served a turn (a
-                              # caller's VLLM_LOGGING_LEVEL=ERROR would hide it)
-                              env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"},
-                              startup_timeout_s=startup_timeout_s)
-                for i in range(n)]
+    not up within ``startup_timeout_s``). ``carry_kv``: each runs vLLM's NIXL connector as
+    `kv_both` (engine id ``r{i}``, links to its peers over NVLink, its own side channel), so
+    a router may move a program's KV between them (`cluster.pd`)."""
+    replicas = []
+    for i in range(n):
+        vllm_args = ["--num-gpu-blocks-override", str(num_gpu_blocks), "--enable-log-requests"]
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+        if carry_kv:  # vLLM's own option, after `harness serve`'s
+            vllm_args += pd.serve_args(pd.kv_transfer_config(f"r{i}", "colocated",
+                                                             {"*": NVLINK}))
+            env.update(pd.side_channel_env(free_port()))
+        replicas.append(ServerProcess(
+            policy=policy, profile=profile,
+            serve_args=["--max-model-len", str(served_max_model_len(num_gpu_blocks))],
+            vllm_args=vllm_args,
+            log_path=out / f"replica-{i}.log",
+            # INFO: the request log says which replica served a turn (a caller's
+            # VLLM_LOGGING_LEVEL=ERROR would hide it)
+            env=env, startup_timeout_s=startup_timeout_s))
     out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(r.start) for r in replicas]
