@@ -168,10 +168,10 @@ class TurnForwarder:
         finally:
             prefill.in_flight -= 1
             turn.prefilled(state.book)
+            if leaving is not None:  # answered or not, the program's turns run elsewhere now
+                await self.events.tell_moved(leaving[0], turn.program, leaving[1])
         if answer.status_code == 200:
             state.observe("ttft", prefill.name, time.monotonic() - sent)
-        if leaving is not None:  # answered or not, the program's turns now run elsewhere
-            await self.events.tell_moved(leaving[0], turn.program, leaving[1])
         if answer.status_code != 200:
             state.counters["failed"] += 1
             return Reply(answer.status_code, content=answer.content,
