@@ -206,6 +206,16 @@ class _MovesAfterFirstTurn:
         self.home.pop(program_id, None)
 
 
+def _mover(first_prompt: int) -> Trace:
+    """One program of three turns, the first of `first_prompt` tokens, then 2 s and 1 s tools."""
+    return Trace(name="mover", programs=[Program(id="p", arrival_s=0.0, turns=[
+        Turn(input_tokens=first_prompt, output_tokens=20, tool="bash", tool_seconds=2.0,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10, tool="bash", tool_seconds=1.0,
+             tool_return_tokens=40),
+        Turn(input_tokens=30, output_tokens=10)])])
+
+
 @pytest.mark.engine
 def test_a_program_a_router_moves_is_let_go_where_it_was():
     """`lookahead` on two replicas: the program's first turn runs on r0, which keeps its KV
@@ -213,12 +223,7 @@ def test_a_program_a_router_moves_is_let_go_where_it_was():
     move r0 hears `program_moved`, releases the pin (counted `moved`) and forgets the program
     without learning a length from it; r1 runs the rest and learns a length when it ends.
     (Before, r0 kept the program active and pinned until it ended.)"""
-    trace = Trace(name="mover", programs=[Program(id="p", arrival_s=0.0, turns=[
-        Turn(input_tokens=600, output_tokens=20, tool="bash", tool_seconds=2.0,
-             tool_return_tokens=40),
-        Turn(input_tokens=30, output_tokens=10, tool="bash", tool_seconds=1.0,
-             tool_return_tokens=40),
-        Turn(input_tokens=30, output_tokens=10)])])
+    trace = _mover(600)
     config = parse_cluster({"router": {"strategy": "session"}, "replicas": [
         {"name": "r", "count": 2, "profile": PROFILE, "policy": "lookahead"}]})
     with closing(VirtualCluster(config, router=_MovesAfterFirstTurn())) as cluster:
@@ -238,12 +243,7 @@ def test_a_move_that_carries_the_kv_reads_the_context_instead_of_recomputing_it(
     prefilled on r0, whose pin holds the context (only the turn's new tokens are computed),
     and decoded on r1, which reads the KV over the link; r0 lets the program go once the
     prefill is handed over. Without the carry, r1 computes the whole context again."""
-    trace = Trace(name="mover", programs=[Program(id="p", arrival_s=0.0, turns=[
-        Turn(input_tokens=3000, output_tokens=20, tool="bash", tool_seconds=2.0,
-             tool_return_tokens=40),
-        Turn(input_tokens=30, output_tokens=10, tool="bash", tool_seconds=1.0,
-             tool_return_tokens=40),
-        Turn(input_tokens=30, output_tokens=10)])])
+    trace = _mover(3000)
 
     def run_moving(carry: bool):
         config = parse_cluster({"router": {"strategy": "programs", "carry_kv": carry},
