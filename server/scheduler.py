@@ -275,7 +275,8 @@ class PolicyScheduler(Scheduler):
         if not isinstance(self.waiting, FCFSRequestQueue):
             return []  # --scheduling-policy priority: not gated
         pool = self.kv_cache_manager.block_pool
-        self.agent_policy.observe_kv(pool.num_gpu_blocks - 1 - pool.get_num_free_blocks())
+        self.agent_policy.observe_kv(pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
+                                     self._still_to_allocate())
         views = [self.view(r) for r in self.waiting]
         ids = self.agent_policy.held_back(views, len(self.running), now)
         if not ids:
@@ -290,6 +291,24 @@ class PolicyScheduler(Scheduler):
         if held:
             self.waiting.remove_requests(held)
         return held
+
+    def _still_to_allocate(self) -> dict[str, int]:
+        """Per program, the tokens its turns have still to take blocks for: a running turn's
+        prompt not yet computed (chunked prefill allocates chunk by chunk), a waiting turn's
+        prompt beyond what its program's pin (or its own preempted progress) holds."""
+        ahead: dict[str, int] = {}
+        for r in self.running:
+            left = r.num_prompt_tokens - r.num_computed_tokens
+            if left > 0 and r.session_id is not None:
+                ahead[r.session_id] = ahead.get(r.session_id, 0) + left
+        for r in self.waiting:
+            if r.session_id is None:
+                continue
+            pin = self.pins.get(r.session_id)
+            held = max(pin.tokens if pin is not None else 0, r.num_computed_tokens)
+            ahead[r.session_id] = (ahead.get(r.session_id, 0)
+                                   + max(0, r.num_prompt_tokens - held))
+        return ahead
 
     def _set_token_budget(self) -> None:
         """The policy's batch token limit for this step, clamped to what the model runner was

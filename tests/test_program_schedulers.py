@@ -162,6 +162,40 @@ def test_lookahead_memory_bounds_the_active_set():
     assert sum(s.may_run(f"p{i}") for i in range(10)) == 4
 
 
+def test_lookahead_admits_by_the_engines_count_once_it_is_heard():
+    # capacity 10,000. Four programs ran a turn of 2,000 tokens, wrote 100 each (the mean
+    # output) and act, pinned: by contexts they hold 4 x (2,100 + 100) = 8,800, but they share
+    # a 1,500-token prefix, which the engine holds once: 1,500 + 4 x 600 = 3,900. A fifth
+    # program's first turn (2,000 tokens, of which the shared 1,500 are cached: 500 to
+    # allocate) waits while p0's next turn (2,200; 2,100 pinned: 100 to allocate) runs.
+    # By contexts: 8,800 + 2,100 > 10,000 - 1 x growth: e waits. By the engine's count:
+    # 3,900 + 100 (p0) + 500 (e) <= 10,000 - 0 running x 100 (p0's turn has not started yet)
+    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+    for i in range(4):
+        _start(s, f"p{i}", 2000, 0.0)
+    for i in range(4):
+        _act(s, f"p{i}", 2100, 1.0, predicted=30.0)
+    s.turn_arrived("p0", 2200, 2.0)
+    s.turn_arrived("e", 2000, 2.0)
+    s.decide(2.0)
+    assert not s.may_run("e")  # the estimate: no room
+    s.observe_engine(3900, {"p0": 100, "e": 500})
+    s.turn_arrived("p1", 2200, 2.5)  # a fact: the next decision is on the engine's count
+    s.decide(2.5)
+    assert s.may_run("e")
+    # and it binds: a running prefill with 6,000 tokens still to allocate leaves no room
+    t = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
+    for i in range(4):
+        _start(t, f"p{i}", 2000, 0.0)
+        _act(t, f"p{i}", 2100, 1.0, predicted=30.0)
+    t.turn_arrived("p0", 2200, 2.0)
+    t.turn_admitted("p0", 2.0)
+    t.turn_arrived("e", 2000, 2.0)
+    t.observe_engine(3900, {"p0": 6000, "e": 500})
+    t.decide(2.5)
+    assert not t.may_run("e")  # 3,900 + 6,000 + 500 > 10,000 - 1 running x 100
+
+
 def test_lookahead_pauses_the_program_whose_next_turn_is_furthest_weighted_by_size():
     # the count: a drain of 4 programs whose target shrinks to 1 (contexts grew); with 10%
     # slack 2 may stay, so 2 acting programs give way, the cheapest pauses first: scores

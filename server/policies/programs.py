@@ -18,6 +18,8 @@ The engine's capacity in tokens is its KV blocks times the block size (`configur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView
 from server.programs.base import ProgramScheduler
 from server.programs.state import Kv, Phase
@@ -87,8 +89,9 @@ class ProgramPolicy(Policy):
             self.programs.program_ended(req.program_id, now)
 
     # -- admission -----------------------------------------------------------------------
-    def observe_kv(self, blocks_in_use: int) -> None:
+    def observe_kv(self, blocks_in_use: int, ahead: Mapping[str, int]) -> None:
         self._blocks_in_use = blocks_in_use
+        self.programs.observe_engine(blocks_in_use * self.block_size, ahead)
 
     def held_back(self, waiting: list[RequestView], running: int, now: float) -> set[str]:
         """Request ids of waiting turns whose program may not run now."""

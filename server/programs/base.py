@@ -123,6 +123,11 @@ class ProgramScheduler:
         keep it, until the program ended elsewhere."""
         ProgramScheduler.program_ended(self, program_id, now)
 
+    def observe_engine(self, in_use_tokens: int, ahead: Mapping[str, int]) -> None:
+        """The engine's own count of memory, at each step: the tokens it holds that cannot
+        be evicted (running turns, pins), and per program the tokens its turns have still
+        to take blocks for. The baselines keep their papers' accounts and ignore it."""
+
     # -- decisions -----------------------------------------------------------------------
     def may_run(self, program_id: str | None) -> bool:
         """Whether this program's waiting turn may be admitted now (unknown programs may)."""

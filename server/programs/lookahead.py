@@ -19,14 +19,20 @@ predicted return) only the harness's events tell. The rules:
   there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a
   tool call decode nothing, so the active set is B* divided by the measured share of time
   active programs spend reasoning (at least `MIN_REASONING_SHARE`).
-* **Memory.** Active programs' contexts stay within the KV capacity less the tokens they
-  add before the next decisions (a turn's mean growth each; `MEMORY_SHARE` of the capacity
-  until a growth is seen); a program is admitted only if it fits (a paused one with
-  `RESUME_BAND` of the capacity to spare: hysteresis against pause-resume cycles, each a
-  whole-context recompute), except that while no
-  admitted program reasons a ready turn is let in anyway (the acting programs' pins make
-  room) rather than leave the GPU idle. An acting program counts unless its KV was released
-  to the host tier (a long tool call, until its prefetch).
+* **Memory.** What the active programs hold, counted by the engine (`observe_engine`: the
+  blocks that cannot be evicted, running turns' and pins', plus what their turns have still
+  to take blocks for), stays within the KV capacity less the decode output the running turns
+  have still to write (a turn's mean output each); a program is admitted only if the tokens
+  its turn has to allocate fit (a paused one with `RESUME_BAND` of the capacity to spare:
+  hysteresis against pause-resume cycles, each a whole-context recompute), except that while
+  no admitted program reasons a ready turn is let in anyway (the acting programs' pins make
+  room) rather than leave the GPU idle. Until the engine has been heard and an output seen,
+  the account is from contexts: an active program's context (an acting one's unless its KV
+  was released to the host tier), against the capacity less a turn's mean growth per
+  reasoning program (`MEMORY_SHARE` of it until a growth is seen). The engine's count is
+  exact where the contexts were not: a prefix programs share is held once, not once per
+  program (on short programs the estimate left a quarter of the cache unused, and
+  ThunderAgent was 12% ahead).
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
@@ -52,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
@@ -116,6 +122,12 @@ class Lookahead(ProgramScheduler):
         #: the square-root rule's factor: 1 is the rule as derived (other values are for
         #: probing its sensitivity, docs/programs.md)
         self.scale = 1.0
+        #: the engine's count (`observe_engine`): non-evictable tokens, and per program the
+        #: tokens its turns have still to allocate; None until the engine is heard
+        self._in_use: int | None = None
+        self._ahead: Mapping[str, int] = {}
+        self._output_sum = 0.0
+        self._output_n = 0
 
     # -- learning ------------------------------------------------------------------------
     def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
@@ -127,6 +139,18 @@ class Lookahead(ProgramScheduler):
         if program_id not in self.table:
             self._arrivals.append(now)
         super().turn_arrived(program_id, prompt_tokens, now)
+
+    def observe_engine(self, in_use_tokens: int, ahead: Mapping[str, int]) -> None:
+        self._in_use = in_use_tokens
+        self._ahead = ahead
+
+    def turn_finished(self, program_id: str, context_tokens: int, now: float,
+                      tool: str | None = None, predicted_s: float | None = None) -> Kv:
+        prompt = self._last_ctx.get(program_id)
+        if prompt is not None and context_tokens > prompt:  # the turn's output
+            self._output_sum += context_tokens - prompt
+            self._output_n += 1
+        return super().turn_finished(program_id, context_tokens, now, tool, predicted_s)
 
     def program_ended(self, program_id: str, now: float) -> None:
         st = self.table.get(program_id)
@@ -241,11 +265,38 @@ class Lookahead(ProgramScheduler):
         reasoning = sum(1 for st in self.table.active() if st.phase is not Phase.ACTING)
         return max(0.0, self.capacity_tokens - reasoning * self.growth())
 
+    def counted(self) -> bool:
+        """Whether the memory rule runs on the engine's count (heard, and an output seen)."""
+        return self._in_use is not None and self._output_n > 0
+
+    def engine_usage(self, active: Sequence[ProgramState]) -> float:
+        """What the active programs hold by the engine's count, and what their turns have
+        still to allocate."""
+        assert self._in_use is not None
+        return self._in_use + sum(self._ahead.get(st.program_id, 0) for st in active)
+
+    def engine_limit(self) -> float:
+        """The capacity less the output the running turns have still to write (a turn's
+        mean output each)."""
+        running = sum(1 for st in self.table.active()
+                      if st.phase is not Phase.ACTING and not st.turn_waiting)
+        return self.capacity_tokens - running * self._output_sum / self._output_n
+
+    def need(self, st: ProgramState) -> float:
+        """What admitting `st` adds: by the engine's count, the tokens its waiting turn has to
+        allocate (its context when no turn waits); else its context."""
+        if self.counted() and st.program_id in self._ahead:
+            return self._ahead[st.program_id]
+        return self.resident(st)
+
     def rebalance(self, now: float) -> None:
-        limit = self.memory_limit()
-        want = self.target(now)
         active = self.table.active()
-        usage = sum(self.resident(st) for st in active)
+        if self.counted():
+            usage, limit = self.engine_usage(active), self.engine_limit()
+        else:
+            usage = sum(self.resident(st) for st in active)
+            limit = self.memory_limit()
+        want = self.target(now)
         # shrink: acting programs give way, cheapest pause first (for the count only past
         # `SHRINK_SLACK`: a pause costs a reload, so a target that dips briefly is let be)
         over = len(active) - math.ceil(want * (1 + SHRINK_SLACK))
@@ -268,7 +319,7 @@ class Lookahead(ProgramScheduler):
         for st in sorted(self.table.inactive(), key=self.rank):
             if room <= 0:
                 break
-            need = self.resident(st)
+            need = self.need(st)
             band = RESUME_BAND * self.capacity_tokens if st.pauses else 0.0
             if usage + need > limit - band and (reasoning > 0 or not st.turn_waiting):
                 freed = self.make_way(st, usage + need - (limit - band), now)
