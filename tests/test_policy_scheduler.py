@@ -366,3 +366,21 @@ def test_a_program_moved_away_leaves_nothing_held_here(events_address):
     assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.moved == 1
     assert d.free_blocks == d.total_blocks
     assert programs.table.get("A") is None and not programs._lengths.lengths
+
+
+def test_a_program_scheduler_is_told_what_each_programs_turns_still_allocate():
+    """`lookahead` on real vLLM: before each step's admission it is told, per program, the
+    tokens its turns have still to take blocks for. A's first turn (320 tokens + 2 of output)
+    is pinned through the tool call, so A's next turn (that context + 40 new tokens) has only
+    its 40 new tokens to allocate; B's first turn, 100 tokens, all of them."""
+    d = Driver(make_scheduler("lookahead", num_blocks=64))
+    first = prompt(1, 320)
+    d.submit("A-0", first, "A", max_tokens=2)
+    d.run_until_finished("A-0")
+    pinned = d.scheduler.pins["A"].tokens
+    d.submit("A-1", first + [11, 12] + prompt(3, 40), "A", max_tokens=2)
+    d.submit("B-0", prompt(2, 100), "B", max_tokens=2)
+    d.step()
+    ahead = d.scheduler.agent_policy.programs._ahead
+    assert ahead == {"A": 320 + 2 + 40 - pinned, "B": 100}
+    assert 320 + 2 + 40 - pinned <= 42
