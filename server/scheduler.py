@@ -276,7 +276,7 @@ class PolicyScheduler(Scheduler):
             return []  # --scheduling-policy priority: not gated
         pool = self.kv_cache_manager.block_pool
         self.agent_policy.observe_kv(pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
-                                     self._still_to_allocate())
+                                     self._still_to_allocate)
         views = [self.view(r) for r in self.waiting]
         ids = self.agent_policy.held_back(views, len(self.running), now)
         if not ids:

@@ -179,7 +179,7 @@ def test_lookahead_admits_by_the_engines_count_once_it_is_heard():
     s.turn_arrived("e", 2000, 2.0)
     s.decide(2.0)
     assert not s.may_run("e")  # the estimate: no room
-    s.observe_engine(3900, {"p0": 100, "e": 500})
+    s.observe_engine(3900, lambda: {"p0": 100, "e": 500})
     s.turn_arrived("p1", 2200, 2.5)  # a fact: the next decision is on the engine's count
     s.decide(2.5)
     assert s.may_run("e")
@@ -191,7 +191,7 @@ def test_lookahead_admits_by_the_engines_count_once_it_is_heard():
     t.turn_arrived("p0", 2200, 2.0)
     t.turn_admitted("p0", 2.0)
     t.turn_arrived("e", 2000, 2.0)
-    t.observe_engine(3900, {"p0": 6000, "e": 500})
+    t.observe_engine(3900, lambda: {"p0": 6000, "e": 500})
     t.decide(2.5)
     assert not t.may_run("e")  # 3,900 + 6,000 + 500 > 10,000 - 1 running x 100
 

@@ -12,7 +12,7 @@ blocks); a policy only answers questions about views of requests and programs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, get_args
 
@@ -210,12 +210,13 @@ class Policy:
         return self.max_batch_tokens
 
     # -- admission ---------------------------------------------------------------------
-    def observe_kv(self, blocks_in_use: int, ahead: Mapping[str, int]) -> None:
+    def observe_kv(self, blocks_in_use: int, ahead: Callable[[], Mapping[str, int]]) -> None:
         """The engine's KV blocks in use now, told before `held_back` (when
         `gates_admission`): running turns', pins', exports' — what the prefix cache cannot
-        evict; and `ahead`, per program, the tokens its running and waiting turns have
-        still to take blocks for. A gate's own account of memory from contexts is an
-        estimate of these (one that counts a prefix programs share once per program)."""
+        evict; and `ahead()`, per program, the tokens its running and waiting turns have
+        still to take blocks for (a walk over the queues: call it only when deciding, and
+        only within this step). A gate's own account of memory from contexts is an estimate
+        of these (one that counts a prefix programs share once per program)."""
 
     def held_back(self, waiting: list[RequestView], running: int, now: float) -> set[str]:
         """Request ids of waiting turns to keep out of this step's admission (used when

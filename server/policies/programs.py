@@ -18,7 +18,7 @@ The engine's capacity in tokens is its KV blocks times the block size (`configur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView
 from server.programs.base import ProgramScheduler
@@ -89,7 +89,7 @@ class ProgramPolicy(Policy):
             self.programs.program_ended(req.program_id, now)
 
     # -- admission -----------------------------------------------------------------------
-    def observe_kv(self, blocks_in_use: int, ahead: Mapping[str, int]) -> None:
+    def observe_kv(self, blocks_in_use: int, ahead: Callable[[], Mapping[str, int]]) -> None:
         self._blocks_in_use = blocks_in_use
         self.programs.observe_engine(blocks_in_use * self.block_size, ahead)
 

@@ -20,7 +20,7 @@ Time is the caller's clock (seconds): the engine's virtual or real clock, the ro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from server.programs.state import Kv, Phase, ProgramState, ProgramTable
@@ -123,10 +123,12 @@ class ProgramScheduler:
         keep it, until the program ended elsewhere."""
         ProgramScheduler.program_ended(self, program_id, now)
 
-    def observe_engine(self, in_use_tokens: int, ahead: Mapping[str, int]) -> None:
+    def observe_engine(self, in_use_tokens: int,
+                       ahead: Callable[[], Mapping[str, int]]) -> None:
         """The engine's own count of memory, at each step: the tokens it holds that cannot
-        be evicted (running turns, pins), and per program the tokens its turns have still
-        to take blocks for. The baselines keep their papers' accounts and ignore it."""
+        be evicted (running turns, pins), and `ahead()`, per program, the tokens its turns
+        have still to take blocks for (computed when called: ask it only when deciding, in
+        the same step). The baselines keep their papers' accounts and ignore it."""
 
     # -- decisions -----------------------------------------------------------------------
     def may_run(self, program_id: str | None) -> bool:

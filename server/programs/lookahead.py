@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
@@ -122,9 +122,11 @@ class Lookahead(ProgramScheduler):
         #: the square-root rule's factor: 1 is the rule as derived (other values are for
         #: probing its sensitivity, docs/programs.md)
         self.scale = 1.0
-        #: the engine's count (`observe_engine`): non-evictable tokens, and per program the
-        #: tokens its turns have still to allocate; None until the engine is heard
+        #: the engine's count (`observe_engine`): non-evictable tokens (None until the engine
+        #: is heard), and per program the tokens its turns have still to allocate (asked of
+        #: the engine at each decision, `rebalance`: a walk over its queues)
         self._in_use: int | None = None
+        self._ahead_of: Callable[[], Mapping[str, int]] = dict
         self._ahead: Mapping[str, int] = {}
         self._output_sum = 0.0
         self._output_n = 0
@@ -140,9 +142,10 @@ class Lookahead(ProgramScheduler):
             self._arrivals.append(now)
         super().turn_arrived(program_id, prompt_tokens, now)
 
-    def observe_engine(self, in_use_tokens: int, ahead: Mapping[str, int]) -> None:
+    def observe_engine(self, in_use_tokens: int,
+                       ahead: Callable[[], Mapping[str, int]]) -> None:
         self._in_use = in_use_tokens
-        self._ahead = ahead
+        self._ahead_of = ahead
 
     def turn_finished(self, program_id: str, context_tokens: int, now: float,
                       tool: str | None = None, predicted_s: float | None = None) -> Kv:
@@ -292,6 +295,7 @@ class Lookahead(ProgramScheduler):
     def rebalance(self, now: float) -> None:
         active = self.table.active()
         if self.counted():
+            self._ahead = self._ahead_of()
             usage, limit = self.engine_usage(active), self.engine_limit()
         else:
             usage = sum(self.resident(st) for st in active)
