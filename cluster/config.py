@@ -32,6 +32,7 @@ from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
 from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
+from server.settings import offload_gib
 
 Role = Literal["colocated", "prefill", "decode"]
 
@@ -164,16 +165,9 @@ class ClusterConfig(_Strict):
             raise ValueError(f"`carry_kv` is the `programs` router's (it moves programs with "
                              f"their KV); router strategy {self.router.strategy!r} moves none")
         for spec in expanded:
-            transfers = spec.role != "colocated" or self.router.carry_kv
-            if transfers and (spec.offload_gib is not None
-                              or policy_class(spec.policy).needs_offload):
-                why = ("its router carries moved programs' KV (`carry_kv`)"
-                       if spec.role == "colocated" else f"it is a {spec.role} replica")
-                raise ValueError(
-                    f"replica {spec.name!r}: {why}, so it runs vLLM's NIXL connector and no "
-                    f"CPU KV tier (one connector per engine), but policy {spec.policy!r} or "
-                    "`offload_gib` asks for one; drop `offload_gib` or pick a policy that "
-                    "does not swap (vllm, continuum, lookahead, thunderagent, ...)")
+            problem = self.connector_conflict(spec)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     # -- queries --------------------------------------------------------------------------------
@@ -182,6 +176,25 @@ class ClusterConfig(_Strict):
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+    def carries_kv(self, spec: ReplicaSpec) -> bool:
+        """Whether a replica runs vLLM's NIXL connector (`cluster.pd`): a prefill or decode
+        replica always, a colocated one when the router moves programs with their KV
+        (`carry_kv`)."""
+        return spec.role != "colocated" or self.router.carry_kv
+
+    def connector_conflict(self, spec: ReplicaSpec) -> str | None:
+        """Why a replica cannot run as written, or None: it runs the NIXL connector while its
+        policy or `offload_gib` asks for vLLM's CPU KV tier (`server.settings.offload_gib`),
+        which is a connector too, and an engine takes one."""
+        if not self.carries_kv(spec) or offload_gib(spec.policy, spec.offload_gib) is None:
+            return None
+        why = ("its router carries KV for moved programs (`carry_kv`)"
+               if spec.role == "colocated" else f"it is a {spec.role} replica")
+        return (f"replica {spec.name!r}: {why}, so it runs vLLM's NIXL connector and no CPU "
+                f"KV tier (one connector per engine), but policy {spec.policy!r} or "
+                "`offload_gib` asks for one; drop `offload_gib` or pick a policy that does not "
+                "swap (vllm, continuum, lookahead, thunderagent, ...)")
 
     def link(self, src: str, dst: str) -> Link:
         """The link KV takes from replica `src` to replica `dst`."""

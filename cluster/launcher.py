@@ -97,26 +97,19 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     # are built; the reaper (`python -m cluster.launcher reap`) runs this module too
     from server.events import ENV_EVENTS_IPC, default_ipc_path
     from server.launch import ENV_API_KEY, ServeError, build_command
-    from server.settings import offload_gib
 
     extra: list[str] = []
     env: dict[str, str] = {}
     if spec.num_gpu_blocks is not None:
         extra += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
     offload = spec.offload_gib
-    if pd.carries_kv(spec, config):
+    if config.carries_kv(spec):
         try:
-            needs = offload_gib(spec.policy, spec.offload_gib)
-        except (ServeError, ValueError) as exc:
+            problem = config.connector_conflict(spec)  # checked with the file; `spec` may
+        except (ServeError, ValueError) as exc:        # have been changed since
             raise LauncherError(f"replica {spec.name}: {exc}") from None
-        if needs is not None:
-            why = ("a colocated replica whose router carries KV (`carry_kv`)"
-                   if spec.role == "colocated" else f"a {spec.role} replica")
-            raise LauncherError(
-                f"replica {spec.name}: {why} runs vLLM's NIXL connector and no "
-                f"KV offloading (one connector per engine), but policy {spec.policy!r} or "
-                "`offload_gib` asks for offloading; drop `offload_gib` or pick a policy that "
-                "does not swap (vllm, continuum, preserve, ...)")
+        if problem is not None:
+            raise LauncherError(problem)
         kv = pd.kv_transfer_config(spec.name, spec.role, pd.links_to(config, spec.name))
         extra += pd.serve_args(kv)
         if side_channel_port is None:
@@ -280,7 +273,7 @@ class Launcher:
             raise LauncherError(f"port(s) already in use: {', '.join(taken)}; stop what holds "
                                 "them, or pick another --base-port")
         for r in self.replicas:
-            side = free_port() if pd.carries_kv(r.spec, self.config) else None
+            side = free_port() if self.config.carries_kv(r.spec) else None
             r.argv, r.env = replica_command(self.config, r.spec, r.port, side_channel_port=side,
                                             api_key=self.api_key)
 

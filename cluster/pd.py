@@ -50,13 +50,6 @@ class PDError(ValueError):
     """A P/D hand-off that cannot go ahead; the message says what is wrong."""
 
 
-def carries_kv(replica: Any, cluster: Any) -> bool:
-    """Whether a cluster file's replica runs the NIXL connector: a prefill or decode replica
-    always, a colocated one when the router moves programs with their KV (`carry_kv`)."""
-    return replica.role in ("prefill", "decode") or (
-        replica.role == "colocated" and bool(cluster.router.carry_kv))
-
-
 def link_spec(link: Link) -> dict[str, float]:
     """A link as JSON (the form `harness_links` holds)."""
     return {"latency_s": float(link.latency_s), "bandwidth": float(link.bandwidth)}

@@ -46,7 +46,6 @@ from cluster.launcher import (
     death_signal_preexec,
     replica_command,
 )
-from cluster.pd import carries_kv
 from cluster.router_state import engine_gauges
 from common.processes import free_port, stop_process_group
 
@@ -113,7 +112,7 @@ class ReplicaProcess:
         self.port = free_port(self.node_ip)
         # on the node's address: the router reaches it there with `--transport http`
         self.url = f"http://{self.node_ip}:{self.port}"
-        side = free_port() if carries_kv(self.spec, self.config) else None
+        side = free_port() if self.config.carries_kv(self.spec) else None
         argv, env = replica_command(self.config, self.spec, self.port, host=self.node_ip,
                                     side_channel_port=side, side_channel_host=self.node_ip,
                                     api_key=api_key)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.pd import carries_kv, virtual_engine_options
+from cluster.pd import virtual_engine_options
 from common.trace import Trace
 from server.engine import VirtualEngine
 from server.max_model_len import BLOCK_SIZE, context_limit
@@ -56,7 +56,7 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     options: dict[str, Any] = {}
     if cluster is not None:  # the cluster's TTFT SLO, as `harness cluster serve` gives it
         options["ttft_slo_s"] = cluster.router.ttft_slo_s
-    if replica is not None and cluster is not None and carries_kv(replica, cluster):
+    if replica is not None and cluster is not None and cluster.carries_kv(replica):
         options.update(virtual_engine_options(replica, cluster, bidirectional=bidirectional))
     if getattr(policy_class(name), "clairvoyant", False):
         if trace is None:
