@@ -165,7 +165,6 @@ class ClusterState:
         self.placement = Placement()  # who has served each program, for the events fan-out
         self.book = TurnBook()  # prompt / history lengths and prefill queues (AMPD's inputs)
         self.starts: dict[str, str] = {}  # program -> its program_start line, until it ends
-        self.left: dict[str, str] = {}  # program -> the replica it was just moved from
 
     @property
     def pd(self) -> bool:
@@ -182,15 +181,20 @@ class ClusterState:
 
     def route(self, program_id: str, turn: int, info: TurnInfo | None = None) -> Route:
         """The router's decision (raises `NoReplicaError`), counting rebinds."""
+        return self.route_turn(program_id, turn, info)[0]
+
+    def route_turn(self, program_id: str, turn: int,
+                   info: TurnInfo | None = None) -> tuple[Route, str | None]:
+        """`route`, and the live replica the routing moved the program away from (it must
+        hear `program_moved`: `cluster.placement`), or None."""
         before = self.router.bound(program_id)
         route = self.router.route(program_id, turn, self.loads(), info)
         after = self.router.bound(program_id)
         if before is not None and before != after:
             self.counters["rebinds"] += 1
         left = moved_from(before, after, route)
-        if left is not None:
-            self.left[program_id] = left
-        return route
+        alive = left is not None and left in self.replicas and self.replicas[left].alive
+        return route, left if alive else None
 
     def down(self) -> str:
         """Why the replicas that take no request are down, for an error that says so."""
@@ -228,12 +232,6 @@ class ClusterState:
         `program_start` before the turn reaches them."""
         new = self.placement.route(program_id, route)
         return new if program_id in self.starts else []
-
-    def moved_away(self, program_id: str) -> str | None:
-        """The live replica the program's latest routing moved it from, once (it must hear
-        `program_moved`: `cluster.placement`), or None."""
-        left = self.left.pop(program_id, None)
-        return left if left in self.replicas and self.replicas[left].alive else None
 
     def mark_exited(self, name: str, code: int | None) -> None:
         """The launcher saw the replica's process end (called from its watcher thread)."""

@@ -83,7 +83,7 @@ class TurnForwarder:
         tokens = prompt_tokens_of(body)
         info = state.book.info(program, tokens, time.monotonic())
         try:
-            route = state.route(program, turn_of(body), info)
+            route, left = state.route_turn(program, turn_of(body), info)
         except NoReplicaError as exc:
             state.counters["no_replica"] += 1
             down = state.down()
@@ -93,7 +93,6 @@ class TurnForwarder:
         upstream_headers = forward_headers(headers, given)
         leaving = None  # a moved program's old home that prefills this turn for the new one
         if given is not None:
-            left = state.moved_away(program)
             if left is not None and left == route.prefill:
                 leaving = left  # told once its prefill is answered (`cluster.placement`)
             elif left is not None:

@@ -205,7 +205,7 @@ class Simulation:
         left = moved_from(bound, self.router.bound(pid), route)
         if left is not None and route.prefill == left:
             self.leaving[pid] = left  # it prefills this turn first: told at the hand-over
-        elif left is not None and left in self.cluster.by_name:
+        elif left is not None:
             self.tell(left, "program_moved", pid)
         for name in self.placement.route(pid, route):
             self.tell(name, "program_start", pid)
