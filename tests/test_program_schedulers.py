@@ -281,6 +281,33 @@ def test_a_program_moved_to_another_replica_frees_its_slot_here_at_once(cls):
         assert not s._lengths.lengths and not s._jct
 
 
+def test_a_program_first_seen_at_its_kth_turn_counts_the_turns_it_did_elsewhere():
+    # 12 programs of 6 turns ended here: E[N - k | N > k] = 6 - k. A program moved here at
+    # its 4th turn (the client's `turn` hint: 4 done elsewhere) has 2 left, not 6; when it ends
+    # after 2 turns here, the length learnt is 6, not 2
+    s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
+    for i in range(12):
+        pid = f"old{i}"
+        _start(s, pid, 100, 0.0)
+        for k in range(6):
+            _act(s, pid, 200 + k, 0.1 * k)
+            s.turn_arrived(pid, 200 + k, 0.1 * k + 0.05)
+        s.program_ended(pid, 1.0)
+    s.turn_arrived("moved", 5000, 2.0, turn=4)
+    s.turn_arrived("new", 5000, 2.0, turn=0)
+    moved, new = s.table.get("moved"), s.table.get("new")
+    assert (moved.turns, new.turns) == (4, 0)
+    assert s.turns_left(moved) == 2.0 and s.turns_left(new) == 6.0
+    assert s.rank(moved) < s.rank(new)
+    s.decide(2.0)
+    for k in (4, 5):
+        s.turn_admitted("moved", 2.0 + k)
+        _act(s, "moved", 5100 + k, 2.5 + k)
+        s.turn_arrived("moved", 5100 + k, 2.6 + k, turn=k + 1)
+    s.program_ended("moved", 9.0)
+    assert s._lengths.lengths[-1] == 6
+
+
 def test_events_for_unknown_programs_are_ignored():
     s = Lookahead(capacity_tokens=1000)
     s.tool_started("ghost", "bash", 1.0, 0.0)

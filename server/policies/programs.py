@@ -55,7 +55,7 @@ class ProgramPolicy(Policy):
     # -- facts ---------------------------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:
         if req.program_id is not None:
-            self.programs.turn_arrived(req.program_id, req.prompt_tokens, now)
+            self.programs.turn_arrived(req.program_id, req.prompt_tokens, now, req.hints.turn)
 
     def on_scheduled(self, req: RequestView, now: float) -> None:
         if req.program_id is not None:

@@ -70,8 +70,9 @@ class ProgramScheduler:
         self.capacity_tokens = capacity_tokens
         self.host_tier = host_tier
 
-    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
-        st = self.table.turn_arrived(program_id, prompt_tokens, now)
+    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float,
+                     turn: int | None = None) -> None:
+        st = self.table.turn_arrived(program_id, prompt_tokens, now, turn)
         if st.phase is Phase.NEW and not st.active:
             self.on_new(st, now)
         self._dirty = True

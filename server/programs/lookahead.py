@@ -132,7 +132,8 @@ class Lookahead(ProgramScheduler):
         self._output_n = 0
 
     # -- learning ------------------------------------------------------------------------
-    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> None:
+    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float,
+                     turn: int | None = None) -> None:
         prev = self._last_ctx.get(program_id)
         if prev is not None and prompt_tokens > prev:
             self._growth_sum += prompt_tokens - prev
@@ -140,7 +141,7 @@ class Lookahead(ProgramScheduler):
         self._last_ctx[program_id] = prompt_tokens
         if program_id not in self.table:
             self._arrivals.append(now)
-        super().turn_arrived(program_id, prompt_tokens, now)
+        super().turn_arrived(program_id, prompt_tokens, now, turn)
 
     def observe_engine(self, in_use_tokens: int,
                        ahead: Callable[[], Mapping[str, int]]) -> None:

@@ -121,10 +121,17 @@ class ProgramTable:
         return None if program_id is None else self.programs.get(program_id)
 
     # -- facts ---------------------------------------------------------------------------
-    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float) -> ProgramState:
+    def turn_arrived(self, program_id: str, prompt_tokens: int, now: float,
+                     turn: int | None = None) -> ProgramState:
+        """A program's turn is ready. `turn`, the client's index of it (the `turn` hint), is
+        how many turns the program has done, wherever they ran: a program a router moved
+        here at its k-th turn has done k, not 0 (its expected remaining work, and the length
+        learnt at its end, are the whole program's)."""
         st = self.programs.get(program_id)
         if st is None:
             st = self.programs[program_id] = ProgramState(program_id, arrival=now, _since=now)
+        if turn is not None and turn > st.turns:
+            st.turns = turn
         if st.phase is Phase.ACTING:
             st.phase = Phase.REASONING
             if st.tool_started is not None:
