@@ -565,12 +565,20 @@ def test_lookahead_with_a_host_tier_counts_an_acting_program_whose_kv_stays_on_t
         assert s.may_run("b") is admitted
 
 
-def test_lookahead_with_a_host_tier_releases_a_long_tool_calls_kv_by_its_own_history():
-    # no prediction from the client: the program's last cycles say its tools take 20 s,
-    # longer than max(10 reloads of 5,000 tokens = 0.2 s, 1 s): released to the host tier
+def test_lookahead_with_a_host_tier_keeps_the_kv_of_a_call_the_client_did_not_predict():
+    # no prediction from the client: its last cycle's tool took 20 s, longer than max(10
+    # reloads of 5,000 tokens = 0.2 s, 1 s), but no prefetch could be timed on it, and an
+    # agent's next call may come back at once: kept (pressure may still give it up). The
+    # same call predicted at 20 s is released to the host tier and prefetched: reload of
+    # 5,000 tokens = 4 us x 5,000 = 0.02 s, due at 42 - 0.02
     s = Lookahead(capacity_tokens=10**6, cost_model=_Costs(), host_tier=True)
     _start(s, "a", 1000, 0.0)
-    assert s.turn_finished("a", 2000, 1.0) is Kv.GPU  # no history yet: 1 s assumed, kept
+    assert s.turn_finished("a", 2000, 1.0) is Kv.GPU
     s.turn_arrived("a", 2100, 21.0)  # its tool took 20 s
     s.turn_admitted("a", 21.0)
-    assert s.turn_finished("a", 5000, 22.0) is Kv.CPU
+    assert s.turn_finished("a", 5000, 22.0) is Kv.GPU
+    assert s.prefetch_due(60.0) == []
+    s.tool_started("a", "bash", 20.0, 22.0)  # now predicted: released
+    assert s.kv_of("a") is Kv.CPU
+    assert s.prefetch_due(41.97) == []
+    assert s.prefetch_due(41.99) == ["a"]
