@@ -215,15 +215,20 @@ def test_lookahead_pauses_the_program_whose_next_turn_is_furthest_weighted_by_si
     assert s.victim(["a", "c"], 1.0) == "c"
 
 
-def test_lookahead_orders_by_expected_remaining_work_once_programs_ended():
-    s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
-    for i in range(12):  # 12 programs of 4 turns end: E[N - k | N > k] = 4 - k
+def _ended(s: Lookahead, programs: int, turns: int) -> None:
+    """`programs` programs of `turns` turns each run and end by t = 1 s."""
+    for i in range(programs):
         pid = f"old{i}"
         _start(s, pid, 100, 0.0)
-        for k in range(4):
+        for k in range(turns):
             _act(s, pid, 200 + k, 0.1 * k)
             s.turn_arrived(pid, 200 + k, 0.1 * k + 0.05)
         s.program_ended(pid, 1.0)
+
+
+def test_lookahead_orders_by_expected_remaining_work_once_programs_ended():
+    s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
+    _ended(s, 12, 4)  # 12 programs of 4 turns end: E[N - k | N > k] = 4 - k
     young, aged = (s.table.turn_arrived(p, 500, 2.0) for p in ("young", "aged"))
     aged.turns = 3  # one turn left, against four for young
     assert s.rank(aged) < s.rank(young)
@@ -286,13 +291,7 @@ def test_a_program_first_seen_at_its_kth_turn_counts_the_turns_it_did_elsewhere(
     # its 4th turn (the client's `turn` hint: 4 done elsewhere) has 2 left, not 6; when it ends
     # after 2 turns here, the length learnt is 6, not 2
     s = Lookahead(capacity_tokens=10**7, cost_model=_Costs())
-    for i in range(12):
-        pid = f"old{i}"
-        _start(s, pid, 100, 0.0)
-        for k in range(6):
-            _act(s, pid, 200 + k, 0.1 * k)
-            s.turn_arrived(pid, 200 + k, 0.1 * k + 0.05)
-        s.program_ended(pid, 1.0)
+    _ended(s, 12, 6)
     s.turn_arrived("moved", 5000, 2.0, turn=4)
     s.turn_arrived("new", 5000, 2.0, turn=0)
     moved, new = s.table.get("moved"), s.table.get("new")
