@@ -104,9 +104,10 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
         extra += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
     offload = spec.offload_gib
     if config.carries_kv(spec):
+        # checked when the file was read too; asked again, as `spec` may have changed since
         try:
-            problem = config.connector_conflict(spec)  # checked with the file; `spec` may
-        except (ServeError, ValueError) as exc:        # have been changed since
+            problem = config.connector_conflict(spec)
+        except (ServeError, ValueError) as exc:
             raise LauncherError(f"replica {spec.name}: {exc}") from None
         if problem is not None:
             raise LauncherError(problem)

@@ -371,9 +371,9 @@ class Lookahead(ProgramScheduler):
         prefetch, timed by that prediction, reloads it over PCIe. Told nothing, keep: the
         program's own mean tool time released KV that no prefetch could time (the turn then
         reloaded on demand) and, on tool times as spread as SWE agents', released it for
-        calls that came back at once; on `swe` at 192 in flight that cost 8% of the
-        throughput. Under pressure a kept pin still gives way (to the tier: vLLM's
-        write-through copy is there)."""
+        calls that came back at once (`swe` at 192 in flight with a 64 GiB tier: 553.6
+        turns/min against 599.9 when kept). Under pressure a kept pin still gives way (to
+        the tier: vLLM's write-through copy is there)."""
         if not self.host_tier or st.predicted_return is None:
             return True
         reload = getattr(self.cost_model, "swap_seconds", None)
