@@ -37,7 +37,7 @@ from server.settings import offload_gib
 Role = Literal["colocated", "prefill", "decode"]
 
 #: Strategies that place a whole turn on one replica (no P/D); `pd` and `ampd` need P/D roles.
-COLOCATED_STRATEGIES = ("session", "round_robin", "least_loaded", "programs")
+COLOCATED_STRATEGIES = ("session", "round_robin", "least_loaded", "programs", "program-queue")
 PD_STRATEGIES = ("pd", "ampd")
 STRATEGIES = COLOCATED_STRATEGIES + PD_STRATEGIES
 

@@ -39,9 +39,12 @@ class RelayedTurn:
     def answered(self, state: ClusterState, replica: str, completion: int | None,
                  itl: float | None) -> None:
         """The turn's answer is complete (`completion` tokens, from its usage): its history
-        for the next turn, the decode replica's ITL."""
+        for the next turn, the decode replica's ITL, the router's books (`program-queue`)."""
         state.book.turn_done(self.program, self.prompt_tokens, completion)
         state.observe("itl", replica, itl)
+        finished = getattr(state.router, "turn_finished", None)
+        if finished is not None and completion is not None:  # a router that keeps books
+            finished(self.program, self.prompt_tokens + completion, time.monotonic())
 
 
 async def relay_sse(state: ClusterState, replica: ReplicaState, answer: httpx.Response,

@@ -159,7 +159,7 @@ class ClusterState:
         self.started = time.time()
         self.counters: dict[str, int] = {
             "requests": 0, "completed": 0, "failed": 0, "cancelled": 0, "no_replica": 0,
-            "rebinds": 0,
+            "rebinds": 0, "held": 0,
             "pd_prefills": 0, "pd_fallbacks": 0, "events_received": 0, "events_forwarded": 0,
             "events_dropped": 0, "programs_ended": 0}
         self.placement = Placement()  # who has served each program, for the events fan-out

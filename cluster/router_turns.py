@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -47,7 +48,7 @@ from cluster.router_wire import (
     program_of,
     turn_of,
 )
-from cluster.routing import NoReplicaError, Route
+from cluster.routing import NoReplicaError, Route, TurnInfo
 from cluster.served_turns import completion_tokens_of, prompt_tokens_of
 
 log = logging.getLogger("harness.cluster.router")
@@ -82,6 +83,11 @@ class TurnForwarder:
         state.counters["requests"] += 1
         tokens = prompt_tokens_of(body)
         info = state.book.info(program, tokens, time.monotonic())
+        if given is not None:
+            gone = await self._while_held(program, turn_of(body), info, client_gone)
+            if gone is not None:
+                return gone
+            info = dataclasses.replace(info, now=time.monotonic())
         try:
             route, left = state.route_turn(program, turn_of(body), info)
         except NoReplicaError as exc:
@@ -119,8 +125,33 @@ class TurnForwarder:
                 state.router.program_end(program)  # an anonymous request binds nothing
                 state.book.end(program)
 
-    async def _unless_gone(self, work: Awaitable[Reply],
-                           client_gone: Callable[[], Awaitable[None]] | None) -> Reply:
+    async def _while_held(self, program: str, turn: int, info: TurnInfo,
+                          client_gone: Callable[[], Awaitable[None]] | None) -> Reply | None:
+        """Wait while the router holds the turn (a global program queue, `Router.hold`),
+        asking again when it says; None once it may go. A client that goes away meanwhile
+        gets 499, and its program leaves the router's books (slot and memory account)."""
+        state = self.state
+        hold = getattr(state.router, "hold", None)
+        held = False
+        while hold is not None:
+            try:
+                again = hold(program, turn, state.loads(), info)
+            except NoReplicaError:
+                return None  # routing answers it, naming the replicas that are down
+            if again is None:
+                return None
+            if not held:
+                held = True
+                state.counters["held"] += 1
+            gone = await self._unless_gone(_pause(again - time.monotonic()), client_gone)
+            if gone is not None:
+                state.router.program_end(program)
+                return gone
+            info = dataclasses.replace(info, now=time.monotonic())
+        return None
+
+    async def _unless_gone(self, work: Awaitable[Reply | None],
+                           client_gone: Callable[[], Awaitable[None]] | None) -> Reply | None:
         """Run `work`; if the client goes away first, cancel it (closing the upstream
         connection, so the replica aborts the request) and answer 499."""
         if client_gone is None:
@@ -234,3 +265,8 @@ class TurnForwarder:
         return Reply(200, stream=relay_sse(state, replica, answer, turn),
                      media_type=answer.headers.get("content-type", "text/event-stream"),
                      headers=out_headers)
+
+
+async def _pause(seconds: float) -> None:
+    """Sleep (a held turn's wait for the router's next decision)."""
+    await asyncio.sleep(max(0.0, seconds))

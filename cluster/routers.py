@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.ampd import AMPDRouter
+from cluster.program_queue import ProgramQueueRouter
 from cluster.program_router import ProgramRouter
 from cluster.routing import (
     LeastLoadedRouter,
@@ -22,7 +23,7 @@ from cluster.routing import (
 
 ROUTERS: dict[str, type[Router]] = {
     cls.name: cls for cls in (SessionRouter, RoundRobinRouter, LeastLoadedRouter, PDRouter,
-                              ProgramRouter)
+                              ProgramRouter, ProgramQueueRouter)
 }
 
 

@@ -22,6 +22,8 @@ Strategies:
   in flight, then lowest KV usage), decoding on the program's decode replica, bound at its first
   turn to the decode replica with the lowest KV usage (AMPD section 3, step 1, binds the same
   way).
+* `programs` (`cluster.program_router`) places programs by the KV room of each replica, and
+  `program-queue` (`cluster.program_queue`) also holds a paused program's turns in the router.
 * `ampd` (`cluster.ampd`): `pd`'s binding, with each incremental prefill routed remote or local
   by TTFT/ITL slack and a cost model (AMPD section 4.1).
 """
@@ -103,6 +105,13 @@ class Router(ABC):
     @abstractmethod
     def route(self, program_id: str, turn: int, replicas: Sequence[ReplicaLoad],
               info: TurnInfo | None = None) -> Route: ...
+
+    def hold(self, program_id: str, turn: int, replicas: Sequence[ReplicaLoad],
+             info: TurnInfo | None = None) -> float | None:
+        """Asked before `route`: None sends the turn on now; a time (the caller's clock) keeps
+        it waiting in the router (a global program queue, `cluster.program_queue`) until
+        then, when the caller asks again (the same program and turn). Default: never held."""
+        return None
 
     def program_end(self, program_id: str) -> None:
         """The program ended: forget its binding."""

@@ -138,6 +138,11 @@ class Simulation:
         #: program -> the old home prefilling its moved turn, told `program_moved` at hand-over
         self.leaving: dict[str, str] = {}
         self.placement = Placement()  # who hears which event (`cluster.placement`)
+        #: program -> when its turn was sent, while the router holds it (`Router.hold`)
+        self.held: dict[str, float] = {}
+        #: what a router that keeps program books is asked and told (`cluster.program_queue`)
+        self.router_hold = getattr(self.router, "hold", None)
+        self.router_turn_finished = getattr(self.router, "turn_finished", None)
         # what a latency-aware router (AMPD) is told, as it happens: each turn's TTFT at its
         # first token (under the replica that prefilled it), each token gap under its decode
         # replica
@@ -193,15 +198,22 @@ class Simulation:
         program = state.program
         history = min(state.computed, len(state.tokens)) if i > 0 else 0
         bound = self.router.bound(pid)
-        route = self.router.route(pid, i, self.cluster.loads(),
-                                  TurnInfo(now=t, prompt_tokens=len(state.tokens),
-                                           history_tokens=history))
-        decoder = self.cluster.by_name[route.decode]
-        if i > 0:
+        loads = self.cluster.loads()
+        info = TurnInfo(now=t, prompt_tokens=len(state.tokens), history_tokens=history)
+        again = None if self.router_hold is None else self.router_hold(pid, i, loads, info)
+        sent = self.held.get(pid)  # when the client sent it, if the router held it
+        if sent is None and i > 0:  # the tool call's end, told once, as the client does
             prev = program.turns[i - 1]
             self.client.observe(prev.tool, prev.tool_seconds)
             self.tell(self.placement.current(pid), "tool_end", pid, tool=prev.tool,
                       seconds=prev.tool_seconds, return_tokens=prev.tool_return_tokens)
+        if again is not None:  # waits in the router's queue: asked again then
+            self.held.setdefault(pid, t)
+            self.agenda.push(max(again, t), TurnDue(pid, i))
+            return
+        self.held.pop(pid, None)
+        route = self.router.route(pid, i, loads, info)
+        decoder = self.cluster.by_name[route.decode]
         left = moved_from(bound, self.router.bound(pid), route)
         if left is not None and route.prefill == left:
             self.leaving[pid] = left  # it prefills this turn first: told at the hand-over
@@ -209,7 +221,7 @@ class Simulation:
             self.tell(left, "program_moved", pid)
         for name in self.placement.route(pid, route):
             self.tell(name, "program_start", pid)
-        record = TurnRecord(pid, i, t, prompt_tokens=len(state.tokens))
+        record = TurnRecord(pid, i, t if sent is None else sent, prompt_tokens=len(state.tokens))
         record.replica = route.decode
         record.prefill_replica = route.prefill
         self.records[pid].turns.append(record)
@@ -407,6 +419,9 @@ class Simulation:
             record.itl_max = max(gaps)
         if record.admitted is None:  # engine times: the served path does not delay them
             record.admitted = fin.first_token if fin.first_token is not None else fin.finished
+        if self.router_turn_finished is not None:  # the answer passed through the router
+            self.router_turn_finished(record.program_id, record.prompt_tokens + fin.output_tokens,
+                                      seen)
         if record.turn == state.program.n_turns - 1:
             self.program_finished(state.program, seen)
         else:
@@ -466,6 +481,10 @@ class Simulation:
             moved = getattr(replica.engine, "kv_transfer_stats", None)
             if moved is not None:
                 replica.stats.kv_bytes_in, replica.stats.kv_seconds_in = moved()
+        router_books = getattr(self.router, "program_stats", None)
+        if router_books is not None:  # the router's program scheduler (`program-queue`)
+            for key, value in router_books().items():
+                program_stats[key] = program_stats.get(key, 0.0) + value
         records = self.records
         finishes = [r.finished for r in records.values() if r.finished is not None]
         first_arrival = min((r.arrival for r in records.values()), default=self.start)

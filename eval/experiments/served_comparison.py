@@ -27,6 +27,10 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
 * ``programs+kv:POLICY``: the same with ``carry_kv`` (a moved program's KV goes along over
   NIXL instead of being recomputed): its replicas run vLLM's NIXL connector (``kv_both``),
   so they are a set of their own.
+* ``program-queue:POLICY``: our router with strategy ``program-queue``
+  (`cluster.program_queue`: ThunderAgent's program scheduler in the router, a paused
+  program's turns held there in a global queue); ``program-queue:vllm`` is ThunderAgent as
+  its paper runs it, in front of unmodified engines.
 
 Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`);
 every request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
@@ -105,8 +109,8 @@ class System:
 
     @property
     def strategy(self) -> str | None:
-        """Our router's strategy as a system names it (``session``, ``programs`` or
-        ``programs+kv``); None for vllm-router."""
+        """Our router's strategy as a system names it (``session``, ``programs``,
+        ``programs+kv`` or ``program-queue``); None for vllm-router."""
         head = self.name.split(":", 1)[0]
         return head if head in OUR_STRATEGIES and ":" in self.name else None
 
@@ -119,7 +123,7 @@ class System:
 #: our router's strategies a system may name (``STRATEGY:POLICY``); ``programs+kv`` is
 #: ``programs`` with the router's ``carry_kv``
 CARRY_STRATEGY = "programs+kv"
-OUR_STRATEGIES = ("session", "programs", CARRY_STRATEGY)
+OUR_STRATEGIES = ("session", "programs", CARRY_STRATEGY, "program-queue")
 
 
 def parse_systems(text: str) -> list[System]:
@@ -147,7 +151,8 @@ def parse_systems(text: str) -> list[System]:
             raise ServedComparisonInputError(
                 f"--systems: unknown system {name!r}; choose from "
                 f"{', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY (e.g. session:continuum), "
-                "programs:POLICY (e.g. programs:lookahead) or programs+kv:POLICY")
+                "programs:POLICY (e.g. programs:lookahead), programs+kv:POLICY or "
+                "program-queue:POLICY (ThunderAgent in the router: program-queue:vllm)")
     if not systems:
         raise ServedComparisonInputError("--systems: name at least one system")
     if len({s.name for s in systems}) != len(systems):
