@@ -255,7 +255,17 @@ class ClusterState:
                 "replicas": [r.to_json() for r in self.replicas.values()],
                 "counters": {**self.counters,
                              "programs_bound": len(bound) if bound is not None else None},
-                **({"decisions": dict(decisions)} if decisions is not None else {})}
+                **({"decisions": dict(decisions)} if decisions is not None else {}),
+                **self._program_books()}
+
+    def _program_books(self) -> dict[str, Any]:
+        """A router that keeps program books (`program-queue`): time per program state,
+        pauses and resumes, summed over its replicas, and the programs it moved."""
+        stats = getattr(self.router, "program_stats", None)
+        if stats is None:
+            return {}
+        return {"programs": {**{k: round(v, 3) for k, v in stats().items()},
+                             "moves": int(getattr(self.router, "moves", 0))}}
 
 
 # -- the replicas' gauges ----------------------------------------------------------------------

@@ -200,6 +200,9 @@ def test_the_served_router_holds_a_turn_until_a_program_ends_and_frees_its_room(
         waiting.join(timeout=5)
         assert answers == {"q": 200} and got == ["p", "q"]
         assert not state.router.held
+        view = client.get("/v1/cluster").json()  # the books, for a comparison's report
+        assert view["counters"]["held"] == 1 and view["programs"]["moves"] == 0
+        assert view["programs"]["queued_s"] > 0.4  # q waited five ticks and more
 
 
 def test_a_held_turn_whose_client_goes_away_leaves_the_routers_books():

@@ -98,6 +98,11 @@ def test_router_metrics_are_summed_over_replicas_and_counted() -> None:
     assert decisions_text(totals) == ("program_admit 8, ttl_expired 4; RequestPool wait mean "
                                       "0.33 s over 3; TTL mean 0.75 s over 4")
     assert decisions_text({}) == ""
+    # our router's, from its `GET /v1/cluster` (`OurRouter.router_metrics`): counts, then
+    # seconds; zeros left out
+    ours = {"ours:rebinds": 0.0, "ours:held": 12.0, "ours:programs.pauses": 40.0,
+            "ours:programs.paused_s": 120.4, "ours:programs.queued_s": 0.0}
+    assert decisions_text(ours) == "held 12, pauses 40, paused 120 s"
 
 
 def test_systems_are_parsed_and_grouped_by_replica_policy() -> None:

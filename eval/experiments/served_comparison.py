@@ -68,6 +68,7 @@ from eval.replay.program_scheduling import (
 )
 from eval.replay.routers import (
     ModeResult,
+    OurRouter,
     RouterError,
     RouterProcess,
     VllmRouter,
@@ -251,8 +252,8 @@ def front_for(system: System, workers: Sequence[str], out: Path, calibration: Ca
     log = out / f"router-{system.name.replace(':', '-')}.log"
     if system.ours:
         port = free_port()
-        return RouterProcess(our_router_argv(workers, port, system.strategy or "session"),
-                             port, log, name="our router")
+        return OurRouter(our_router_argv(workers, port, system.strategy or "session"),
+                         port, log, name="our router")
     if system.name == "vr-hash":
         return VllmRouter("consistent_hash", workers, log)
     overrides: dict[str, Any] = {"binding_only": True} if system.name == "vr-binding" else {}
@@ -269,9 +270,18 @@ def _seconds(value: Any) -> str:
 
 
 def decisions_text(router_metrics: dict[str, float]) -> str:
-    """vllm-router's program-scheduling decisions in one cell (empty for other routers)."""
+    """The router's program-scheduling decisions in one cell: vllm-router's, or ours
+    (``ours:*``: turns held in its queue, moves, pauses; empty for routers that keep none)."""
     if not router_metrics:
         return ""
+    ours = {k.removeprefix("ours:"): v for k, v in router_metrics.items()
+            if k.startswith("ours:")}
+    if ours:
+        shown = [(k, v) for k, v in ours.items() if v and not k.endswith("_s")]
+        parts = [f"{k.removeprefix('programs.')} {int(v)}" for k, v in shown]
+        parts += [f"{k.removeprefix('programs.').removesuffix('_s')} {v:.0f} s"
+                  for k, v in ours.items() if k.endswith("_s") and v]
+        return ", ".join(parts) or "none"
     counts = decision_counts(router_metrics)
     parts = [", ".join(f"{reason.removeprefix('reason=')} {n}"
                        for reason, n in counts["transitions"].items())]
@@ -287,7 +297,7 @@ def format_table(results: Sequence[ModeResult], policies: dict[str, str]) -> str
     """The comparison as a markdown table, one row per system and repeat."""
     repeated = any(r.repeat for r in results)
     rows = ["| system | replicas' policy | JCT mean | JCT P95 | prefix hit rate | "
-            "programs on >1 replica | turns per replica | preemptions | vllm-router decisions |",
+            "programs on >1 replica | turns per replica | preemptions | router decisions |",
             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         m = r.metrics
@@ -396,7 +406,8 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
                "token_capacity_per_replica": capacity,
                "results": [{**r.__dict__, "policy": policies[r.mode],
                             "decisions": decision_counts(r.router_metrics)
-                            if r.router_metrics else None,
+                            if r.router_metrics and r.mode.split(":")[0] not in OUR_STRATEGIES
+                            else None,
                             "metrics": jsonable(r.metrics)} for r in results]}
     write_json_atomic(out / "summary.json", jsonable(summary))
     print()

@@ -123,6 +123,31 @@ class RouterProcess:
         self.stop()
 
 
+#: our router's counters a comparison records (`GET /v1/cluster`), as ``ours:NAME``: turns
+#: whose program moved, turns a global queue held; and a program scheduler's books where the
+#: router keeps them (``ours:programs.pauses``, ...)
+OUR_ROUTER_COUNTERS = ("rebinds", "held")
+
+
+class OurRouter(RouterProcess):
+    """Our served router (`cluster.router_app`) as a child process, whose own decisions a
+    comparison records from its `GET /v1/cluster` (`router_metrics`)."""
+
+    def router_metrics(self) -> dict[str, float]:
+        try:
+            response = httpx.get(f"{self.url}/v1/cluster", timeout=5)
+        except httpx.HTTPError:
+            return {}
+        if response.status_code != 200:
+            return {}
+        body = response.json()
+        counters = body.get("counters") or {}
+        out = {f"ours:{k}": float(counters[k]) for k in OUR_ROUTER_COUNTERS if k in counters}
+        for key, value in (body.get("programs") or {}).items():
+            out[f"ours:programs.{key}"] = float(value)
+        return out
+
+
 def vllm_router_missing() -> str | None:
     """What to do when the `vllm-router` package is not installed (None: it is), for each
     caller to raise as its own error before anything starts."""
