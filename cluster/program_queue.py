@@ -30,6 +30,9 @@ What it does, per turn and on a tick:
   waits for the next tick. Between ticks a replica with nothing to run decides at once (a
   tick would only idle it), as the paper's scheduler does.
 
+Until every live replica has reported its KV capacity (a served replica's first metrics
+poll), no turn is held: there are no books to hold it by.
+
 Nothing held for ever: each scheduler forgets a program silent for `STALE_AFTER_S` (the
 router's home for it with it, at the next tick); a replica lost takes its books with it, and
 its programs' next turns are placed afresh on the live ones.
