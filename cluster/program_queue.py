@@ -75,6 +75,9 @@ class ProgramQueueRouter(Router):
         self._now = 0.0
         #: the time accounts of the books of replicas lost, for the reports
         self._lost_totals: dict[str, float] = dict.fromkeys(ACCOUNTS, 0.0)
+        #: (time, KV tokens by program state in the first replica's books, its capacity), at
+        #: each tick: the occupancy plot's series, as an engine-side scheduler samples its own
+        self.occupancy: list[tuple[float, dict[str, int]]] = []
 
     # -- the router interface ----------------------------------------------------------
     def hold(self, program_id: str, turn: int, replicas: Sequence[ReplicaLoad],
@@ -193,6 +196,15 @@ class ProgramQueueRouter(Router):
         if on_tick:
             self._last_tick = tick
             self._forget_reaped()
+            self._sample(live[0].name, now)
+
+    def _sample(self, name: str, now: float) -> None:
+        books = self.backends[name]
+        held = dict(books.occupancy())
+        held["active"] = sum(1 for st in books.table if st.active)
+        held["inactive"] = len(books.table) - held["active"]
+        held["capacity"] = books.capacity_tokens
+        self.occupancy.append((now, held))
 
     def _tick_index(self, now: float) -> int:
         origin = self._origin if self._origin is not None else now

@@ -485,6 +485,9 @@ class Simulation:
         if router_books is not None:  # the router's program scheduler (`program-queue`)
             for key, value in router_books().items():
                 program_stats[key] = program_stats.get(key, 0.0) + value
+            if not occupancy:
+                occupancy = [(t - self.start, held) for t, held in
+                             getattr(self.router, "occupancy", [])]
         records = self.records
         finishes = [r.finished for r in records.values() if r.finished is not None]
         first_arrival = min((r.arrival for r in records.values()), default=self.start)

@@ -129,6 +129,10 @@ def test_the_virtual_cluster_holds_turns_in_the_router_and_charges_the_wait():
                   if t.admitted is not None and t.admitted - t.arrival >= 4.0]
         assert waited  # held to a tick at least once, counted from when it was sent
         assert result.program_stats["queued_s"] + result.program_stats["paused_s"] > 0
+        # the occupancy plot's series: the first replica's books at each tick
+        assert result.program_occupancy and all(
+            held["capacity"] == 96 * 16 for _, held in result.program_occupancy)
+        assert any(held["reasoning"] + held["acting"] > 0 for _, held in result.program_occupancy)
         assert not router.home and not router.held  # nothing kept after the programs ended
 
 
