@@ -44,7 +44,7 @@ import math
 from collections.abc import Sequence
 
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, _alive
-from server.programs import PER_PROGRAM_TOKENS, ProgramScheduler
+from server.programs import PER_PROGRAM_TOKENS, ProgramScheduler, Room, roomiest
 from server.programs.state import ACCOUNTS
 from server.programs.thunderagent import ThunderAgent
 
@@ -166,25 +166,27 @@ class ProgramQueueRouter(Router):
                         live: Sequence[ReplicaLoad], home: str) -> str | None:
         """The live replica other than `home` with the most free room, if the program's
         context fits there."""
+        rooms = self._rooms([r for r in live if r.name != home])
+        if not rooms:
+            return None
         st = books.table.get(program_id)
+        best = roomiest(rooms)
         need = (st.context_tokens if st is not None else 0) + PER_PROGRAM_TOKENS
-        best, free = None, -math.inf
-        for r in live:
-            if r.name == home:
-                continue
-            room = self._free(self.backends[r.name])
-            if room > free:
-                best, free = r.name, room
-        return best if best is not None and free >= need else None
+        return best.name if best.free_tokens >= need else None
 
     def _roomiest(self, live: Sequence[ReplicaLoad]) -> str:
         """Where a program starts: the most free room; ties by the order listed."""
-        return max(live, key=lambda r: (self._free(self.backends[r.name]),
-                                        -live.index(r))).name
+        return roomiest(self._rooms(live)).name
 
-    def _free(self, books: ProgramScheduler) -> float:
-        limit = getattr(books, "resume_to", 1.0) * books.capacity_tokens
-        return limit - books.active_usage()
+    def _rooms(self, live: Sequence[ReplicaLoad]) -> list[Room]:
+        """Each replica as its books see it: what it may hold up to a resume, what its active
+        programs are charged."""
+        rooms = []
+        for r in live:
+            books = self.backends[r.name]
+            limit = getattr(books, "resume_to", 1.0) * books.capacity_tokens
+            rooms.append(Room(r.name, int(limit), books.active_usage()))
+        return rooms
 
     def _decide(self, live: Sequence[ReplicaLoad], now: float) -> None:
         """On the tick every replica's books decide; between ticks an idle replica's do."""
@@ -196,15 +198,7 @@ class ProgramQueueRouter(Router):
         if on_tick:
             self._last_tick = tick
             self._forget_reaped()
-            self._sample(live[0].name, now)
-
-    def _sample(self, name: str, now: float) -> None:
-        books = self.backends[name]
-        held = dict(books.occupancy())
-        held["active"] = sum(1 for st in books.table if st.active)
-        held["inactive"] = len(books.table) - held["active"]
-        held["capacity"] = books.capacity_tokens
-        self.occupancy.append((now, held))
+            self.occupancy.append((now, self.backends[live[0].name].occupancy()))
 
     def _tick_index(self, now: float) -> int:
         origin = self._origin if self._origin is not None else now

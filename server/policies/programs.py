@@ -103,11 +103,7 @@ class ProgramPolicy(Policy):
         return {r.request_id for r in waiting if not may_run(r.program_id)}
 
     def _sample(self, now: float) -> None:
-        held = dict(self.programs.occupancy())
-        table = self.programs.table
-        held["active"] = sum(1 for st in table if st.active)
-        held["inactive"] = len(table) - held["active"]
-        held["capacity"] = self.programs.capacity_tokens
+        held = self.programs.occupancy()
         held["in_use"] = self._blocks_in_use * self.block_size
         self.occupancy.append((now, held))
 

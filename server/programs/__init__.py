@@ -6,8 +6,8 @@ No module here imports vLLM: the engine (`server.policies.programs`) and the rou
 
 from __future__ import annotations
 
-from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler, Room
+from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler, Room, roomiest
 from server.programs.state import Kv, Phase, ProgramState, ProgramTable
 
 __all__ = ["PER_PROGRAM_TOKENS", "Kv", "Phase", "ProgramScheduler", "ProgramState",
-           "ProgramTable", "Room"]
+           "ProgramTable", "Room", "roomiest"]

@@ -43,6 +43,11 @@ class Room:
         return self.capacity_tokens - self.used_tokens
 
 
+def roomiest(rooms: Sequence[Room]) -> Room:
+    """The room with the most free KV; ties to the one listed first."""
+    return max(rooms, key=lambda r: (r.free_tokens, -rooms.index(r)))
+
+
 class ProgramScheduler:
     """Base: every program active at once, KV as the engine leaves it (vLLM's behaviour).
 
@@ -193,7 +198,7 @@ class ProgramScheduler:
             home = next((r for r in rooms if r.name == st.replica), None)
             if home is not None and home.free_tokens >= need:
                 return home.name
-        best = max(rooms, key=lambda r: (r.free_tokens, -rooms.index(r)))
+        best = roomiest(rooms)
         if home is not None and best.free_tokens < need:
             return home.name
         if st is not None:
@@ -223,10 +228,13 @@ class ProgramScheduler:
         return {key: total + float(sum(getattr(st, key) for st in self.table))
                 for key, total in self.table.ended_totals.items()}
 
-    def occupancy(self) -> Mapping[str, int]:
-        """KV tokens by program state now (for the occupancy-over-time plot)."""
-        out = {"reasoning": 0, "acting": 0, "paused": 0}
+    def occupancy(self) -> dict[str, int]:
+        """The occupancy-over-time plot's sample now: KV tokens by program state, the active
+        and inactive programs, and the capacity (the engine and the router sample the same)."""
+        out = {"reasoning": 0, "acting": 0, "paused": 0, "active": 0, "inactive": 0,
+               "capacity": self.capacity_tokens}
         for st in self.table:
+            out["active" if st.active else "inactive"] += 1
             if not st.active:
                 out["paused"] += st.context_tokens if st.kv is Kv.GPU else 0
             elif st.phase is Phase.ACTING:
