@@ -276,11 +276,11 @@ def decisions_text(router_metrics: dict[str, float]) -> str:
         return ""
     ours = {k.removeprefix("ours:"): v for k, v in router_metrics.items()
             if k.startswith("ours:")}
-    if ours:
-        shown = [(k, v) for k, v in ours.items() if v and not k.endswith("_s")]
-        parts = [f"{k.removeprefix('programs.')} {int(v)}" for k, v in shown]
-        parts += [f"{k.removeprefix('programs.').removesuffix('_s')} {v:.0f} s"
-                  for k, v in ours.items() if k.endswith("_s") and v]
+    if ours:  # counts, then seconds; zeros left out
+        names = {k: k.removeprefix("programs.") for k in ours}
+        parts = [f"{names[k]} {int(v)}" for k, v in ours.items() if v and not k.endswith("_s")]
+        parts += [f"{names[k].removesuffix('_s')} {v:.0f} s" for k, v in ours.items()
+                  if v and k.endswith("_s")]
         return ", ".join(parts) or "none"
     counts = decision_counts(router_metrics)
     parts = [", ".join(f"{reason.removeprefix('reason=')} {n}"
@@ -400,14 +400,14 @@ def run_served_comparison(options: ServedComparisonOptions) -> int:
                 r.stop()
 
     policies = {s.name: s.policy for s in systems}
+    ours = {s.name for s in systems if s.ours}  # their decisions are ours:*, not vllm-router's
     means = aggregate(results)
     summary = {"options": asdict(options), "trace": trace.name, "means": means,
                "programs": len(trace.programs), "calibration": asdict(calibration),
                "token_capacity_per_replica": capacity,
                "results": [{**r.__dict__, "policy": policies[r.mode],
                             "decisions": decision_counts(r.router_metrics)
-                            if r.router_metrics and r.mode.split(":")[0] not in OUR_STRATEGIES
-                            else None,
+                            if r.router_metrics and r.mode not in ours else None,
                             "metrics": jsonable(r.metrics)} for r in results]}
     write_json_atomic(out / "summary.json", jsonable(summary))
     print()
