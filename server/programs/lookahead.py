@@ -1,24 +1,21 @@
-"""`lookahead`: our program scheduler — how many programs share the engine, decided at events
-from the engine's cost model, the tool-duration predictions and the expected remaining work.
+"""`lookahead`: our program scheduler — which programs hold memory, who gives way and what a
+tool call keeps, decided at events from the engine's own count of memory, the tool-duration
+predictions and the expected remaining work.
 
 Why (docs/programs.md has the measurements): on a burst of long programs a plain cap of 32
-programs at a time beats every per-request order, because a program alone decodes at ~7 ms a
-token and in a batch of 100 long contexts at ~40: admitting everyone makes everyone slow and
-thrashes memory. What cap is right depends on the step-time model, the contexts and how many
-programs are waiting, which only the engine knows; what a program will do next (its tool's
-predicted return) only the harness's events tell. The rules:
+programs at a time beats every per-request order, because admitting everyone thrashes memory
+(vLLM recomputes most of what it prefills). What fits depends on the contexts, which only the
+engine counts exactly; what a program will do next (its tool's predicted return) only the
+harness's events tell. The rules:
 
-* **How many reason at once.** Serving N waiting programs in batches of B, with a decode step
-  of a + b B seconds (a: the step's fixed part, reading the weights; b: one sequence's share at
-  the programs' mean context, reading its KV), gives a mean completion time proportional to
-  (a + b B)(N / B + 1), least at B* = sqrt(a N / b). a and b come from the engine's own cost
-  model (`step_seconds`); N counts the live programs; the mean context is theirs,
-  projected to the middle of their expected remaining turns. The rule is for a backlog that
-  drains: while programs keep arriving (one arrived within the last mean lifetime of an
-  ended program), every live program may be active and memory alone bounds them, since
-  there throughput is what mean JCT wants (in a closed loop by Little's law). Programs in a
-  tool call decode nothing, so the active set is B* divided by the measured share of time
-  active programs spend reasoning (at least `MIN_REASONING_SHARE`).
+* **How many at once.** Every live program whose turn fits in memory (below): no rule of batch
+  size holds a program back while memory is free. Until 2026-11-28 a square-root rule did
+  while a backlog drained (serving N programs in batches of B with a decode step of a + b B
+  gives a mean completion time least at B* = sqrt(a N / b)); measured against memory alone
+  on every setting, it lost more than it gained, with program lengths known too (the burst:
+  `lookahead-oracle` 424.0 s with it, 400.8 s without; docs/programs.md, "What the versions
+  taught"): its model prices only the decode step, not the prefill a turn's tool output and
+  a recompute add per token, which fewer programs at once do not make cheaper.
 * **Memory.** What the active programs hold, counted by the engine (`observe_engine`: the
   blocks that cannot be evicted, running turns' and pins', plus what their turns have still
   to take blocks for), stays within the KV capacity less the decode output the running turns
@@ -36,7 +33,7 @@ predicted return) only the harness's events tell. The rules:
 * **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
   work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
   then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
-* **Who gives way.** When the target shrinks or memory runs short, the acting program whose
+* **Who gives way.** When memory runs short, the acting program whose
   next turn is furthest away, weighted by its size ((predicted return - now) x context), is
   paused at once; its KV goes to the host tier when there is one, else it is dropped. A
   reasoning program is never paused mid-turn. Under an allocation failure the same score picks
@@ -56,8 +53,6 @@ predicted return) only the harness's events tell. The rules:
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
@@ -66,13 +61,6 @@ from server.programs.state import Kv, Phase, ProgramState
 
 #: Active programs' KV stays within this share of the capacity until a turn's growth is known.
 MEMORY_SHARE = 0.9
-#: The reasoning share below which the active set is not stretched further (a floor on the
-#: estimate while few cycles are seen).
-MIN_REASONING_SHARE = 0.25
-#: Arrivals and lifetimes remembered for the arrival term of the square-root rule.
-ARRIVAL_MEMORY = 4096
-#: How far above the target the active set may stay before programs are paused for the count.
-SHRINK_SLACK = 0.1
 #: A program paused before resumes only with this share of the capacity to spare beyond
 #: itself (hysteresis): a resume that the next turns' growth undoes costs a whole-context
 #: recompute per cycle. Without it a closed loop of 64 long programs paused 736 times (0.73 of
@@ -114,14 +102,9 @@ class Lookahead(ProgramScheduler):
         self._growth_sum = 0.0
         self._growth_n = 0
         self._last_ctx: dict[str, int] = {}
-        self._arrivals: deque[float] = deque(maxlen=ARRIVAL_MEMORY)  # new programs' arrivals
-        self._jct: deque[float] = deque(maxlen=ARRIVAL_MEMORY)  # ended programs' lifetimes
         #: program -> its turn count, when told (`lookahead-oracle`, a clairvoyant reference:
         #: what the same rules reach when program lengths are known)
         self.known_turns: dict[str, int] | None = None
-        #: the square-root rule's factor: 1 is the rule as derived (other values are for
-        #: probing its sensitivity, docs/programs.md)
-        self.scale = 1.0
         #: the engine's count (`observe_engine`): non-evictable tokens (None until the engine
         #: is heard), and per program the tokens its turns have still to allocate (asked of
         #: the engine at each decision, `rebalance`: a walk over its queues)
@@ -139,8 +122,6 @@ class Lookahead(ProgramScheduler):
             self._growth_sum += prompt_tokens - prev
             self._growth_n += 1
         self._last_ctx[program_id] = prompt_tokens
-        if program_id not in self.table:
-            self._arrivals.append(now)
         super().turn_arrived(program_id, prompt_tokens, now, turn)
 
     def observe_engine(self, in_use_tokens: int,
@@ -160,7 +141,6 @@ class Lookahead(ProgramScheduler):
         st = self.table.get(program_id)
         if st is not None and st.turns > 0:
             self._lengths.add(st.turns)
-            self._jct.append(now - st.arrival)
         self._last_ctx.pop(program_id, None)
         super().program_ended(program_id, now)
 
@@ -198,40 +178,6 @@ class Lookahead(ProgramScheduler):
         ctx = st.context_tokens + left / 2 * self.growth()
         _, b = self.step_costs(int(ctx))
         return left * b
-
-    def reasoning_share(self) -> float:
-        reason = acting = 0.0
-        for st in self.table:
-            for r, a in st.cycles:
-                reason += r
-                acting += a
-        share = reason / (reason + acting) if reason + acting > 0 else 1.0
-        return max(MIN_REASONING_SHARE, share)
-
-    def draining(self, now: float) -> bool:
-        """Whether the live programs are all there is to serve: no program arrived within
-        the last mean lifetime of an ended program (before any ended: none after the first
-        arrivals' instant, so a burst drains from its start and a trickle of arrivals does
-        not)."""
-        if not self._arrivals:
-            return True
-        if self._jct:
-            since = now - sum(self._jct) / len(self._jct)
-        else:
-            since = self._arrivals[0]
-        return self._arrivals[-1] <= since
-
-    def target(self, now: float | None = None) -> int:
-        live = list(self.table)
-        if not live:
-            return 0
-        if now is not None and not self.draining(now):
-            return len(live)  # programs keep arriving: throughput decides, memory bounds it
-        g = self.growth()
-        ctx = sum(st.context_tokens + self.turns_left(st) / 2 * g for st in live) / len(live)
-        a, b = self.step_costs(max(1, int(ctx)))
-        reasoning = self.scale * math.sqrt(a * len(live) / b)
-        return max(1, math.ceil(reasoning / self.reasoning_share()))
 
     # -- decisions -------------------------------------------------------------------------
     def rank(self, st: ProgramState) -> tuple[float, ...]:
@@ -301,29 +247,23 @@ class Lookahead(ProgramScheduler):
         else:
             usage = sum(self.resident(st) for st in active)
             limit = self.memory_limit()
-        want = self.target(now)
-        # shrink: acting programs give way, cheapest pause first (for the count only past
-        # `SHRINK_SLACK`: a pause costs a reload, so a target that dips briefly is let be)
-        over = len(active) - math.ceil(want * (1 + SHRINK_SLACK))
-        if over > 0 or usage > limit:
+        # memory short: acting programs give way, cheapest pause first
+        if usage > limit:
             acting = sorted((st for st in active if st.phase is Phase.ACTING),
                             key=lambda st: -self.give_way_score(st, now))
             for st in acting:
                 freed = self.resident(st)
-                if over <= 0 and not (usage > limit and freed > 0):
-                    continue
-                self.pause(st, now)
-                over -= 1
-                usage -= freed
+                if usage <= limit:
+                    break
+                if freed > 0:
+                    self.pause(st, now)
+                    usage -= freed
             return
         # grow: the best-ranked waiting programs that fit; while no admitted program reasons
         # (all in tool calls) a ready turn is let in regardless, its room made by the acting
         # programs' pins (the engine's victim rule), rather than leave the GPU idle
-        room = want - len(active)
         reasoning = sum(1 for st in active if st.phase is not Phase.ACTING or st.turn_waiting)
         for st in sorted(self.table.inactive(), key=self.rank):
-            if room <= 0:
-                break
             need = self.need(st)
             band = RESUME_BAND * self.capacity_tokens if st.pauses else 0.0
             if usage + need > limit - band and (reasoning > 0 or not st.turn_waiting):
@@ -335,7 +275,6 @@ class Lookahead(ProgramScheduler):
                 reasoning += 1
             self.resume(st, now)
             usage += need
-            room -= 1
 
     def make_way(self, st: ProgramState, short: float, now: float) -> float | None:
         """With known lengths: pause acting programs with more than `PREEMPT_MARGIN` times
