@@ -30,9 +30,10 @@ harness's events tell. The rules:
   exact where the contexts were not: a prefix programs share is held once, not once per
   program (on short programs the estimate left a quarter of the cache unused, and
   ThunderAgent was 12% ahead).
-* **Who.** Programs already admitted first (a pause costs a reload), then by expected remaining
-  work (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model),
-  then by arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended).
+* **Who.** Of the programs waiting for memory, least expected remaining work first
+  (`RemainingTurns`: E[N - k | N > k] over ended programs, priced by the cost model), then
+  arrival (program-level FCFS; this is the order until `MIN_ENDED` programs ended); an
+  admitted program is not displaced by a better-ranked one (a pause costs a reload).
 * **Who gives way.** When memory runs short, the acting program whose
   next turn is furthest away, weighted by its size ((predicted return - now) x context), is
   paused at once; its KV goes to the host tier when there is one, else it is dropped. A
@@ -181,12 +182,15 @@ class Lookahead(ProgramScheduler):
 
     # -- decisions -------------------------------------------------------------------------
     def rank(self, st: ProgramState) -> tuple[float, ...]:
-        """Smaller first: admitted programs, then expected remaining work, then arrival, then
-        the programs that made the most progress (a paused program returns before a new one,
-        as in ThunderAgent and MORI: its turns done are work a later start would still owe)."""
+        """Which waiting program is admitted first, smaller first: expected remaining work,
+        then arrival, then the programs that made the most progress (a paused program returns
+        before a new one, as in ThunderAgent and MORI: its turns done are work a later start
+        would still owe). Admitted programs are not ranked against them: a pause costs a
+        reload, so a better-ranked arrival waits for memory rather than displace one (except
+        with known lengths, `make_way`)."""
         known = self.known_turns is not None or self._lengths.known()
         work = self.expected_work(st) if known else 0.0
-        return (0.0 if st.active else 1.0, work, st.arrival, -st.turns)
+        return (work, st.arrival, -st.turns)
 
     def give_way_score(self, st: ProgramState, now: float) -> float:
         """How little a pause costs: time until its next turn x the KV it frees."""
