@@ -12,7 +12,8 @@ its estimate of that future; both only compare these numbers, so their scale doe
 Constants (the fallback when the cost model has no step time): `FALLBACK_SEQ_S = 5e-5` s per
 sequence per step and `FALLBACK_CONTEXT_S = 5e-8` s per context token per step, the order of an
 8B model's decode on one H100 (a 12k-token context adds about 0.65 ms to a step).
-`CONTEXT_BUCKET = 256` tokens: contexts are rounded up to it for the per-context cache.
+`CONTEXT_BUCKET = 256` tokens: contexts are rounded up to it for the per-context cache (a
+caller whose order rests on exact contexts, the `lookahead` program scheduler, asks for 1).
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ CONTEXT_BUCKET = 256
 class WorkModel:
     """GPU seconds of decode and prefill work, from a cost model (None: the fallback)."""
 
-    def __init__(self, cost_model: Any = None) -> None:
+    def __init__(self, cost_model: Any = None, bucket: int = CONTEXT_BUCKET) -> None:
         self.cost_model = cost_model
+        self.bucket = bucket
         self._step = getattr(cost_model, "step_seconds", None)
         self._per_token: dict[int, float] = {}
 
     def decode_seconds_per_token(self, context_tokens: int) -> float:
         """What one decoded token at this context adds to a batched step."""
-        bucket = -(-max(1, context_tokens) // CONTEXT_BUCKET) * CONTEXT_BUCKET
+        bucket = -(-max(1, context_tokens) // self.bucket) * self.bucket
         cached = self._per_token.get(bucket)
         if cached is None:
             if self._step is not None:

@@ -57,6 +57,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
+from server.policies.work import WorkModel
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
 from server.programs.state import Kv, Phase, ProgramState
 
@@ -82,11 +83,6 @@ MIN_ENDED = 10
 KEEP_RELOADS = 10
 #: Tool duration assumed when no prediction came (s): Continuum's Exp(1) prior mean.
 DEFAULT_TOOL_S = 1.0
-#: Fallback step-cost constants when the cost model has no `step_seconds` (an 8B model on one
-#: H100: ~6.6 ms fixed, 0.05 ms per sequence plus 39 ns per context token).
-FALLBACK_FIXED_S = 6.6e-3
-FALLBACK_SEQ_S = 5e-5
-FALLBACK_TOKEN_S = 3.9e-8
 
 
 class Lookahead(ProgramScheduler):
@@ -97,7 +93,9 @@ class Lookahead(ProgramScheduler):
     def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
                  host_tier: bool = False) -> None:
         super().__init__(capacity_tokens, cost_model, host_tier)
-        self._step = getattr(cost_model, "step_seconds", None)
+        #: what a decoded token costs at a context (the remaining-work policies' yardstick, at
+        #: exact contexts: rounded to 256 tokens the burst's order, and its figures, moved)
+        self._work = WorkModel(cost_model, bucket=1)
         #: E[N - k | N > k] over the last ended programs' turn counts (remaining-work's table)
         self._lengths = RemainingTurns(window=LENGTH_WINDOW, min_programs=MIN_ENDED)
         self._growth_sum = 0.0
@@ -165,20 +163,10 @@ class Lookahead(ProgramScheduler):
         return self._growth_sum / self._growth_n if self._growth_n else 0.0
 
     # -- costs -----------------------------------------------------------------------------
-    def step_costs(self, context: int) -> tuple[float, float]:
-        """(a, b): a decode step's fixed seconds and one sequence's at this context."""
-        if self._step is not None:
-            one = float(self._step([], [context]))
-            two = float(self._step([], [context, context]))
-            b = max(two - one, 1e-9)
-            return max(one - b, 1e-9), b
-        return FALLBACK_FIXED_S, FALLBACK_SEQ_S + FALLBACK_TOKEN_S * context
-
     def expected_work(self, st: ProgramState) -> float:
         left = self.turns_left(st)
         ctx = st.context_tokens + left / 2 * self.growth()
-        _, b = self.step_costs(int(ctx))
-        return left * b
+        return left * self._work.decode_seconds_per_token(int(ctx))
 
     # -- decisions -------------------------------------------------------------------------
     def rank(self, st: ProgramState) -> tuple[float, ...]:
@@ -256,9 +244,9 @@ class Lookahead(ProgramScheduler):
             acting = sorted((st for st in active if st.phase is Phase.ACTING),
                             key=lambda st: -self.give_way_score(st, now))
             for st in acting:
-                freed = self.resident(st)
                 if usage <= limit:
                     break
+                freed = self.resident(st)
                 if freed > 0:
                     self.pause(st, now)
                     usage -= freed
