@@ -32,7 +32,6 @@ from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
 from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
-from server.settings import offload_gib
 
 Role = Literal["colocated", "prefill", "decode"]
 
@@ -82,7 +81,8 @@ class RouterSpec(_Strict):
     #: `programs`: a program moved to another replica takes its KV cache along over NIXL (its
     #: old home prefills the turn's new tokens, the new home reads the whole context) instead
     #: of recomputing it there; every replica then runs vLLM's NIXL connector (`kv_both`),
-    #: which takes the place of the CPU tier (one connector per engine; `cluster.pd`)
+    #: stacked with the CPU tier's in vLLM's MultiConnector where a replica keeps one
+    #: (`server.kv_connectors`)
     carry_kv: bool = False
 
     @field_validator("strategy")
@@ -164,10 +164,6 @@ class ClusterConfig(_Strict):
         if self.router.carry_kv and self.router.strategy != "programs":
             raise ValueError(f"`carry_kv` is the `programs` router's (it moves programs with "
                              f"their KV); router strategy {self.router.strategy!r} moves none")
-        for spec in expanded:
-            problem = self.connector_conflict(spec)
-            if problem is not None:
-                raise ValueError(problem)
         return self
 
     # -- queries --------------------------------------------------------------------------------
@@ -182,19 +178,6 @@ class ClusterConfig(_Strict):
         replica always, a colocated one when the router moves programs with their KV
         (`carry_kv`)."""
         return spec.role != "colocated" or self.router.carry_kv
-
-    def connector_conflict(self, spec: ReplicaSpec) -> str | None:
-        """Why a replica cannot run as written, or None: it runs the NIXL connector while its
-        policy or `offload_gib` asks for vLLM's CPU KV tier (`server.settings.offload_gib`),
-        which is a connector too, and an engine takes one."""
-        if not self.carries_kv(spec) or offload_gib(spec.policy, spec.offload_gib) is None:
-            return None
-        why = ("its router carries KV for moved programs (`carry_kv`)"
-               if spec.role == "colocated" else f"it is a {spec.role} replica")
-        return (f"replica {spec.name!r}: {why}, so it runs vLLM's NIXL connector and no CPU "
-                f"KV tier (one connector per engine), but policy {spec.policy!r} or "
-                "`offload_gib` asks for one; drop `offload_gib` or pick a policy that does not "
-                "swap (vllm, continuum, lookahead, thunderagent, ...)")
 
     def link(self, src: str, dst: str) -> Link:
         """The link KV takes from replica `src` to replica `dst`."""

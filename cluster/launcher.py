@@ -104,13 +104,6 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
         extra += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
     offload = spec.offload_gib
     if config.carries_kv(spec):
-        # checked when the file was read too; asked again, as `spec` may have changed since
-        try:
-            problem = config.connector_conflict(spec)
-        except (ServeError, ValueError) as exc:
-            raise LauncherError(f"replica {spec.name}: {exc}") from None
-        if problem is not None:
-            raise LauncherError(problem)
         kv = pd.kv_transfer_config(spec.name, spec.role, pd.links_to(config, spec.name))
         extra += pd.serve_args(kv)
         if side_channel_port is None:

@@ -19,7 +19,10 @@ With vLLM's native KV offloading on (`--kv-offloading-size`), the copies between
 memory that real workers would make are played by `server.emulated_offload` (PCIe time from
 the profile); the connector's scheduler side stays real vLLM. With vLLM's `NixlConnector`
 (prefill/decode disaggregation, pull mode), the reads between replicas are played by
-`server.emulated_nixl` (time from the link between the two replicas).
+`server.emulated_nixl` (time from the link between the two replicas). With both (a replica
+that keeps a CPU tier and carries moved programs' KV: vLLM's `MultiConnector`,
+`server.kv_connectors`) each worker gets its connector's share of the metadata and the step's
+report joins theirs as the `MultiConnector`'s worker side would.
 """
 
 from __future__ import annotations
@@ -31,13 +34,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiKVConnectorMetadata,
+    MultiKVConnectorStats,
+    MultiKVConnectorWorkerMetadata,
+)
 from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 from server.clock import clock
 from server.emulated_nixl import EmulatedNixlWorker, uses_nixl
 from server.emulated_offload import EmulatedOffloadWorker, uses_native_offloading
+from server.kv_connectors import NIXL, OFFLOADING, part, parts
 from server.perf.registry import load_profile
 from server.settings import ServeSettings
 
@@ -110,7 +120,12 @@ class EmulatedExecutor(Executor):
         self._drawn: list[int] = []  # random ids drawn ahead, next one last (see _random_id)
         self._seqs: dict[str, _Sequence] = {}
         self._nixl = self._nixl_worker()
-        self._offload = self._offload_worker() if self._nixl is None else None
+        self._offload = self._offload_worker()
+        #: with both (vLLM's `MultiConnector`), where each one's metadata sits in the stack
+        self._stack = [p.kv_connector for p in parts(self.vllm_config.kv_transfer_config)]
+        self._nixl_class = (KVConnectorFactory.get_connector_class(
+            part(self.vllm_config.kv_transfer_config, NIXL)).__name__
+            if self._nixl is not None and self._offload is not None else "")
 
     def _offload_worker(self) -> EmulatedOffloadWorker | None:
         """The offloading connector's worker side, when the engine runs that connector: without
@@ -199,41 +214,71 @@ class EmulatedExecutor(Executor):
 
     # -- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-        connector_meta = getattr(scheduler_output, "kv_connector_metadata", None)
+        nixl_meta, offload_meta = self._connector_metadata(scheduler_output)
         if self._offload is not None:
-            self._offload.begin_step(connector_meta)  # may wait for flushed stores first
+            self._offload.begin_step(offload_meta)  # may wait for flushed stores first
         if self._nixl is not None:
-            self._nixl.begin_step(connector_meta)  # reads start beside the forward
+            self._nixl.begin_step(nixl_meta)  # reads start beside the forward
         # a modelled step time covers the whole engine step (a measured "step" table, or a
         # GPU forward plus the CPU overheads the profile adds), so on the wall clock the
         # step ends that long after its scheduling began, not after the scheduler's real
         # time plus the modelled time again
         started = getattr(scheduler_output, "harness_step_started", None) or time.perf_counter()
         output, prefill, decode = self._step(scheduler_output)
-        if scheduler_output.total_num_scheduled_tokens > 0:
+        idle = scheduler_output.total_num_scheduled_tokens == 0
+        if not idle:
             seconds = float(self.profile.step_seconds(prefill, decode))
             the_clock = clock()
             the_clock.sleep(seconds if the_clock.virtual
                             else seconds - (time.perf_counter() - started))
         if self._offload is not None:
-            output.kv_connector_output = self._finish_offload_step(
-                connector_meta, idle=scheduler_output.total_num_scheduled_tokens == 0)
-        if self._nixl is not None:
-            if scheduler_output.total_num_scheduled_tokens == 0:
-                clock().sleep(self._nixl.idle_seconds())
-            output.kv_connector_output = self._nixl.finish_step()
+            self._offload.after_forward(offload_meta)  # loads start when the forward ends
+        if idle and (self._offload is not None or self._nixl is not None):
+            # a step that computes nothing lasts until the first copy or read may be done
+            waits = [w.idle_seconds() for w in (self._offload, self._nixl) if w is not None]
+            clock().sleep(min((w for w in waits if w > 0), default=0.0))
+        offloaded = self._offload.finished() if self._offload is not None else None
+        read = self._nixl.finish_step() if self._nixl is not None else None
+        output.kv_connector_output = (self._stacked_output(read, offloaded)
+                                      if read is not None and offloaded is not None
+                                      else read if read is not None else offloaded)
         if non_block:
             return _Completed(output)
         return output
 
-    def _finish_offload_step(self, offload_meta: Any, idle: bool) -> Any:
-        """The connector's end of a step: loads start, then (when nothing was computed) the
-        step lasts until a copy may have finished, then finished copies are reported."""
-        assert self._offload is not None
-        self._offload.after_forward(offload_meta)
-        if idle:
-            clock().sleep(self._offload.idle_seconds())
-        return self._offload.finished()
+    def _connector_metadata(self, scheduler_output: Any) -> tuple[Any, Any]:
+        """This step's metadata for the NIXL worker and for the offload worker: the one
+        connector's, or each one's share of a `MultiConnector`'s."""
+        meta = getattr(scheduler_output, "kv_connector_metadata", None)
+        if not isinstance(meta, MultiKVConnectorMetadata):
+            return meta, meta
+        if meta.extra_async_saves:
+            # vLLM 0.32's offloading connector never delays a request's frees, so only NIXL
+            # sends after a request ends; a second sender would need MultiConnector's count
+            raise RuntimeError("two stacked KV connectors both delay a request's frees "
+                               f"({sorted(meta.extra_async_saves)}): the emulated workers "
+                               "play only NIXL's sends")
+        by_name = dict(zip(self._stack, meta.metadata, strict=True))
+        nixl = next((by_name[n] for n in NIXL if n in by_name), None)
+        return nixl, by_name.get(OFFLOADING)
+
+    def _stacked_output(self, read: Any, offloaded: Any) -> Any:
+        """One step's report of both workers, as vLLM's `MultiConnector` worker side joins
+        them: NIXL's sends and failures, both connectors' finished loads, each connector's
+        worker metadata in its place in the stack, statistics by connector class."""
+        worker_meta = None
+        if offloaded.kv_connector_worker_meta is not None:
+            worker_meta = MultiKVConnectorWorkerMetadata(metadata=tuple(
+                offloaded.kv_connector_worker_meta if name == OFFLOADING else None
+                for name in self._stack))
+        stats = None
+        if read.kv_connector_stats is not None:
+            stats = MultiKVConnectorStats(data={self._nixl_class: read.kv_connector_stats})
+        return KVConnectorOutput(
+            finished_sending=read.finished_sending,
+            finished_recving=(read.finished_recving or set()) | offloaded.finished_recving,
+            failed_recving=read.failed_recving, invalid_block_ids=read.invalid_block_ids,
+            kv_connector_stats=stats, kv_connector_worker_meta=worker_meta)
 
     def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
         raise RuntimeError("EmulatedExecutor returns tokens from execute_model")

@@ -61,6 +61,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnec
 from vllm.v1.outputs import KVConnectorOutput
 
 from server.clock import clock
+from server.kv_connectors import NIXL, part
 from server.nixl_fabric import FABRIC_KEY, LINKS_KEY, Fabric, InprocFabric, Note, make_fabric
 from server.nixl_patches import fix_readback_retry, follow_process_clock
 from server.perf.hardware import INFINIBAND, Link
@@ -68,20 +69,21 @@ from server.perf.hardware import INFINIBAND, Link
 logger = logging.getLogger("harness.emulated_nixl")
 
 #: The connector names this module plays the worker side of (pull mode).
-NIXL_CONNECTORS = ("NixlConnector", "NixlPullConnector")
+NIXL_CONNECTORS = NIXL
 #: `nixl/pull_worker.py` `_KV_BLOCKS_EXPIRY_SAFETY_MARGIN`.
 EXPIRY_SAFETY_MARGIN_S = 5.0
 
 
 def uses_nixl(kv_transfer_config: Any) -> bool:
-    """Whether the engine runs vLLM's NIXL connector in pull mode (played here)."""
-    if kv_transfer_config is None or not kv_transfer_config.kv_connector:
+    """Whether the engine runs vLLM's NIXL connector in pull mode (played here), alone or in a
+    `MultiConnector` (`server.kv_connectors`)."""
+    config = part(kv_transfer_config, (*NIXL_CONNECTORS, "NixlPushConnector"))
+    if config is None:
         return False
-    name = kv_transfer_config.kv_connector
-    if name == "NixlPushConnector":
+    if config.kv_connector == "NixlPushConnector":
         raise ValueError("the emulated GPU plays the NIXL connector in pull mode only "
                          "(kv_connector NixlConnector); push mode needs real workers")
-    return name in NIXL_CONNECTORS
+    return True
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -154,7 +156,7 @@ class EmulatedNixlWorker:
                     idle_poll_s: float) -> EmulatedNixlWorker:
         follow_process_clock()
         fix_readback_retry()
-        kv = vllm_config.kv_transfer_config
+        kv = part(vllm_config.kv_transfer_config, NIXL_CONNECTORS)
         extra = kv.kv_connector_extra_config or {}
         links: dict[str, Link] = {}
         for peer, spec in (extra.get(LINKS_KEY) or {}).items():

@@ -46,9 +46,10 @@ from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.outputs import KVConnectorOutput
 
 from server.clock import clock
+from server.kv_connectors import NIXL, OFFLOADING, parts
 
 #: The connector this module emulates the worker side of (`--kv-offloading-backend native`).
-NATIVE_CONNECTOR = "OffloadingConnector"
+NATIVE_CONNECTOR = OFFLOADING
 
 
 @dataclass(slots=True)
@@ -170,14 +171,14 @@ class EmulatedOffloadWorker:
 
 
 def uses_native_offloading(kv_transfer_config: Any) -> bool:
-    """Whether the engine runs a KV connector the emulated GPU can serve (True: the native
-    offloading connector; False: none). Any other connector needs real workers."""
-    if kv_transfer_config is None or not kv_transfer_config.kv_connector:
-        return False
-    name = kv_transfer_config.kv_connector
-    if name != NATIVE_CONNECTOR:
-        raise ValueError(
-            f"the emulated GPU plays the worker side of vLLM's {NATIVE_CONNECTOR} only "
-            f"(--kv-offloading-backend native), not {name}; unset VLLM_USE_SIMPLE_KV_OFFLOAD "
-            "or drop --kv-transfer-config, or serve on a real GPU")
-    return True
+    """Whether the engine runs the native offloading connector, alone or in a `MultiConnector`
+    beside NIXL's (`server.kv_connectors`), whose worker sides the emulated GPU plays. Any
+    other connector needs real workers."""
+    names = [p.kv_connector for p in parts(kv_transfer_config)]
+    for name in names:
+        if name != NATIVE_CONNECTOR and name not in NIXL:
+            raise ValueError(
+                f"the emulated GPU plays the worker side of vLLM's {NATIVE_CONNECTOR} and "
+                f"NixlConnector only (--kv-offloading-backend native), not {name}; unset "
+                "VLLM_USE_SIMPLE_KV_OFFLOAD or drop --kv-transfer-config, or serve on a real GPU")
+    return NATIVE_CONNECTOR in names

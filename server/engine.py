@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
+from server.kv_connectors import NIXL, stacked, sub_connector
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.policies import AgentEvent
 from server.policies.ampd import TTFT_SLO_S
@@ -170,7 +171,9 @@ class VirtualEngine:
     `kv_transfer`: a P/D replica's KV-transfer config (`cluster.pd.kv_transfer_config`, with an
     `inproc:NAME` fabric): vLLM's `NixlConnector` with its worker side emulated. Give a request
     `kv_transfer_params` (`cluster.pd.prefill_params` / `decode_params`); what the connector
-    returns comes back in `Finished.kv_transfer_params`.
+    returns comes back in `Finished.kv_transfer_params`. With `offload_gib` (or a policy that
+    swaps) too, the engine runs both connectors in vLLM's `MultiConnector`
+    (`server.kv_connectors`).
 
     Every public method runs with the engine's own clock installed as the process clock and
     restores the previous one (the constructor leaves the engine's clock installed, as before,
@@ -228,13 +231,14 @@ class VirtualEngine:
 
         self.offload_gib = offload_gib_for(self.policy, self.offload_gib)
         connector = None  # our connector options; vLLM names the connector itself
-        if self.kv_transfer is not None:
-            if self.offload_gib is not None:
-                raise ValueError(f"policy {self.policy!r} with KV offloading cannot run on a "
-                                 "replica that transfers KV (a P/D replica, or a colocated "
-                                 "one whose router carries moved programs' KV, `carry_kv`: "
-                                 "one KV connector per engine); pick a policy that does not "
-                                 "swap, drop `offload_gib`, or drop `carry_kv`")
+        tier_gib = self.offload_gib  # vLLM's own option, unless the tier is stacked with NIXL
+        if self.kv_transfer is not None and self.offload_gib is not None:
+            # a P/D replica, or one whose router carries moved programs' KV, with a CPU tier:
+            # both connectors in vLLM's MultiConnector (`server.kv_connectors`)
+            connector = KVTransferConfig(**stacked(_copy_config(self.kv_transfer),
+                                                   self.offload_gib))
+            tier_gib = None
+        elif self.kv_transfer is not None:
             connector = KVTransferConfig(**_copy_config(self.kv_transfer))
         elif self.offload_gib is not None:
             connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))
@@ -247,7 +251,7 @@ class VirtualEngine:
                           max_num_batched_tokens=self.max_num_batched_tokens,
                           **({} if self.max_num_seqs is None
                              else {"max_num_seqs": self.max_num_seqs}),
-                          kv_offloading_size=self.offload_gib,
+                          kv_offloading_size=tier_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector,
                           additional_config=settings.to_additional_config())
         self.vllm_config = args.create_engine_config()
@@ -328,7 +332,8 @@ class VirtualEngine:
     def _connector_bookkeeping(self) -> bool:
         """P/D: whether the connector's scheduler side has something for the next step to ship
         to the worker (requests to read, send or account for)."""
-        pending = getattr(self.scheduler.connector, "connector_scheduler", None)
+        nixl = sub_connector(self.scheduler.connector, NIXL)
+        pending = getattr(nixl, "connector_scheduler", None)
         return bool(pending is not None and (
             pending._reqs_need_recv or pending._reqs_need_send or pending._reqs_in_batch
             or pending._reqs_not_processed))
@@ -429,7 +434,7 @@ class VirtualEngine:
         blocks held while the decode replica queues it, and the read that follows), as vLLM's
         connector resolved them. Past that every block held for or by this engine's requests
         has been read or released."""
-        connector = self.scheduler.connector.connector_scheduler
+        connector = sub_connector(self.scheduler.connector, NIXL).connector_scheduler
         ttl = (connector.decoder_kv_blocks_ttl
                if connector.is_bidirectional_kv_xfer_enabled else 0)
         return float(ttl + 2 * connector._kv_lease_duration)

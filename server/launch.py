@@ -30,6 +30,7 @@ from server.cpu_engine import (
 from server.cpu_memory import folder_kv_budget
 from server.events import ENV_EVENTS_IPC, default_ipc_path
 from server.hub import OFFLINE_VARS
+from server.kv_connectors import stacked
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.model_store import (
     HUB_ID,
@@ -94,13 +95,48 @@ def cpu_python() -> str:
     return str(python)
 
 
-def offload_args(gib: float | None) -> list[str]:
-    """`vllm serve` options that turn on the native offloading connector."""
+def offload_args(gib: float | None, extra: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """`vllm serve` options that turn on the native offloading connector, and the options
+    after `--` without the one they take in. Alone, vLLM's own `--kv-offloading-size`; with
+    a NIXL `--kv-transfer-config` among `extra` (a replica that carries KV), both connectors
+    stacked in one `MultiConnector` config (`server.kv_connectors`), as vLLM takes one."""
+    rest = list(extra or [])
     if gib is None:
-        return []
-    options = json.dumps({"kv_connector_extra_config": OFFLOAD_CONNECTOR_OPTIONS})
-    return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
-            "--kv-transfer-config", options]
+        return [], rest
+    given, rest = _take_option(rest, "--kv-transfer-config")
+    if given is None:
+        options = json.dumps({"kv_connector_extra_config": OFFLOAD_CONNECTOR_OPTIONS})
+        return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
+                "--kv-transfer-config", options], rest
+    try:
+        transfer = json.loads(given)
+        config = stacked(transfer, gib)
+    except (json.JSONDecodeError, TypeError, AttributeError, ValueError) as exc:
+        raise ServeError(f"--kv-transfer-config {given} with a CPU KV tier (a policy that swaps, "
+                         f"or --offload-gib): {exc}; only vLLM's NixlConnector stacks with "
+                         "the tier here") from None
+    return ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))], rest
+
+
+def _take_option(options: list[str], name: str) -> tuple[str | None, list[str]]:
+    """The value of option `name` (`--name VALUE` or `--name=VALUE`; the last one given, as
+    vLLM reads it) and the options without it."""
+    rest: list[str] = []
+    value = None
+    i = 0
+    while i < len(options):
+        option, equals, inline = options[i].partition("=")
+        if option != name:
+            rest.append(options[i])
+        elif equals:
+            value = inline
+        elif i + 1 < len(options):
+            value = options[i + 1]
+            i += 1
+        else:
+            raise ServeError(f"{name} needs a value")
+        i += 1
+    return value, rest
 
 
 def carry_settings(settings: ServeSettings,
@@ -198,8 +234,9 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
             "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-            "--middleware", MIDDLEWARE,
-            *offload_args(offload_gib(policy, offload))]
+            "--middleware", MIDDLEWARE]
+    connector_args, extra = offload_args(offload_gib(policy, offload), extra)
+    argv += connector_args
     settings_args, extra = carry_settings(settings, extra)
     argv += settings_args
     env = {"VLLM_PLUGINS": EVENTS_PLUGIN,

@@ -40,6 +40,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
 from server.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
+from server.kv_connectors import OFFLOADING, has_host_tier, sub_connector
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
@@ -135,7 +136,7 @@ class PolicyScheduler(Scheduler):
             max_batch_tokens=self.max_num_scheduled_tokens,
             total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks,
             block_size=self.block_size,
-            host_tier=self.cache_config.kv_offloading_size is not None)
+            host_tier=has_host_tier(self.vllm_config.kv_transfer_config))
         self._allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_or_unpin  # type: ignore[method-assign]
         self._gate_offload_reloads()
@@ -468,8 +469,10 @@ class PolicyScheduler(Scheduler):
         vLLM asks `connector.get_num_new_matched_tokens` (inline in `schedule()`, no scheduler
         hook) how many tokens past the GPU prefix-cache hit it can load; with native offloading
         that is the host-memory copy. Wrapping the connector's method keeps vLLM's admission
-        code untouched, as `_allocate_or_unpin` does for allocation."""
-        connector = self.connector
+        code untouched, as `_allocate_or_unpin` does for allocation. Only the tier's connector
+        is gated: stacked beside NIXL's (`server.kv_connectors`), a read from another replica
+        is not a reload the policy weighs."""
+        connector = sub_connector(self.connector, OFFLOADING)
         if connector is None:
             return
         self._connector_lookup = connector.get_num_new_matched_tokens

@@ -242,23 +242,34 @@ def test_a_move_that_carries_the_kv_reads_the_context_instead_of_recomputing_it(
     """The same move with `carry_kv` (every replica runs the NIXL connector): turn 1 is
     prefilled on r0, whose pin holds the context (only the turn's new tokens are computed),
     and decoded on r1, which reads the KV over the link; r0 lets the program go once the
-    prefill is handed over. Without the carry, r1 computes the whole context again."""
+    prefill is handed over. Without the carry, r1 computes the whole context again. With a
+    CPU tier on every replica too (both connectors stacked), the move reads the same."""
     trace = _mover(3000)
 
-    def run_moving(carry: bool):
+    def run_moving(carry: bool, tier: bool = False):
+        replica = {"name": "r", "count": 2, "profile": PROFILE, "policy": "lookahead",
+                   **({"offload_gib": 4} if tier else {})}
         config = parse_cluster({"router": {"strategy": "programs", "carry_kv": carry},
-                                "replicas": [{"name": "r", "count": 2, "profile": PROFILE,
-                                              "policy": "lookahead"}]})
+                                "replicas": [replica]})
         with closing(VirtualCluster(config, router=_MovesAfterFirstTurn(carry))) as cluster:
             result = replay_cluster(trace, cluster)
             r0 = cluster.replicas[0].engine.scheduler
-            # the pin is released by the move, or handed to the prefill that carries the KV
-            # (whose blocks the connector holds until r1 has read them)
-            assert (r0.pin_stats.handoff, r0.pin_stats.moved) == ((1, 0) if carry else (0, 1))
+            assert type(r0.connector).__name__ == (
+                "MultiConnector" if carry and tier else "NixlPullConnector" if carry
+                else "OffloadingConnector" if tier else "NoneType")
+            if not tier:
+                # the pin is released by the move, or handed to the prefill that carries the
+                # KV (whose blocks the connector holds until r1 has read them); with a tier
+                # it went to the tier at the tool call
+                assert (r0.pin_stats.handoff, r0.pin_stats.moved) == (
+                    (1, 0) if carry else (0, 1))
             assert not r0.pins and r0.agent_policy.programs.table.get("p") is None
             return result, cluster_metrics(result)
 
     (plain, flat), (carried, moved) = run_moving(False), run_moving(True)
+    stacked, with_tier = run_moving(True, tier=True)
+    assert with_tier["kv_bytes_moved"] == moved["kv_bytes_moved"]
+    assert stacked.programs["p"].jct == pytest.approx(carried.programs["p"].jct)
     turn = carried.programs["p"].turns[1]
     assert (turn.prefill_replica, turn.replica) == ("r0", "r1")
     assert flat["kv_bytes_moved"] == 0 and moved["kv_bytes_moved"] > 0

@@ -430,7 +430,7 @@ def test_replica_commands_are_separate(tmp_path):
 def test_a_cluster_that_carries_kv_gives_every_colocated_replica_the_nixl_connector():
     """`carry_kv` (the `programs` router moves programs with their KV): each colocated
     replica sends and reads KV (`kv_both`) and advertises its own side channel; without it,
-    no connector. A replica that also asks for the CPU tier is refused (one connector)."""
+    no connector. A replica that also keeps a CPU tier runs both connectors, stacked."""
     data = {"router": {"strategy": "programs", "carry_kv": True},
             "replicas": [{"name": "r", "count": 2, "policy": "lookahead"}]}
     config = parse_cluster(data)
@@ -440,12 +440,12 @@ def test_a_cluster_that_carries_kv_gives_every_colocated_replica_the_nixl_connec
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "9300"
     plain = parse_cluster({**data, "router": {"strategy": "programs"}})
     assert "--kv-transfer-config" not in replica_command(plain, plain.replicas[0], 8200)[0]
-    tier = {**data, "replicas": [{"name": "r", "count": 2, "policy": "mori"}]}
-    with pytest.raises(ClusterConfigError, match="carry_kv.*one connector per engine"):
-        parse_cluster(tier)  # mori needs the CPU tier
-    with pytest.raises(LauncherError, match="carries KV.*one connector per engine"):
-        replica_command(config, config.replicas[0].model_copy(update={"offload_gib": 8}),
-                        8200, side_channel_port=9300)  # the launcher checks it again
+    tier = parse_cluster({**data, "replicas": [{"name": "r", "count": 2, "policy": "mori"}]})
+    argv, _ = replica_command(tier, tier.replicas[1], 8200, side_channel_port=9301)
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert (kv["kv_connector"], kv["engine_id"]) == ("MultiConnector", "r1")
+    assert [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]] == [
+        "NixlConnector", "OffloadingConnector"]
     with pytest.raises(ClusterConfigError, match="carry_kv"):
         parse_cluster({**data, "router": {"strategy": "session", "carry_kv": True}})
 

@@ -132,7 +132,7 @@ def test_a_programs_system_runs_our_router_with_the_programs_strategy() -> None:
 def test_a_programs_system_that_carries_kv_has_replicas_of_its_own() -> None:
     """``programs+kv:POLICY``: our `programs` router with `carry_kv`, in front of replicas
     that run the NIXL connector, so never the same replicas as ``programs:POLICY``; a policy
-    that needs the CPU tier cannot run there."""
+    that needs the CPU tier runs there too (both connectors stacked)."""
     systems = parse_systems("programs:lookahead,programs+kv:lookahead,vr-programs")
     carry = systems[1]
     assert (carry.policy, carry.strategy, carry.carries_kv) == (
@@ -145,8 +145,10 @@ def test_a_programs_system_that_carries_kv_has_replicas_of_its_own() -> None:
     spec = router_spec(carry.strategy)
     assert (spec.strategy, spec.carry_kv) == ("programs", True)
     assert not router_spec("programs").carry_kv
-    with pytest.raises(ServedComparisonInputError, match="CPU KV tier"):
-        parse_systems("programs+kv:mori")
+    tier = parse_systems("programs+kv:mori")[0]  # NIXL and the CPU tier, stacked
+    assert (tier.policy, tier.carries_kv) == ("mori", True)
+    with pytest.raises(ServedComparisonInputError, match="unknown policy"):
+        parse_systems("programs+kv:nonesuch")
 
 
 def _result(system: str, jct: float, p95: float, hit: float, repeat: int = 0,

@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+from cluster.pd import kv_transfer_config  # noqa: E402
 from server.clock import VirtualClock, use_clock  # noqa: E402
 from server.engine import VirtualEngine  # noqa: E402
 from server.launch import ServeError, build_command
@@ -43,11 +44,13 @@ NEW = list(range(100, 200))  # A's tool return and next input
 A_COMPUTED_BLOCKS_TOKENS = (1000 + 20 - 1) // BLOCK * BLOCK
 
 
-def intercepted_program(policy: str, copy_model: str = "peak80") -> dict:
+def intercepted_program(policy: str, copy_model: str = "peak80",
+                        kv_transfer: dict | None = None) -> dict:
     """A0, then B0 (which takes A's memory) during A's 1 s tool call, then A1."""
     # 129 blocks: the null block plus 2048 tokens, just one max_model_len sequence
     with closing(VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=129,
-                               max_model_len=2048, offload_copy_model=copy_model)) as engine:
+                               max_model_len=2048, offload_copy_model=copy_model,
+                               kv_transfer=kv_transfer)) as engine:
         done = {}
         engine.add_request("a0", FIRST, program_id="A", output_tokens=20, tool="bash")
         done.update(run(engine))
@@ -58,6 +61,7 @@ def intercepted_program(policy: str, copy_model: str = "peak80") -> dict:
                            output_tokens=5)
         done.update(run(engine))
         done["offload_gib"] = engine.offload_gib
+        done["connector"] = type(engine.scheduler.connector).__name__
         cost = engine.scheduler.agent_policy.cost_model  # what the policy prices a reload by
         done["cost_model"] = (cost.offload_copy_model,
                               cost.swap_seconds(done["a1"].external_tokens))
@@ -84,7 +88,9 @@ def runs():
         declined = intercepted_program("swap")
     return {"swap": intercepted_program("swap"), "again": intercepted_program("swap"),
             "discard": intercepted_program("discard"), "declined": declined,
-            "sourced": intercepted_program("swap", "sourced"), "asked": asked}
+            "sourced": intercepted_program("swap", "sourced"), "asked": asked,
+            "stacked": intercepted_program("swap", kv_transfer=kv_transfer_config(
+                "solo", "colocated", {}, fabric="inproc:test-swap-stacked"))}
 
 
 @pytest.mark.engine
@@ -100,6 +106,20 @@ def test_swap_reloads_the_context_from_host_memory(runs):
     prefill = profile.step_seconds([(recomputed, a1.cached_tokens)], [])
     assert a1.first_token - a1.arrival == pytest.approx(load + prefill)
     assert runs["swap"]["offload_gib"] == DEFAULT_OFFLOAD_GIB
+
+
+@pytest.mark.engine
+def test_the_tier_stacked_beside_nixl_reloads_as_it_does_alone(runs):
+    """A replica that also runs vLLM's NIXL connector (it carries moved programs' KV) keeps
+    its CPU tier: both connectors in vLLM's MultiConnector, the emulated workers each given
+    their share. The reload is the same one, at the same time, as with the tier alone."""
+    stacked, alone = runs["stacked"], runs["swap"]
+    assert (stacked["connector"], alone["connector"]) == ("MultiConnector", "OffloadingConnector")
+    a1, base = stacked["a1"], alone["a1"]
+    assert (a1.cached_tokens, a1.external_tokens) == (base.cached_tokens, base.external_tokens)
+    assert a1.external_tokens > 0
+    assert a1.first_token - a1.arrival == pytest.approx(base.first_token - base.arrival)
+    assert stacked["offload_gib"] == DEFAULT_OFFLOAD_GIB
 
 
 @pytest.mark.engine
@@ -284,6 +304,30 @@ def test_serve_turns_offloading_on_for_policies_that_need_it():
     assert argv[argv.index("--kv-offloading-size") + 1] == "8"
     with pytest.raises(ServeError, match="positive"):
         build_command(policy="swap", profile=PROFILE, offload=0)
+
+
+def test_serve_stacks_the_tier_beside_a_nixl_connector_in_one_config():
+    """vLLM takes one --kv-transfer-config, and its --kv-offloading-size would overwrite the
+    connector named there: a replica that carries KV and keeps a CPU tier gets both in one
+    MultiConnector config, NIXL first, the engine id on the stack."""
+    nixl = kv_transfer_config("r3", "colocated", {})
+    extra = ["--kv-transfer-config", json.dumps(nixl), "--max-num-seqs", "64"]
+    argv = build_command(policy="swap", profile=PROFILE, extra=extra).argv
+    assert "--kv-offloading-size" not in argv and argv.count("--kv-transfer-config") == 1
+    assert argv[argv.index("--max-num-seqs") + 1] == "64"  # the other options stay
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert (config["kv_connector"], config["engine_id"]) == ("MultiConnector", "r3")
+    first, tier = config["kv_connector_extra_config"]["connectors"]
+    assert first == {k: v for k, v in nixl.items() if k != "engine_id"}
+    assert tier["kv_connector"] == "OffloadingConnector"
+    assert tier["kv_connector_extra_config"] == {
+        "offload_prompt_only": False, "cpu_bytes_to_use": int(DEFAULT_OFFLOAD_GIB * 2**30)}
+    # without a tier the NIXL config passes through as given
+    argv = build_command(policy="vllm", profile=PROFILE, extra=extra).argv
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == nixl
+    with pytest.raises(ServeError, match="only vLLM's NixlConnector stacks"):
+        build_command(policy="swap", profile=PROFILE, extra=[
+            "--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})])
 
 
 def test_serve_passes_the_offload_copy_model_to_the_engine():

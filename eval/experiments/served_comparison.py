@@ -139,13 +139,9 @@ def parse_systems(text: str) -> list[System]:
         elif name.split(":", 1)[0] in OUR_STRATEGIES and name.split(":", 1)[1:] not in ([], [""]):
             strategy, policy = name.split(":", 1)
             try:
-                swaps = policy_class(policy).needs_offload
+                policy_class(policy)
             except ValueError as exc:
                 raise ServedComparisonInputError(f"--systems {name}: {exc}") from None
-            if strategy == CARRY_STRATEGY and swaps:
-                raise ServedComparisonInputError(
-                    f"--systems {name}: its replicas run the NIXL connector, and policy "
-                    f"{policy!r} needs the CPU KV tier (one connector per engine)")
             systems.append(System(name, policy,
                                   f"our router ({strategy}) in front of {policy}"))
         else:

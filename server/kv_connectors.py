@@ -1,0 +1,82 @@
+"""Which KV connectors an engine runs: the CPU tier's (vLLM's `OffloadingConnector`), NIXL's
+(KV read from another replica: P/D, or a program moved with its KV), or both, stacked in
+vLLM's own `MultiConnector`.
+
+Why one place: an engine takes one `kv_transfer_config`. A replica that carries moved
+programs' KV and keeps a CPU tier needs the two connectors side by side, and each part of the
+engine that deals with one of them (the emulated workers, the scheduler's reload gate, the
+engine's lease bookkeeping) must find its own inside the stack. NIXL goes first: vLLM's
+`MultiConnector` lets the first connector that offers tokens load a request, and a request
+with `kv_transfer_params` is a move (or a P/D decode) whose context is on the other replica;
+any other request finds the tier's copy, if there is one, through the second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from server.settings import OFFLOAD_CONNECTOR_OPTIONS
+
+#: vLLM's connector names (its `KVConnectorFactory` registry)
+OFFLOADING = "OffloadingConnector"
+MULTI = "MultiConnector"
+NIXL = ("NixlConnector", "NixlPullConnector")
+
+
+def offloading_config(gib: float) -> dict[str, Any]:
+    """The CPU tier as a connector config: what vLLM builds from `--kv-offloading-size GiB
+    --kv-offloading-backend native`, with our connector options."""
+    return {"kv_connector": OFFLOADING, "kv_role": "kv_both",
+            "kv_connector_extra_config": {**OFFLOAD_CONNECTOR_OPTIONS,
+                                          "cpu_bytes_to_use": int(gib * (1 << 30))}}
+
+
+def stacked(transfer: Mapping[str, Any], gib: float) -> dict[str, Any]:
+    """A NIXL connector config (`cluster.pd.kv_transfer_config`) and a CPU tier of `gib` GiB,
+    as one `MultiConnector` config, NIXL first (see the module docstring)."""
+    nixl = dict(transfer)
+    if nixl.get("kv_connector") not in NIXL:
+        raise ValueError(f"only a NIXL connector stacks with the CPU tier here, not "
+                         f"{nixl.get('kv_connector')!r}")
+    # the engine id on the stack only: vLLM 0.32's MultiConnector gives each part the stack's
+    # (or its own) and fails when a part names one (`_get_connector_classes_and_configs`)
+    engine_id = nixl.pop("engine_id", None)
+    return {"kv_connector": MULTI, "kv_role": "kv_both",
+            **({} if engine_id is None else {"engine_id": engine_id}),
+            "kv_connector_extra_config": {"connectors": [nixl, offloading_config(gib)]}}
+
+
+def parts(kv_transfer_config: Any) -> list[Any]:
+    """The connector configs an engine runs, each a `KVTransferConfig`-like object (`None`:
+    none; a `MultiConnector`: its connectors, in order, with the engine id each gets there)."""
+    if kv_transfer_config is None or not kv_transfer_config.kv_connector:
+        return []
+    if kv_transfer_config.kv_connector != MULTI:
+        return [kv_transfer_config]
+    from vllm.config import KVTransferConfig  # vLLM: start-up cost
+
+    extra = kv_transfer_config.kv_connector_extra_config or {}
+    return [KVTransferConfig(**{"engine_id": kv_transfer_config.engine_id, **part})
+            for part in extra.get("connectors") or []]
+
+
+def part(kv_transfer_config: Any, names: str | tuple[str, ...]) -> Any | None:
+    """The config of the connector named (one of) `names` among the engine's, or None."""
+    names = (names,) if isinstance(names, str) else names
+    return next((p for p in parts(kv_transfer_config) if p.kv_connector in names), None)
+
+
+def has_host_tier(kv_transfer_config: Any) -> bool:
+    """Whether the engine keeps a CPU KV tier (vLLM's native offloading), alone or stacked."""
+    return part(kv_transfer_config, OFFLOADING) is not None
+
+
+def sub_connector(connector: Any, class_names: str | tuple[str, ...]) -> Any | None:
+    """The scheduler-side connector object whose class is (one of) `class_names`: `connector`
+    itself, or one of a `MultiConnector`'s; None when the engine runs none such."""
+    names = (class_names,) if isinstance(class_names, str) else class_names
+    for candidate in getattr(connector, "sub_connectors", None) or [connector]:
+        if candidate is not None and type(candidate).__name__ in names:
+            return candidate
+    return None
