@@ -953,15 +953,18 @@ def _completion(c: Cluster, program: str, prompt: list[int], turn: int) -> httpx
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_a_served_move_carries_the_programs_kv_over_nixl(tmp_path):
+@pytest.mark.parametrize("tier", [False, True], ids=["nixl", "nixl+cpu-tier"])
+def test_a_served_move_carries_the_programs_kv_over_nixl(tmp_path, tier):
     """A real `harness cluster serve` of two `lookahead` replicas of 160 blocks (2,560 tokens;
     the `programs` router places up to 0.9 of it) with `carry_kv`. a (600 tokens) goes to d0,
     b (600) to d1, c (800) to d0 (a tie: the first); b ends. c's next turn (1,600 tokens)
     needs 1,700 of room, d0 has 2,304 - 700 = 1,604: c moves to d1, its turn prefilled on d0
     (which holds c's first 800 tokens) and decoded on d1, which reads all 100 blocks over
     NIXL (100 x 16 tokens x 131,072 bytes); d0 is told `program_moved`. c's next turn stays
-    on d1 and reads nothing."""
-    spec = {"role": "colocated", "policy": "lookahead", "num_gpu_blocks": 160}
+    on d1 and reads nothing. With a CPU tier on each replica too (both connectors stacked in
+    vLLM's MultiConnector) the same move reads the same blocks."""
+    spec = {"role": "colocated", "policy": "lookahead", "num_gpu_blocks": 160,
+            **({"offload_gib": 1} if tier else {})}
     c = Cluster(tmp_path, [{"name": "d0", **spec}, {"name": "d1", **spec}], "carry",
                 "programs", carry_kv=True).wait_ready()
     try:
