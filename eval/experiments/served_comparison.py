@@ -25,8 +25,9 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
   placement by each replica's free KV room, programs kept home while they fit) in front of
   replicas running ``POLICY`` (``programs:lookahead``: our program scheduler in both places).
 * ``programs+kv:POLICY``: the same with ``carry_kv`` (a moved program's KV goes along over
-  NIXL instead of being recomputed): its replicas run vLLM's NIXL connector (``kv_both``),
-  so they are a set of their own.
+  NIXL instead of being recomputed): its replicas run vLLM's NIXL connector (``kv_both``;
+  beside the CPU tier's, stacked, for a policy that needs one), so they are a set of their
+  own.
 * ``program-queue:POLICY``: our router with strategy ``program-queue``
   (`cluster.program_queue`: ThunderAgent's program scheduler in the router, a paused
   program's turns held there in a global queue); ``program-queue:vllm`` is ThunderAgent as
@@ -180,8 +181,10 @@ class ServedComparisonOptions:
         "help": "multiply arrival gaps and tool durations"})
     systems: str = field(default=DEFAULT_SYSTEMS, metadata={
         "help": f"comma-separated rows: {', '.join(VLLM_ROUTER_SYSTEMS)}, session:POLICY "
-        "(our router in front of POLICY replicas) or programs:POLICY (our router placing "
-        "programs by KV room, e.g. programs:lookahead)"})
+        "(our router in front of POLICY replicas), programs:POLICY (our router placing "
+        "programs by KV room, e.g. programs:lookahead), programs+kv:POLICY (the same, a "
+        "moved program's KV carried over NIXL) or program-queue:POLICY (ThunderAgent's "
+        "global queue in our router)"})
     repeats: int = field(default=1, metadata={
         "help": "run every system this many times (program ids, hence placement, differ per "
         "run) and print the means too"})
