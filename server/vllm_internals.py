@@ -29,6 +29,7 @@ _NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 _CORE = "vllm.v1.engine.core:EngineCore"
 _EXECUTOR = "vllm.v1.executor.abstract:Executor"
 _OFFLOAD = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"
+_MULTI = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,18 @@ REACHES: tuple[Reach, ...] = (
           "vllm.envs:VLLM_NIXL_SIDE_CHANNEL_HOST", how="reads"),
     Reach("server.emulated_nixl: the side channel's address",
           "vllm.envs:VLLM_NIXL_SIDE_CHANNEL_PORT", how="reads"),
+    # -- both connectors stacked (server.kv_connectors, server.emulated_executor) --------------
+    Reach("server.kv_connectors.sub_connector: the stack's parts, to find the tier's and "
+          "NIXL's", f"{_MULTI}:MultiConnector.sub_connectors", how="reads"),
+    Reach("server.emulated_executor: each worker's share of the stack's metadata",
+          f"{_MULTI}:MultiKVConnectorMetadata"),
+    Reach("server.emulated_executor: the offload worker's metadata in its place in the stack",
+          f"{_MULTI}:MultiKVConnectorWorkerMetadata"),
+    Reach("server.emulated_executor: NIXL's statistics keyed by connector class",
+          f"{_MULTI}:MultiKVConnectorStats"),
+    Reach("server.emulated_executor: NIXL's connector class, for its statistics' key",
+          "vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory."
+          "get_connector_class", ("kv_transfer_config",)),
     Reach("server.nixl_fabric: the side channel's address",
           "vllm.utils.network_utils:make_zmq_path", ("scheme", "host", "port")),
     # -- requests we make ourselves (server.engine, server.prefetch, server.cpu_engine) ------
