@@ -121,8 +121,12 @@ class EmulatedExecutor(Executor):
         self._seqs: dict[str, _Sequence] = {}
         self._nixl = self._nixl_worker()
         self._offload = self._offload_worker()
-        #: with both (vLLM's `MultiConnector`), where each one's metadata sits in the stack
-        self._stack = [p.kv_connector for p in parts(self.vllm_config.kv_transfer_config)]
+        #: with both (vLLM's `MultiConnector`): where each one's metadata sits in the stack,
+        #: and NIXL's connector class (the key of its statistics there)
+        stack = [p.kv_connector for p in parts(self.vllm_config.kv_transfer_config)]
+        self._nixl_at = next((i for i, name in enumerate(stack) if name in NIXL), -1)
+        self._offload_at = stack.index(OFFLOADING) if OFFLOADING in stack else -1
+        self._stack_size = len(stack)
         self._nixl_class = (KVConnectorFactory.get_connector_class(
             part(self.vllm_config.kv_transfer_config, NIXL)).__name__
             if self._nixl is not None and self._offload is not None else "")
@@ -258,9 +262,8 @@ class EmulatedExecutor(Executor):
             raise RuntimeError("two stacked KV connectors both delay a request's frees "
                                f"({sorted(meta.extra_async_saves)}): the emulated workers "
                                "play only NIXL's sends")
-        by_name = dict(zip(self._stack, meta.metadata, strict=True))
-        nixl = next((by_name[n] for n in NIXL if n in by_name), None)
-        return nixl, by_name.get(OFFLOADING)
+        return tuple(meta.metadata[i] if i >= 0 else None  # type: ignore[return-value]
+                     for i in (self._nixl_at, self._offload_at))
 
     def _stacked_output(self, read: Any, offloaded: Any) -> Any:
         """One step's report of both workers, as vLLM's `MultiConnector` worker side joins
@@ -269,8 +272,8 @@ class EmulatedExecutor(Executor):
         worker_meta = None
         if offloaded.kv_connector_worker_meta is not None:
             worker_meta = MultiKVConnectorWorkerMetadata(metadata=tuple(
-                offloaded.kv_connector_worker_meta if name == OFFLOADING else None
-                for name in self._stack))
+                offloaded.kv_connector_worker_meta if i == self._offload_at else None
+                for i in range(self._stack_size)))
         stats = None
         if read.kv_connector_stats is not None:
             stats = MultiKVConnectorStats(data={self._nixl_class: read.kv_connector_stats})

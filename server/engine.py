@@ -265,6 +265,10 @@ class VirtualEngine:
         self._idle_at = 0.0  # the clock at the latest of them
         self._still_steps = 0  # of them, those in a row at which the clock stood still
         self.nixl = getattr(self.core.model_executor, "_nixl", None)  # P/D worker side, or None
+        #: the NIXL connector's scheduler side (alone or in the stack), found once: `has_work`
+        #: reads its queues at every step
+        self._nixl_scheduler = getattr(sub_connector(self.scheduler.connector, NIXL),
+                                       "connector_scheduler", None)
         policy = self.scheduler.agent_policy
         if getattr(policy, "clairvoyant", False):
             if self.future is None:
@@ -332,8 +336,7 @@ class VirtualEngine:
     def _connector_bookkeeping(self) -> bool:
         """P/D: whether the connector's scheduler side has something for the next step to ship
         to the worker (requests to read, send or account for)."""
-        nixl = sub_connector(self.scheduler.connector, NIXL)
-        pending = getattr(nixl, "connector_scheduler", None)
+        pending = self._nixl_scheduler
         return bool(pending is not None and (
             pending._reqs_need_recv or pending._reqs_need_send or pending._reqs_in_batch
             or pending._reqs_not_processed))
@@ -434,7 +437,7 @@ class VirtualEngine:
         blocks held while the decode replica queues it, and the read that follows), as vLLM's
         connector resolved them. Past that every block held for or by this engine's requests
         has been read or released."""
-        connector = sub_connector(self.scheduler.connector, NIXL).connector_scheduler
+        connector = self._nixl_scheduler
         ttl = (connector.decoder_kv_blocks_ttl
                if connector.is_bidirectional_kv_xfer_enabled else 0)
         return float(ttl + 2 * connector._kv_lease_duration)
