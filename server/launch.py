@@ -100,43 +100,42 @@ def offload_args(gib: float | None, extra: list[str] | None = None) -> tuple[lis
     after `--` without the one they take in. Alone, vLLM's own `--kv-offloading-size`; with
     a NIXL `--kv-transfer-config` among `extra` (a replica that carries KV), both connectors
     stacked in one `MultiConnector` config (`server.kv_connectors`), as vLLM takes one."""
-    rest = list(extra or [])
     if gib is None:
-        return [], rest
-    given, rest = _take_option(rest, "--kv-transfer-config")
-    if given is None:
+        return [], list(extra or [])
+    given, rest = _take_option(extra or [], "--kv-transfer-config",
+                               "--kv-transfer-config needs a value")
+    if not given:
         options = json.dumps({"kv_connector_extra_config": OFFLOAD_CONNECTOR_OPTIONS})
         return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
                 "--kv-transfer-config", options], rest
+    transfer = given[-1]  # the last one given, as vLLM reads it
     try:
-        transfer = json.loads(given)
-        config = stacked(transfer, gib)
+        config = stacked(json.loads(transfer), gib)
     except (json.JSONDecodeError, TypeError, AttributeError, ValueError) as exc:
-        raise ServeError(f"--kv-transfer-config {given} with a CPU KV tier (a policy that swaps, "
-                         f"or --offload-gib): {exc}; only vLLM's NixlConnector stacks with "
-                         "the tier here") from None
+        raise ServeError(f"--kv-transfer-config {transfer} with a CPU KV tier (a policy that "
+                         f"swaps, or --offload-gib): {exc}; only vLLM's NixlConnector stacks "
+                         "with the tier here") from None
     return ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))], rest
 
 
-def _take_option(options: list[str], name: str) -> tuple[str | None, list[str]]:
-    """The value of option `name` (`--name VALUE` or `--name=VALUE`; the last one given, as
-    vLLM reads it) and the options without it."""
+def _take_option(options: list[str], name: str, missing: str) -> tuple[list[str], list[str]]:
+    """The values of option `name` among `options` (`--name VALUE` or `--name=VALUE`, in the
+    order given) and the options without it; `missing`: the error when one has no value."""
+    values: list[str] = []
     rest: list[str] = []
-    value = None
-    i = 0
-    while i < len(options):
-        option, equals, inline = options[i].partition("=")
-        if option != name:
-            rest.append(options[i])
-        elif equals:
-            value = inline
-        elif i + 1 < len(options):
-            value = options[i + 1]
-            i += 1
-        else:
-            raise ServeError(f"{name} needs a value")
-        i += 1
-    return value, rest
+    options = list(options)
+    while options:
+        option = options.pop(0)
+        key, equals, value = option.partition("=")
+        if key != name:
+            rest.append(option)
+            continue
+        if not equals:
+            if not options:
+                raise ServeError(missing)
+            value = options.pop(0)
+        values.append(value)
+    return values, rest
 
 
 def carry_settings(settings: ServeSettings,
@@ -144,19 +143,10 @@ def carry_settings(settings: ServeSettings,
     """`--additional-config JSON` carrying `settings` into the engine (`server.settings`), merged
     with one the user gave among the `vllm serve` options after `--` (their keys kept, ours
     under `harness`), and those options without it."""
-    rest: list[str] = []
     theirs: dict[str, object] = {}
-    options = list(extra or [])
-    while options:
-        option = options.pop(0)
-        name, equals, value = option.partition("=")
-        if name != "--additional-config":
-            rest.append(option)
-            continue
-        if not equals:
-            if not options:
-                raise ServeError("--additional-config needs a JSON object")
-            value = options.pop(0)
+    values, rest = _take_option(extra or [], "--additional-config",
+                                "--additional-config needs a JSON object")
+    for value in values:
         try:
             given = json.loads(value)
         except json.JSONDecodeError as exc:
