@@ -25,6 +25,14 @@ def nixl_bytes(url: str) -> tuple[float, float]:
     return total, count
 
 
+def offload_store_bytes(url: str) -> float:
+    """Bytes vLLM's offloading connector reports stored to the CPU tier on an engine."""
+    return sum(sample.value
+               for family in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+               for sample in family.samples
+               if sample.name.startswith("vllm:kv_offload_store_bytes"))
+
+
 def bench_args(**over: Any) -> argparse.Namespace:
     """`harness cluster bench`'s defaults with `over` set, as its parser would give them."""
     parser = argparse.ArgumentParser()

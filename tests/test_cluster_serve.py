@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from cluster_helpers import nixl_bytes, pd_turn
+from cluster_helpers import nixl_bytes, offload_store_bytes, pd_turn
 from fastapi.testclient import TestClient
 
 from cluster import served_turns
@@ -985,5 +985,8 @@ def test_a_served_move_carries_the_programs_kv_over_nixl(tmp_path, tier):
         assert stays.headers[REPLICA_HEADER] == "d1" and PREFILL_HEADER not in stays.headers
         assert nixl_bytes(urls["d1"]) == (100 * 16 * 131_072, 1)
         assert c.state()["counters"]["rebinds"] == 1
+        # the tier ran beside NIXL: d0 stored its finished turns' KV in host memory
+        assert (offload_store_bytes(urls["d0"]) > 0) == tier
     finally:
         c.kill()
+
