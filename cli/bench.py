@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated policies (default: vllm,continuum; with --cluster: each "
                    "replica's own from the file); NAME+offload turns "
                    "vLLM's CPU KV offloading on for a policy that does not need it, "
-                   "NAME@online|oracle replays client tool-duration predictions")
+                   "NAME@online|oracle replays client tool-duration predictions; "
+                   "lookahead-oracle:E is told program lengths with a lognormal error E")
     p.add_argument("--cluster", default=None, metavar="FILE",
                    help="replay on the replicas of this cluster file (cluster/examples/) behind "
                    "its router, in virtual time; --policies then replaces every replica's policy")

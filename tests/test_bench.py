@@ -210,6 +210,8 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     (["--trace", "swe", "--jps", "fast"], "--jps"),
     (["--trace", "swe", "--policies", "continuum@psychic"], "unknown hints"),
     (["--trace", "swe", "--policies", "vllm+gpu"], "only suffix is +offload"),
+    (["--trace", "swe", "--policies", "vllm:0.5"], "takes no argument after ':'"),
+    (["--trace", "swe", "--policies", "lookahead-oracle:-1"], "lognormal sigma >= 0"),
     (["--trace", "swe", "--policies", "vllm,continuum", "--url", "http://127.0.0.1:9"],
      "one running server"),
     (["--trace", "swe", "--time-scale", "0"], "--time-scale"),

@@ -5,6 +5,8 @@ it on a few programs whose numbers are worked out by hand in the comments."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from server.policies import make_policy
@@ -461,6 +463,33 @@ def test_lookahead_oracle_ranks_by_known_remaining_turns_from_the_start():
     assert s.turns_left(s.table.get("short")) == 5.0
     assert s.rank(s.table.get("short")) < s.rank(s.table.get("long"))
     assert not hasattr(make_policy("lookahead"), "foresee")
+
+
+def test_lookahead_oracle_told_lengths_with_an_error_is_one_draw_per_program_scaled():
+    # `lookahead-oracle:E`: each program's told turn count is off by exp(E z), z drawn from
+    # its id, so two errors move a program's estimate the same way, the larger one further
+    futures = {f"p{i}": [None] * 40 for i in range(200)}
+    told = {}
+    for error in (0.0, 0.25, 1.0):
+        policy = make_policy(f"lookahead-oracle:{error}")
+        assert policy.length_error == error
+        policy.foresee(futures)
+        told[error] = policy.programs.known_turns
+    assert set(told[0.0].values()) == {40}  # no error: the truth
+    for pid in futures:
+        small, large = told[0.25][pid] - 40, told[1.0][pid] - 40
+        assert small * large >= 0 and abs(large) >= abs(small)
+    logs = [math.log(t / 40) for t in told[1.0].values()]
+    mean = sum(logs) / len(logs)
+    sd = (sum((x - mean) ** 2 for x in logs) / len(logs)) ** 0.5
+    assert abs(mean) < 0.2 and 0.8 < sd < 1.2  # a lognormal error of sigma 1, unbiased in log
+    again = make_policy("lookahead-oracle:1")
+    again.foresee(futures)
+    assert again.programs.known_turns == told[1.0]  # the same draw in every run
+    with pytest.raises(ValueError, match="lognormal sigma >= 0"):
+        make_policy("lookahead-oracle:often")
+    with pytest.raises(ValueError, match="takes no argument"):
+        make_policy("lookahead:0.5")
 
 
 def test_lookahead_resumes_a_paused_program_only_with_a_band_to_spare():

@@ -34,22 +34,33 @@ POLICIES: dict[str, str] = {
 
 
 def policy_class(name: str) -> type[Policy]:
-    """The class registered as `name`; a clear ValueError lists the valid names."""
+    """The class registered as `name`, or as its part before ``:`` where the class takes an
+    argument there (`Policy.argument`: ``lookahead-oracle:0.5``); a clear ValueError lists the
+    valid names, or says what the argument should be."""
+    base, colon, text = name.partition(":")
     try:
-        target = POLICIES[name]
+        target = POLICIES[base]
     except KeyError:
         raise ValueError(
-            f"unknown policy {name!r}; choose one of: {', '.join(sorted(POLICIES))}"
+            f"unknown policy {base!r}; choose one of: {', '.join(sorted(POLICIES))}"
         ) from None
-    module, _, cls = target.partition(":")
-    return getattr(import_module(module), cls)
+    module, _, cls_name = target.partition(":")
+    cls: type[Policy] = getattr(import_module(module), cls_name)
+    if colon:
+        cls.parse_argument(text)  # raises ValueError
+    return cls
 
 
 def make_policy(name: str, cost_model: CostModel | None = None, **options: object) -> Policy:
-    """The policy `name`, given those of `options` its class declares (`Policy.options`); the
-    rest are dropped, since deployment-wide settings reach policies that have no use for them."""
+    """The policy `name`, given those of `options` its class declares (`Policy.options`) and
+    the argument its name carries after ``:``; the rest are dropped, since deployment-wide
+    settings reach policies that have no use for them."""
     cls = policy_class(name)
-    return cls(cost_model=cost_model, **{k: v for k, v in options.items() if k in cls.options})
+    given = {k: v for k, v in options.items() if k in cls.options}
+    base, colon, text = name.partition(":")
+    if colon and cls.argument is not None:
+        given[cls.argument] = cls.parse_argument(text)
+    return cls(cost_model=cost_model, **given)
 
 
 __all__ = ["AgentEvent", "CostModel", "Hints", "Policy", "RequestView", "POLICIES",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 #: what an agent tells the server (`server.events` accepts exactly these); `program_moved` is
 #: a cluster router's, to the replica a program it moved left (`cluster.placement`)
@@ -126,6 +126,17 @@ class Policy:
     #: `ServeSettings.policy_options`, e.g. ``ttft_slo_s``); `make_policy` passes a policy only
     #: those it names here, so one cluster-wide setting can reach every replica's policy.
     options: tuple[str, ...] = ()
+
+    #: The constructor keyword that a policy name of the form ``NAME:VALUE`` sets
+    #: (`make_policy`), or None when the policy takes none: a parameter an experiment sweeps,
+    #: not a deployment's setting (the error of `lookahead-oracle`'s told lengths).
+    argument: str | None = None
+
+    @classmethod
+    def parse_argument(cls, text: str) -> Any:
+        """The `argument`'s value from the text after ``:``; a ValueError says what a policy
+        that takes one expects."""
+        raise ValueError(f"policy {cls.name!r} takes no argument after ':' (got {text!r})")
 
     def __init__(self, cost_model: CostModel | None = None) -> None:
         self.cost_model = cost_model
