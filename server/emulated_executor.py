@@ -262,8 +262,9 @@ class EmulatedExecutor(Executor):
             raise RuntimeError("two stacked KV connectors both delay a request's frees "
                                f"({sorted(meta.extra_async_saves)}): the emulated workers "
                                "play only NIXL's sends")
-        return tuple(meta.metadata[i] if i >= 0 else None  # type: ignore[return-value]
-                     for i in (self._nixl_at, self._offload_at))
+        nixl = meta.metadata[self._nixl_at] if self._nixl_at >= 0 else None
+        offload = meta.metadata[self._offload_at] if self._offload_at >= 0 else None
+        return nixl, offload
 
     def _stacked_output(self, read: Any, offloaded: Any) -> Any:
         """One step's report of both workers, as vLLM's `MultiConnector` worker side joins

@@ -989,4 +989,3 @@ def test_a_served_move_carries_the_programs_kv_over_nixl(tmp_path, tier):
         assert (offload_store_bytes(urls["d0"]) > 0) == tier
     finally:
         c.kill()
-

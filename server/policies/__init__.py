@@ -33,10 +33,10 @@ POLICIES: dict[str, str] = {
 }
 
 
-def policy_class(name: str) -> type[Policy]:
-    """The class registered as `name`, or as its part before ``:`` where the class takes an
-    argument there (`Policy.argument`: ``lookahead-oracle:0.5``); a clear ValueError lists the
-    valid names, or says what the argument should be."""
+def _resolve(name: str) -> tuple[type[Policy], dict[str, object]]:
+    """The class registered as `name`'s part before ``:``, and the keyword its argument after
+    ``:`` sets (`Policy.argument`), parsed once; a clear ValueError lists the valid names, or
+    says what the argument should be."""
     base, colon, text = name.partition(":")
     try:
         target = POLICIES[base]
@@ -46,21 +46,26 @@ def policy_class(name: str) -> type[Policy]:
         ) from None
     module, _, cls_name = target.partition(":")
     cls: type[Policy] = getattr(import_module(module), cls_name)
-    if colon:
-        cls.parse_argument(text)  # raises ValueError
-    return cls
+    if not colon:
+        return cls, {}
+    value = cls.parse_argument(text)  # raises ValueError, also where the class takes none
+    return cls, {str(cls.argument): value}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class registered as `name`, or as its part before ``:`` where the class takes an
+    argument there (``lookahead-oracle:0.5``); a ValueError for an unknown name or a bad
+    argument."""
+    return _resolve(name)[0]
 
 
 def make_policy(name: str, cost_model: CostModel | None = None, **options: object) -> Policy:
     """The policy `name`, given those of `options` its class declares (`Policy.options`) and
     the argument its name carries after ``:``; the rest are dropped, since deployment-wide
     settings reach policies that have no use for them."""
-    cls = policy_class(name)
+    cls, argument = _resolve(name)
     given = {k: v for k, v in options.items() if k in cls.options}
-    base, colon, text = name.partition(":")
-    if colon and cls.argument is not None:
-        given[cls.argument] = cls.parse_argument(text)
-    return cls(cost_model=cost_model, **given)
+    return cls(cost_model=cost_model, **given, **argument)
 
 
 __all__ = ["AgentEvent", "CostModel", "Hints", "Policy", "RequestView", "POLICIES",
