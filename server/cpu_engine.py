@@ -15,7 +15,7 @@ Two ways in:
   --device cpu` use it. Run it under `if __name__ == "__main__":` (the executor spawns a
   worker process).
 
-Models: whatever `server.model_store.resolve_model` takes (a folder with a Hugging Face
+Models: whatever `server.models.store.resolve_model` takes (a folder with a Hugging Face
 `config.json`, a GGUF file, a model added with `harness model add` such as
 `smollm2-135m-instruct`, or a config shipped in `server/models`: `llama-tiny-2l`,
 `llama-small-6l`, `llama-base-12l`). Without weight files the weights are random
@@ -35,12 +35,12 @@ from typing import Any
 from server.cpu_memory import folder_kv_budget
 from server.engine import ContextTooLong, Pending, collect_finished, submit
 from server.max_model_len import kv_cache_limit
-from server.model_store import SHIPPED_DIR, resolve_model
-from server.model_store import ModelFolderError as ModelFolderError  # its home before
-from server.model_store import shipped_models as store_shipped_models
+from server.models.store import SHIPPED_DIR, resolve_model
+from server.models.store import ModelFolderError as ModelFolderError  # its home before
+from server.models.store import shipped_models as store_shipped_models
 from server.policies import AgentEvent
 from server.settings import DEFAULT_PROFILE, ServeSettings
-from server.step_log import StepRecord
+from server.profilers.step_log import StepRecord
 
 SERVER_DIR = Path(__file__).resolve().parent
 MODELS_DIR = SHIPPED_DIR
@@ -72,7 +72,7 @@ def shipped_models() -> list[str]:
 
 
 def model_folder(model: str) -> Path:
-    """The folder `--model` names, through the one resolver (`server.model_store`): a folder,
+    """The folder `--model` names, through the one resolver (`server.models.store`): a folder,
     a GGUF file, an added, known or shipped model name. It holds a config.json; weights and a
     tokenizer are optional."""
     return resolve_model(model).folder
@@ -244,7 +244,7 @@ class CpuEngine:
     def start_recording(self) -> None:
         """From now on time every executed step and note its batch (prefill chunks with
         their context, decode contexts) in `steps`, as `server.perf.step_form` features describe
-        a batch: the scheduler's own step records (`server.step_log`)."""
+        a batch: the scheduler's own step records (`server.profilers.step_log`)."""
         if not self._recording:
             self._recording = True
             self.scheduler.record_steps(self.steps.append)

@@ -10,7 +10,7 @@ served engine: only the clock differs.
 
 Prefill/decode disaggregation: `VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...,
 fabric="inproc:NAME"))` runs vLLM's `NixlConnector`; engines of one namespace find each other
-in-process (`server.nixl_fabric`) and each call into an engine installs its own clock as the
+in-process (`server.emulated.nixl_fabric`) and each call into an engine installs its own clock as the
 process clock, so several engines can live side by side (see `docs/pd.md`).
 """
 
@@ -227,7 +227,7 @@ class VirtualEngine:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.core import EngineCore
 
-        from server.emulated_executor import EmulatedExecutor
+        from server.emulated.executor import EmulatedExecutor
 
         self.offload_gib = offload_gib_for(self.policy, self.offload_gib)
         connector = None  # our connector options; vLLM names the connector itself

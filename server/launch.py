@@ -29,10 +29,10 @@ from server.cpu_engine import (
 )
 from server.cpu_memory import folder_kv_budget
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.hub import OFFLINE_VARS
+from server.models.hub import OFFLINE_VARS
 from server.kv_connectors import stacked
 from server.max_model_len import SERVED_MAX_MODEL_LEN
-from server.model_store import (
+from server.models.store import (
     HUB_ID,
     HubModel,
     ModelFolderError,
@@ -60,7 +60,7 @@ DEVICES = ("auto", "gpu", "cpu", "emulated")
 #: vLLM reads it as `--api-key` (`vllm.envs`): how a server gets its key without the key in
 #: the process list (`harness serve --api-key`, a cluster's replicas)
 ENV_API_KEY = "VLLM_API_KEY"
-EXECUTOR = "server.emulated_executor.EmulatedExecutor"
+EXECUTOR = "server.emulated.executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
 #: Accepts the ecosystem's nested `vllm_xargs.agentic_context` (see `server.agentic_context`).

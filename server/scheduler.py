@@ -21,7 +21,7 @@ object. The mechanisms added here:
 * Prefetch. For policies that prefetch, the contexts of programs in a tool call are brought
   back into GPU memory when the policy says (`server.prefetch` has the mechanism and its rules).
 * Step records. With a sink (`record_steps`, or `HARNESS_STEP_LOG`) every executed step's
-  batch and wall time go to it (`server.step_log`), to check the step-time model.
+  batch and wall time go to it (`server.profilers.step_log`), to check the step-time model.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.policies.base import UnpinReason
 from server.prefetch import PREFETCH_PREFIX, PrefetchBook
 from server.settings import ServeOptionsError, ServeSettings
-from server.step_log import StepRecord, StepTimer, sink_from_env
+from server.profilers.step_log import StepRecord, StepTimer, sink_from_env
 
 logger = logging.getLogger("harness.scheduler")
 

@@ -3,7 +3,7 @@
 vLLM's public surface (the OpenAI server, `EngineArgs`, `--scheduler-cls`) does not offer what
 a retention policy needs, so `server.scheduler` subclasses vLLM's v1 `Scheduler` and wraps two
 of its collaborators, the emulated executor and connectors implement vLLM's worker-side
-interfaces, `server.nixl_patches` patches the NIXL connector, and the in-process engines drive
+interfaces, `server.emulated.nixl_patches` patches the NIXL connector, and the in-process engines drive
 `EngineCore` directly. None of that is promised to stay across a vLLM release. This module names
 each reach (where we rely on it, what in vLLM, the parameters we call it with) so that
 `tests/test_vllm_internals.py` fails on an upgrade that moves, renames or re-signs one, before
@@ -90,12 +90,12 @@ REACHES: tuple[Reach, ...] = (
           "vllm.v1.request:RequestStatus.FINISHED_ABORTED", how="reads"),
     Reach("server.scheduler: turn status checks", "vllm.v1.request:RequestStatus.WAITING",
           how="reads"),
-    # -- the NIXL connector (server.nixl_patches) ----------------------------------------
-    Reach("server.nixl_patches.follow_process_clock: the module's `time` is replaced",
+    # -- the NIXL connector (server.emulated.nixl_patches) ----------------------------------------
+    Reach("server.emulated.nixl_patches.follow_process_clock: the module's `time` is replaced",
           f"{_NIXL}.base_scheduler:time", how="replaces"),
-    Reach("server.nixl_patches.follow_process_clock: the module's `time` is replaced",
+    Reach("server.emulated.nixl_patches.follow_process_clock: the module's `time` is replaced",
           f"{_NIXL}.pull_scheduler:time", how="replaces"),
-    Reach("server.nixl_patches.fix_readback_retry: the class's method is replaced",
+    Reach("server.emulated.nixl_patches.fix_readback_retry: the class's method is replaced",
           f"{_NIXL}.pull_scheduler:NixlPullConnectorScheduler.get_num_new_matched_tokens",
           ("self", "request", "num_computed_tokens"), "replaces"),
     # -- the in-process engines (server.engine, server.cpu_engine) -----------------------
@@ -107,54 +107,54 @@ REACHES: tuple[Reach, ...] = (
     Reach("server.engine.VirtualEngine: has work", f"{_SCHEDULER}.get_num_unfinished_requests",
           ("self",)),
     Reach("server.cpu_engine.CpuEngine: has work", f"{_SCHEDULER}.has_requests", ("self",)),
-    # -- the emulated GPU (server.emulated_executor) -------------------------------------
-    Reach("server.emulated_executor.EmulatedExecutor", f"{_EXECUTOR}._init_executor",
+    # -- the emulated GPU (server.emulated.executor) -------------------------------------
+    Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}._init_executor",
           ("self",), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor", f"{_EXECUTOR}.execute_model",
+    Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}.execute_model",
           ("self", "scheduler_output", "non_block"), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor", f"{_EXECUTOR}.sample_tokens",
+    Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}.sample_tokens",
           ("self", "grammar_output", "non_block"), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor", f"{_EXECUTOR}.collective_rpc",
+    Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}.collective_rpc",
           ("self", "method", "timeout", "args", "kwargs", "non_block"), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor", f"{_EXECUTOR}.initialize_from_config",
+    Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}.initialize_from_config",
           ("self", "kv_cache_configs"), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor",
+    Reach("server.emulated.executor.EmulatedExecutor",
           f"{_EXECUTOR}.determine_available_memory", ("self",), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor", f"{_EXECUTOR}.get_kv_cache_specs",
+    Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}.get_kv_cache_specs",
           ("self",), "implements"),
-    Reach("server.emulated_executor.EmulatedExecutor",
+    Reach("server.emulated.executor.EmulatedExecutor",
           f"{_EXECUTOR}.set_kv_cache_layout", ("self", "layout_name"), "implements"),
-    Reach("server.emulated_executor: the step's output", "vllm.v1.outputs:ModelRunnerOutput"),
-    Reach("server.emulated_executor: the KV cache's shape",
+    Reach("server.emulated.executor: the step's output", "vllm.v1.outputs:ModelRunnerOutput"),
+    Reach("server.emulated.executor: the KV cache's shape",
           "vllm.v1.kv_cache_interface:FullAttentionSpec"),
-    # -- the emulated connectors' worker sides (server.emulated_offload, server.emulated_nixl)
-    Reach("server.emulated_offload, server.emulated_nixl: what a step's transfers report",
+    # -- the emulated connectors' worker sides (server.emulated.offload, server.emulated.nixl)
+    Reach("server.emulated.offload, server.emulated.nixl: what a step's transfers report",
           "vllm.v1.outputs:KVConnectorOutput"),
-    Reach("server.emulated_offload: the scheduler side's metadata",
+    Reach("server.emulated.offload: the scheduler side's metadata",
           f"{_OFFLOAD}:OffloadingConnectorMetadata"),
-    Reach("server.emulated_offload: the scheduler side's metadata",
+    Reach("server.emulated.offload: the scheduler side's metadata",
           f"{_OFFLOAD}:OffloadingWorkerMetadata"),
-    Reach("server.emulated_offload: one copy job", f"{_OFFLOAD}:TransferJob"),
-    Reach("server.emulated_offload: the GPU end of a copy",
+    Reach("server.emulated.offload: one copy job", f"{_OFFLOAD}:TransferJob"),
+    Reach("server.emulated.offload: the GPU end of a copy",
           "vllm.v1.kv_offload.base:GPULoadStoreSpec"),
-    Reach("server.emulated_nixl: vLLM's NIXL metrics", f"{_NIXL}.stats:NixlKVConnectorStats"),
-    Reach("server.emulated_nixl: the side channel's address",
+    Reach("server.emulated.nixl: vLLM's NIXL metrics", f"{_NIXL}.stats:NixlKVConnectorStats"),
+    Reach("server.emulated.nixl: the side channel's address",
           "vllm.envs:VLLM_NIXL_SIDE_CHANNEL_HOST", how="reads"),
-    Reach("server.emulated_nixl: the side channel's address",
+    Reach("server.emulated.nixl: the side channel's address",
           "vllm.envs:VLLM_NIXL_SIDE_CHANNEL_PORT", how="reads"),
-    # -- both connectors stacked (server.kv_connectors, server.emulated_executor) --------------
+    # -- both connectors stacked (server.kv_connectors, server.emulated.executor) --------------
     Reach("server.kv_connectors.sub_connector: the stack's parts, to find the tier's and "
           "NIXL's", f"{_MULTI}:MultiConnector.sub_connectors", how="reads"),
-    Reach("server.emulated_executor: each worker's share of the stack's metadata",
+    Reach("server.emulated.executor: each worker's share of the stack's metadata",
           f"{_MULTI}:MultiKVConnectorMetadata"),
-    Reach("server.emulated_executor: the offload worker's metadata in its place in the stack",
+    Reach("server.emulated.executor: the offload worker's metadata in its place in the stack",
           f"{_MULTI}:MultiKVConnectorWorkerMetadata"),
-    Reach("server.emulated_executor: NIXL's statistics keyed by connector class",
+    Reach("server.emulated.executor: NIXL's statistics keyed by connector class",
           f"{_MULTI}:MultiKVConnectorStats"),
-    Reach("server.emulated_executor: NIXL's connector class, for its statistics' key",
+    Reach("server.emulated.executor: NIXL's connector class, for its statistics' key",
           "vllm.distributed.kv_transfer.kv_connector.factory:KVConnectorFactory."
           "get_connector_class", ("kv_transfer_config",)),
-    Reach("server.nixl_fabric: the side channel's address",
+    Reach("server.emulated.nixl_fabric: the side channel's address",
           "vllm.utils.network_utils:make_zmq_path", ("scheme", "host", "port")),
     # -- requests we make ourselves (server.engine, server.prefetch, server.cpu_engine) ------
     Reach("server.engine.submit", "vllm.v1.engine:EngineCoreRequest"),

@@ -29,7 +29,7 @@ The loop (conservative discrete-event simulation):
 P/D: a remote turn is first sent to its prefill replica with `max_tokens=1` and vLLM's
 `kv_transfer_params={"do_remote_decode": True}`; when it finishes there, the decode replica
 gets the same prompt with the parameters the prefill replica returned, pulls the blocks its
-prefix cache lacks over the link (`server.emulated_nixl`), and decodes. With P/D engines built
+prefix cache lacks over the link (`server.emulated.nixl`), and decodes. With P/D engines built
 `bidirectional` (`cluster.pd`), the decode replica exports each finished turn and the
 program's next remote prefill carries that export, so the prefill replica reads the history its
 prefix cache lacks from the decode replica instead of recomputing it (AMPD's remote path: a

@@ -185,7 +185,7 @@ def profile(engine: Any, table_path: str) -> dict[str, Any]:
     """`harness profile --device cpu`'s measuring loop over a few shapes that fit this small
     cache; the table is written for the pytest side to load as the emulator would."""
     from server.cpu_engine import model_folder
-    from server.profile_cpu import measure, table_from_steps
+    from server.profilers.cpu import measure, table_from_steps
 
     set_policy(engine, "vllm")
     shapes = [("decode", 1, 64), ("decode", 4, 96), ("prefill", 64, 0), ("prefill", 64, 128),

@@ -138,8 +138,8 @@ _ON_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "vllm": _watch_vllm_import,
     "vllm.v1.core.sched.scheduler": _watch_scheduler,
     "vllm.config.model": _watch_model_config,
-    "server.emulated_offload": _watch_offload_worker,
-    "server.emulated_nixl": _watch_nixl_worker,
+    "server.emulated.offload": _watch_offload_worker,
+    "server.emulated.nixl": _watch_nixl_worker,
     "docker.api.client": _watch_docker_sdk,
     "cluster.launcher": _watch_launcher,
 }

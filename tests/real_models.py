@@ -12,7 +12,7 @@ from pathlib import Path
 
 from server.cpu_engine import is_cpu_build
 from server.launch import CPU_VENV
-from server.model_store import added_model, resolve_model
+from server.models.store import added_model, resolve_model
 
 SMOLLM2 = "smollm2-135m-instruct"
 

@@ -21,7 +21,7 @@ from predictor.data import DataError
 from predictor.lengths import PredictorError
 from server.cpu_engine import ModelFolderError
 from server.launch import ServeError
-from server.profile_gpu import ProfileError
+from server.profilers.gpu import ProfileError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -171,7 +171,7 @@ def cpu_server(tmp_path_factory):
     with ServerProcess(policy="continuum", serve_args=[
             "--device", "cpu", "--model", MODEL, "--step-log", str(step_log)],
             vllm_args=["--enforce-eager"], startup_timeout_s=300) as server:
-        server.step_log = step_log
+        server.profilers.step_log = step_log
         yield server
 
 
@@ -218,11 +218,11 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
 
     from harness.profile_served import drive, served_path
     from server.perf.table import load_table
-    from server.profile_cpu import quick_grid, table_from_steps
-    from server.step_log import read_step_log
+    from server.profilers.cpu import quick_grid, table_from_steps
+    from server.profilers.step_log import read_step_log
 
     lone: list[tuple[float, float]] = []
-    steps = asyncio.run(drive(cpu_server.base_url, MODEL, cpu_server.step_log,
+    steps = asyncio.run(drive(cpu_server.base_url, MODEL, cpu_server.profilers.step_log,
                               quick_grid()[:4], repeats=2, lone=lone))
     # 1 decoding over a 128-token prompt, then 8 over 256, then prompts of 64 and 256
     assert any(s.decode == [129] and not s.prefill for s in steps)
@@ -233,14 +233,14 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
     assert all(s.seconds > 0 for s in steps)
     assert all(0 <= w < 5 for s in steps for w in s.waited)
     assert sum(len(s.waited) for s in steps) >= 1 + 8 + 2 + 2  # each request's first step
-    logged = read_step_log(cpu_server.step_log)
+    logged = read_step_log(cpu_server.profilers.step_log)
     assert len(logged) >= len(steps) and logged[-len(steps):] == steps
     # the 4 prompts of the prefill shapes ran alone: the served path around their steps
     path = served_path(lone, steps)
     assert len(lone) == 4 and path is not None and path["requests"] == 4
     assert 0 < path["intake_s"] < 1 and 0 <= path["delivery_s"] < 1
     table = table_from_steps(model_folder(MODEL), steps, path="served", served_path=path)
-    path = cpu_server.step_log.parent / "served.json"
+    path = cpu_server.profilers.step_log.parent / "served.json"
     path.write_text(json.dumps(table))
     assert load_table(path).step_seconds([(64, 0)], [200] * 4) > 0
 

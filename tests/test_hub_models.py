@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from cli.main import main
-from server import batch_invariant, hub, launch
+from server import batch_invariant, launch
+from server.models import hub
 from server.launch import CPU_VENV, ServeError, build_command
-from server.model_store import HubModel, ModelFolderError, servable_model
+from server.models.store import HubModel, ModelFolderError, servable_model
 
 REPO = "someorg/Some-Model-1B"
 
@@ -89,7 +90,7 @@ def test_a_cached_hub_model_is_served_offline(empty_cache, monkeypatch, gpu):
 
 
 def test_in_process_engines_still_take_only_cached_models(online):
-    from server.model_store import resolve_model
+    from server.models.store import resolve_model
 
     assert servable_model(REPO) == HubModel(REPO, "Some-Model-1B")
     with pytest.raises(ModelFolderError, match="harness serve --model. lets vLLM download"):

@@ -1,4 +1,4 @@
-"""Models as an input (`server.model_store`, `harness model`): the one resolver of `--model`,
+"""Models as an input (`server.models.store`, `harness model`): the one resolver of `--model`,
 the models home (idempotent, nothing half-written), GGUF checks and the CPU engine's KV budget.
 
 Fast tests use small folders and files made here; the conversion of the real packaged
@@ -22,11 +22,11 @@ from rich.console import Console
 from cli.main import main
 from harness.run import RunError, RunSpec, run_benchmark, served_model
 from harness.server_process import model_server
-from server import model_store
+from server.models import store as model_store
 from server.cpu_memory import CPU_KV_CONTEXTS, GIB, kv_budget, kv_bytes_per_token
 from server.launch import CPU_VENV, build_command
-from server.model_convert import ModelConvertError, check_convertible
-from server.model_store import (
+from server.models.convert import ModelConvertError, check_convertible
+from server.models.store import (
     KNOWN_MODELS,
     ModelFolderError,
     add_model,
@@ -178,7 +178,7 @@ def test_the_architecture_is_read_from_the_header_alone(tmp_path):
     order; a file that ends early is not a readable GGUF file."""
     import struct
 
-    from server.model_convert import gguf_architecture
+    from server.models.convert import gguf_architecture
 
     def text(s: str, order: str) -> bytes:
         return struct.pack(order + "Q", len(s)) + s.encode()

@@ -27,7 +27,7 @@ if importlib.util.find_spec("vllm") is None:  # not imported here: seconds of st
 from cluster import pd  # noqa: E402
 from server.clock import RealClock, VirtualClock, use_clock  # noqa: E402
 from server.engine import Finished, VirtualEngine  # noqa: E402
-from server.nixl_fabric import InprocFabric, ZmqFabric  # noqa: E402
+from server.emulated.nixl_fabric import InprocFabric, ZmqFabric  # noqa: E402
 from server.perf.hardware import Link  # noqa: E402
 from server.perf.registry import load_profile  # noqa: E402
 
@@ -267,7 +267,7 @@ def test_zmq_fabric_notifies_across_processes_way() -> None:
         ReqMeta,
     )
 
-    from server.emulated_nixl import EmulatedNixlWorker
+    from server.emulated.nixl import EmulatedNixlWorker
 
     previous = use_clock(RealClock())
     p_port, d_port = _free_port(), _free_port()
@@ -337,7 +337,7 @@ def test_heartbeat_extends_the_lease_in_virtual_time() -> None:
         NixlConnectorMetadata,
     )
 
-    from server.emulated_nixl import EmulatedNixlWorker
+    from server.emulated.nixl import EmulatedNixlWorker
 
     namespace = f"hb-{next(_namespaces)}"
     the_clock = VirtualClock()

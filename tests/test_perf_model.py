@@ -1,4 +1,4 @@
-"""The emulated GPU: performance model (`server.perf`), profiler (`server.profile_gpu`,
+"""The emulated GPU: performance model (`server.perf`), profiler (`server.profilers.gpu`,
 `harness profile`)."""
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def test_bad_batches_are_rejected() -> None:
 
 
 def _grid() -> list[tuple[list[tuple[int, int]], list[int]]]:
-    from server.profile_gpu import full_grid
+    from server.profilers.gpu import full_grid
 
     return full_grid()
 
@@ -368,7 +368,7 @@ def test_profiler_cpu_quick_mode_writes_a_loadable_table(
 ) -> None:
     pytest.importorskip("torch")
     from cli.main import main
-    from server.profile_gpu import quick_grid
+    from server.profilers.gpu import quick_grid
 
     out = tmp_path / "table.json"
     argv = ["profile", "--model", model, "--tp", str(tp), "--device", "torch-cpu", "--layers",

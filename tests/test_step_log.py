@@ -1,4 +1,4 @@
-"""Step records (`server.step_log`): the batch each engine step ran, as the step-time model
+"""Step records (`server.profilers.step_log`): the batch each engine step ran, as the step-time model
 prices it, and the timing around it. The served CPU engine's log is checked in
 tests/test_cpu_engine.py; here the classification, the pairing of schedule and update, the
 file format, and that the scheduler's record of a step is the batch the emulated executor
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from server.engine import VirtualEngine
-from server.step_log import (
+from server.profilers.step_log import (
     JsonlStepSink,
     StepLogTail,
     StepRecord,

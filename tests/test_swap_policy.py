@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         TransferJob,
     )
 
-    from server.emulated_offload import EmulatedOffloadWorker
+    from server.emulated.offload import EmulatedOffloadWorker
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCK = 16
@@ -201,7 +201,7 @@ def job(req_id: str, blocks: int, load: bool) -> TransferJob:
 
 @pytest.fixture
 def worker():
-    from server.emulated_offload import EmulatedOffloadWorker  # vLLM: start-up cost
+    from server.emulated.offload import EmulatedOffloadWorker  # vLLM: start-up cost
 
     clock = VirtualClock(10.0)
     previous = use_clock(clock)
@@ -271,7 +271,7 @@ def test_a_flushed_store_is_waited_for_before_the_step(worker):
 @pytest.mark.engine
 def test_loads_and_stores_take_their_own_times():
     """With separate load and store times (the sourced copy model), each link uses its own."""
-    from server.emulated_offload import EmulatedOffloadWorker  # vLLM: start-up cost
+    from server.emulated.offload import EmulatedOffloadWorker  # vLLM: start-up cost
 
     clock = VirtualClock(10.0)
     previous = use_clock(clock)

@@ -57,7 +57,7 @@ def test_emulated_ids_are_numpys_scalar_draws(runs):
     so replays keep their token ids and with them every prefix-cache figure."""
     import numpy as np
 
-    from server.emulated_executor import FIRST_ORDINARY_TOKEN
+    from server.emulated.executor import FIRST_ORDINARY_TOKEN
 
     for limit in (1000, 32000):
         one, many = np.random.default_rng(0), np.random.default_rng(0)

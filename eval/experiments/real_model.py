@@ -41,7 +41,7 @@ from harness.trajectory import token_ids
 from server.cpu_engine import CPU_BLOCK_SIZE
 from server.engine import VirtualEngine
 from server.perf.table import load_table
-from server.step_log import read_step_log
+from server.profilers.step_log import read_step_log
 from sim.replay import replay
 
 #: the Prometheus counters a run reports (vLLM's names on its `/metrics`)

@@ -1,6 +1,6 @@
 """How long one copy of vLLM's offloading connector takes (KV to and from host memory).
 
-Why two models: the emulated offloading connector (`server.emulated_offload`) and the policies'
+Why two models: the emulated offloading connector (`server.emulated.offload`) and the policies'
 reload cost both price these copies, and how to price them is itself an assumption worth
 comparing. ``peak80`` is the simple one every published table used (bytes over one PCIe
 direction at 0.8 of the datasheet peak); ``sourced`` follows what vLLM 0.32's native connector

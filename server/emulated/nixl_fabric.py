@@ -9,7 +9,7 @@ each engine binds a ZMQ PULL socket on the side-channel host and port it adverti
 `remote_host` / `remote_port` (`VLLM_NIXL_SIDE_CHANNEL_HOST` / `_PORT`, where the real
 handshake listener would bind) and peers PUSH their notifications there.
 
-Why apart from the worker (`server.emulated_nixl`): the transport knows nothing of steps,
+Why apart from the worker (`server.emulated.nixl`): the transport knows nothing of steps,
 reads or leases, and a router (`cluster.pd.release_export`) sends its notes without a worker;
 with no vLLM import at module level, the router side loads it cheaply.
 """

@@ -1,5 +1,5 @@
 """What the emulated P/D worker changes in vLLM's NIXL connector scheduler side, which runs
-unchanged inside our scheduler (`server.emulated_nixl` plays the worker side).
+unchanged inside our scheduler (`server.emulated.nixl` plays the worker side).
 
 Time: the connector's scheduler side stamps leases with `time.perf_counter()`. So that leases
 follow the engine's clock (`server.clock`, virtual or real), `follow_process_clock()` points the

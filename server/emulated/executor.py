@@ -1,6 +1,6 @@
 """`EmulatedExecutor`: a vLLM `Executor` that stands in for the GPU.
 
-Loaded with `--distributed-executor-backend server.emulated_executor.EmulatedExecutor`, it lets
+Loaded with `--distributed-executor-backend server.emulated.executor.EmulatedExecutor`, it lets
 the real engine (API server, engine core, scheduler, KV-cache manager, prefix cache, output
 processing) run on a machine without a GPU. For every scheduled batch it
 
@@ -16,10 +16,10 @@ The KV cache it reports is the profile's capacity (GPU memory minus weights and 
 block counts, preemption and prefix caching behave as on the emulated GPU.
 
 With vLLM's native KV offloading on (`--kv-offloading-size`), the copies between GPU and host
-memory that real workers would make are played by `server.emulated_offload` (PCIe time from
+memory that real workers would make are played by `server.emulated.offload` (PCIe time from
 the profile); the connector's scheduler side stays real vLLM. With vLLM's `NixlConnector`
 (prefill/decode disaggregation, pull mode), the reads between replicas are played by
-`server.emulated_nixl` (time from the link between the two replicas). With both (a replica
+`server.emulated.nixl` (time from the link between the two replicas). With both (a replica
 that keeps a CPU tier and carries moved programs' KV: vLLM's `MultiConnector`,
 `server.kv_connectors`) each worker gets its connector's share of the metadata and the step's
 report joins theirs as the `MultiConnector`'s worker side would.
@@ -45,8 +45,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 from server.clock import clock
-from server.emulated_nixl import EmulatedNixlWorker, uses_nixl
-from server.emulated_offload import EmulatedOffloadWorker, uses_native_offloading
+from server.emulated.nixl import EmulatedNixlWorker, uses_nixl
+from server.emulated.offload import EmulatedOffloadWorker, uses_native_offloading
 from server.kv_connectors import NIXL, OFFLOADING, part, parts
 from server.perf.registry import load_profile
 from server.settings import ServeSettings
@@ -203,7 +203,7 @@ class EmulatedExecutor(Executor):
         result = [answers.get(name)]
         if name == "get_kv_connector_handshake_metadata":
             # nothing truthy: the engine then starts no NIXL side-channel listener (the
-            # emulated workers find each other through `server.nixl_fabric`)
+            # emulated workers find each other through `server.emulated.nixl_fabric`)
             result = []
         if non_block:
             future: Future = Future()

@@ -5,7 +5,7 @@ Why: prefill/decode disaggregation in vLLM 0.32 is the `NixlConnector`. Its sche
 delayed free and lease, heartbeats, `bidirectional_kv_xfer` exports) is real vLLM code inside
 our scheduler. Its worker side moves blocks with NIXL RDMA reads on the GPU workers; the
 emulated executor has no workers and no NIXL, so this module stands in for that side, as
-`server.emulated_offload` does for the offloading connector. It reads the connector metadata of
+`server.emulated.offload` does for the offloading connector. It reads the connector metadata of
 each `SchedulerOutput` (`NixlConnectorMetadata`) and reports `finished_recving` /
 `finished_sending` in `ModelRunnerOutput.kv_connector_output` the way the real worker
 (`nixl/pull_worker.py`, `nixl/base_worker.py`) does:
@@ -43,8 +43,8 @@ ends, at most the profile's per-step CPU cost (an idle engine loop polls). It po
 leases are held too: a replica whose waiting request is blocked by its own held blocks must let
 time pass, or in a virtual-time loop its peer would never get the turn in which it reads them.
 
-The notes between engines and how they travel are `server.nixl_fabric`'s; what is changed in
-vLLM's scheduler side (its clock, one bug) is `server.nixl_patches`'s.
+The notes between engines and how they travel are `server.emulated.nixl_fabric`'s; what is changed in
+vLLM's scheduler side (its clock, one bug) is `server.emulated.nixl_patches`'s.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ from vllm.v1.outputs import KVConnectorOutput
 
 from server.clock import clock
 from server.kv_connectors import NIXL, part
-from server.nixl_fabric import FABRIC_KEY, LINKS_KEY, Fabric, InprocFabric, Note, make_fabric
-from server.nixl_patches import fix_readback_retry, follow_process_clock
+from server.emulated.nixl_fabric import FABRIC_KEY, LINKS_KEY, Fabric, InprocFabric, Note, make_fabric
+from server.emulated.nixl_patches import fix_readback_retry, follow_process_clock
 from server.perf.hardware import INFINIBAND, Link
 
 logger = logging.getLogger("harness.emulated_nixl")

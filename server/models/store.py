@@ -6,11 +6,11 @@ in-process `CpuEngine` and `harness profile` all take a model, and a user should
 give any of them the same thing:
 
 * a Hugging Face folder (a `config.json`; weights and tokenizer optional);
-* a GGUF file (Llama architecture): converted once into the models home (`server.model_convert`);
+* a GGUF file (Llama architecture): converted once into the models home (`server.models.convert`);
 * a name: a shipped config (`llama-tiny-2l`, ...), a model added before, or a known model
   (`KNOWN_MODELS`, e.g. `smollm2-135m-instruct`) which is added on first use;
 * a hub id (`org/model`): from the local Hugging Face cache; a server (`servable_model`) on a
-  machine that can download (`server.hub`) lets vLLM fetch one the cache lacks, the in-process
+  machine that can download (`server.models.hub`) lets vLLM fetch one the cache lacks, the in-process
   engines take only what is cached; otherwise a `ModelFolderError` saying what to give
   instead.
 
@@ -41,13 +41,13 @@ from typing import Any
 
 from common.atomic import write_json_atomic
 from common.errors import UserError
-from server.hub import cached_snapshot, offline_reason
-from server.model_convert import Progress, convert_gguf
+from server.models.hub import cached_snapshot, offline_reason
+from server.models.convert import Progress, convert_gguf
 
 ENV_HOME = "HARNESS_HOME"
 DEFAULT_HOME = "~/.cache/harness"
 #: the shipped configs (random weights): `server/models/NAME/config.json`
-SHIPPED_DIR = Path(__file__).resolve().parent / "models"
+SHIPPED_DIR = Path(__file__).resolve().parent
 MARKER = "harness-model.json"
 #: `org/model` or `org/model@revision`: what a hub id looks like (and a path does not exist)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -180,7 +180,7 @@ def resolve_model(text: str, progress: Progress = print) -> ResolvedModel:
 
 def servable_model(text: str, progress: Progress = print) -> ResolvedModel | HubModel:
     """What a server started with `--model TEXT` serves: what `resolve_model` finds, or for a
-    hub id the cache lacks a `HubModel` when this machine can download (`server.hub`); on an
+    hub id the cache lacks a `HubModel` when this machine can download (`server.models.hub`); on an
     offline machine the refusal says why."""
     try:
         return resolve_model(text, progress)

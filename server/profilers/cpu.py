@@ -42,7 +42,7 @@ from server.cpu_engine import (
 )
 from server.perf.registry import load_profile
 from server.perf.table import load_table
-from server.step_log import StepRecord, relative_errors
+from server.profilers.step_log import StepRecord, relative_errors
 
 #: (kind, a, b): ("decode", batch, context), ("prefill", chunk, cached context),
 #: ("mixed", chunk, decodes at `Driver.mixed_context`)
@@ -50,7 +50,7 @@ Shape = tuple[str, int, int]
 
 
 def grid(max_batched_tokens: int, max_len: int) -> list[Shape]:
-    """The emulator's shape families (server/profile_gpu.py `full_grid`), scaled to what a
+    """The emulator's shape families (server/profilers/gpu.py `full_grid`), scaled to what a
     CPU engine runs: contexts up to 4k, batches up to 64, chunks up to the token budget."""
     shapes: list[Shape] = []
     for ctx in (128, 1024, 4096):

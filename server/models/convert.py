@@ -6,7 +6,7 @@ reads a GGUF file and dequantizes it; the model it returns carries a GGUF quanti
 and refuses `save_pretrained`, so its weights are copied into a fresh model of the same
 architecture built from the config without that entry, cast to bf16 and saved beside the
 tokenizer (the GGUF's own, chat template included). The folder is written by the caller into a
-temporary directory (`server.model_store` renames it into place), so a failed or interrupted
+temporary directory (`server.models.store` renames it into place), so a failed or interrupted
 conversion leaves nothing half-written.
 
 Only the Llama architecture is converted: the one the engine and our step-time model are
