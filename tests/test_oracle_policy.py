@@ -1,6 +1,6 @@
 """`oracle` (oracle-SRPT, a clairvoyant schedule): each decision on a small hand-worked case.
 
-No cost model is given, so the work is the fallback's (`server.policies.work`): a decoded token
+No cost model is given, so the work is the fallback's (`server.costs`): a decoded token
 at context c costs 5e-5 + 5e-8 * c s (c rounded up to 256 tokens), a prefilled token 1e-4 s.
 """
 
@@ -10,10 +10,10 @@ import math
 
 import pytest
 
+from server.costs import WorkModel
 from server.policies import Hints, RequestView, make_policy
 from server.policies.base import AgentEvent
 from server.policies.oracle import RETURN_SLACK_S, FutureUnknown, OraclePolicy, TurnFuture
-from server.policies.work import WorkModel
 
 
 def _req(pid: str, turn: int, arrival: float, prompt: int = 1000, out: int = 0,

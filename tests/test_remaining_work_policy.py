@@ -1,13 +1,14 @@
 """`remaining-work`: each decision on a small hand-worked case (no cost model: the work is the
-fallback's, `server.policies.work`)."""
+fallback's, `server.costs`)."""
 
 from __future__ import annotations
 
 import pytest
 
+from predictor.programs import RemainingTurns
 from server.policies import Hints, RequestView, make_policy
 from server.policies.continuum import ContinuumPolicy
-from server.policies.remaining_work import RemainingTurns, RemainingWorkPolicy
+from server.policies.remaining_work import RemainingWorkPolicy
 
 
 def _req(pid: str, turn: int, arrival: float, prompt: int = 1000, out: int = 0,

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
+
+from server.costs import CostModel
 
 #: what an agent tells the server (`server.events` accepts exactly these); `program_moved` is
 #: a cluster router's, to the replica a program it moved left (`cluster.placement`)
@@ -75,18 +77,6 @@ class AgentEvent:
     seconds: float | None = None
     return_tokens: int | None = None
     summary: str | None = None
-
-
-class CostModel(Protocol):
-    """Seconds the GPU needs for the work a retention decision trades against."""
-
-    def prefill_seconds(self, context_tokens: int) -> float:
-        """Recomputing a whole context of this many tokens from scratch (the reload cost)."""
-        ...
-
-    def swap_seconds(self, tokens: int) -> float:
-        """Moving this many tokens' KV cache across PCIe, one direction."""
-        ...
 
 
 class Policy:

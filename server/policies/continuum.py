@@ -80,8 +80,9 @@ from typing import Any, Literal, get_args
 
 from common.tool_keys import split_key
 from predictor.durations import DEFAULT_WINDOW, ToolDurationModel
+from predictor.means import SlidingMean
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView, UnpinReason
-from server.policies.memory import RecentIds, SlidingMean
+from server.policies.memory import RecentIds
 
 T_WAIT_WINDOW = 64
 T_WAIT_DEFAULT_S = 0.0

@@ -1,11 +1,12 @@
-"""Bounded memories the policies keep: a policy lives as long as the server, so what it
-remembers about ended programs, and the recent samples it averages, must not grow without
-bound. One place for the bound and the two shapes, shared by the policies that use them.
+"""The ended programs a policy remembers: a policy lives as long as the server, so what it
+remembers about ended programs must not grow without bound. One place for the bound, shared by
+the policies that remember (their sliding means are `predictor.means.SlidingMean`, which the
+program schedulers use too).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 #: ended program ids a policy remembers, so a late finish or event of an ended program is
 #: not taken for a new one; the least recently ended are forgotten first
@@ -35,25 +36,3 @@ class RecentIds:
 
     def __len__(self) -> int:
         return len(self._ids)
-
-
-class SlidingMean:
-    """The mean of the last `window` values, in O(1) per value."""
-
-    __slots__ = ("_values", "_sum")
-
-    def __init__(self, window: int) -> None:
-        self._values: deque[float] = deque(maxlen=window)
-        self._sum = 0.0
-
-    def add(self, x: float) -> None:
-        if len(self._values) == self._values.maxlen:
-            self._sum -= self._values[0]
-        self._values.append(x)
-        self._sum += x
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def mean(self, default: float) -> float:
-        return self._sum / len(self._values) if self._values else default

@@ -18,7 +18,7 @@ policy can beat it.
 Decisions:
 
 * Order: program-level shortest remaining work first. A program's remaining work is the GPU
-  seconds (`server.policies.work.WorkModel`, from the engine's cost model) of its turns from
+  seconds (`server.costs.WorkModel`, from the engine's cost model) of its turns from
   the current one to the last: each turn's prefill of what is not cached (the previous turn's
   tool return and new input) and its decode at its context; a running turn counts only the
   tokens it has still to answer. The waiting queue is sorted by it (ties: program arrival,
@@ -46,8 +46,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from server.costs import WorkModel
 from server.policies.base import AgentEvent, CostModel, Policy, RequestView, UnpinReason
-from server.policies.work import WorkModel
 
 RETURN_SLACK_S = 0.5
 

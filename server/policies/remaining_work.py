@@ -15,7 +15,7 @@ sends one (`predicted_output_tokens`). The estimate of a program's remaining wor
           expected remainder grows with age; on light-tailed lengths it ranks the other way)
     W   = this turn's decode of o tokens at its context c, plus (R - 1) later turns, each
           decoding o tokens, at the context they will have on average, c + R/2 * g
-          (`server.policies.work.WorkModel`: GPU seconds from the engine's cost model)
+          (`server.costs.WorkModel`: GPU seconds from the engine's cost model)
 
 with o the client's predicted output length of this turn (else the mean output per turn seen)
 and g the mean growth of a program's prompt from one turn to the next. A running turn counts
@@ -31,8 +31,9 @@ Retention is Continuum's, inherited unchanged (`continuum.ContinuumPolicy`: the 
 its cold-start chain, hints, pin expiry, its pressure victim), so a difference between the two
 policies is the order's alone.
 
-Constants: `LENGTH_WINDOW = 1000` ended programs; `MIN_PROGRAMS = 10`; `GROWTH_WINDOW` and
-`OUTPUT_WINDOW` = 1000 turns for the sliding means of context growth and output length.
+Constants: `LENGTH_WINDOW = 1000` ended programs and `MIN_PROGRAMS = 10` (`predictor.programs`,
+whose estimators `lookahead` shares); `GROWTH_WINDOW` and `OUTPUT_WINDOW` = 1000 turns for the
+sliding means of context growth and output length.
 
 Per-event cost: O(1) per queue key (a table look-up and a cached per-context step cost); the
 table of E[N - k | N > k] is rebuilt, O(window + longest program), when a program ends.
@@ -40,58 +41,17 @@ table of E[N - k | N > k] is rebuilt, O(window + longest program), when a progra
 
 from __future__ import annotations
 
-from collections import deque
-
-from server.policies.base import AgentEvent, CostModel, RequestView
+from predictor.means import SlidingMean
+from predictor.programs import PromptGrowth, RemainingTurns
+from server.costs import CostModel, WorkModel
+from server.policies.base import AgentEvent, RequestView
 from server.policies.continuum import ContinuumPolicy
-from server.policies.memory import RecentIds, SlidingMean
-from server.policies.work import WorkModel
+from server.policies.memory import RecentIds
 
-LENGTH_WINDOW = 1000
-MIN_PROGRAMS = 10
 GROWTH_WINDOW = 1000
 OUTPUT_WINDOW = 1000
 
 _PREEMPTED, _OTHER = 0.0, 1.0
-
-
-class RemainingTurns:
-    """E[N - k | N > k] from the turn counts N of ended programs (a sliding window)."""
-
-    def __init__(self, window: int = LENGTH_WINDOW, min_programs: int = MIN_PROGRAMS) -> None:
-        self.lengths: deque[int] = deque(maxlen=window)
-        self.min_programs = min_programs
-        self._table: list[float] | None = None
-
-    def add(self, n: int) -> None:
-        if n >= 1:
-            self.lengths.append(n)
-            self._table = None
-
-    def known(self) -> bool:
-        return len(self.lengths) >= self.min_programs
-
-    def expected(self, k: int) -> float | None:
-        """Turns left, turn k (0-based) included, for a program that reached turn k; None
-        before `min_programs` lengths are known."""
-        if not self.known():
-            return None
-        if self._table is None:
-            self._table = self._build()
-        return self._table[k] if k < len(self._table) else 1.0
-
-    def _build(self) -> list[float]:
-        longest = max(self.lengths)
-        count = [0] * (longest + 1)
-        for n in self.lengths:
-            count[n] += 1
-        table = [1.0] * longest  # k = 0 .. longest - 1
-        above, total = 0, 0  # programs with N > k, and the sum of their N
-        for k in range(longest - 1, -1, -1):
-            above += count[k + 1]
-            total += count[k + 1] * (k + 1)
-            table[k] = total / above - k if above else 1.0
-        return table
 
 
 class RemainingWorkPolicy(ContinuumPolicy):
@@ -102,9 +62,8 @@ class RemainingWorkPolicy(ContinuumPolicy):
         super().__init__(cost_model, **kwargs)
         self.work = WorkModel(cost_model)
         self.turns_left = RemainingTurns()
-        self._growth = SlidingMean(GROWTH_WINDOW)
+        self._growth = PromptGrowth(GROWTH_WINDOW)  # and each program's latest prompt
         self._output = SlidingMean(OUTPUT_WINDOW)
-        self._last_prompt: dict[str, int] = {}  # program -> its latest turn's prompt
         self._turn_of: dict[str, int] = {}  # program -> its latest turn index
         self._lengths_taken = RecentIds()  # programs whose length was learnt
 
@@ -114,7 +73,7 @@ class RemainingWorkPolicy(ContinuumPolicy):
             return
         self._lengths_taken.add(program_id)
         self.turns_left.add(turns)
-        self._last_prompt.pop(program_id, None)
+        self._growth.forget(program_id)
         self._turn_of.pop(program_id, None)
 
     def on_arrival(self, req: RequestView, now: float) -> None:
@@ -123,10 +82,7 @@ class RemainingWorkPolicy(ContinuumPolicy):
         if pid is None:
             return
         self._lengths_taken.discard(pid)  # a reused id is a new program
-        previous = self._last_prompt.get(pid)
-        if previous is not None and req.prompt_tokens > previous:
-            self._growth.add(req.prompt_tokens - previous)
-        self._last_prompt[pid] = req.prompt_tokens
+        self._growth.prompt(pid, req.prompt_tokens)
         st = self._programs.get(pid)
         hinted = req.hints.turn
         self._turn_of[pid] = hinted if hinted is not None else (st.turns - 1 if st else 0)

@@ -56,8 +56,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from server.policies.remaining_work import LENGTH_WINDOW, RemainingTurns
-from server.policies.work import WorkModel
+from predictor.programs import LENGTH_WINDOW, RemainingTurns
+from server.costs import WorkModel
 from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
 from server.programs.state import Kv, Phase, ProgramState
 

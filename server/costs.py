@@ -1,4 +1,9 @@
-"""What a turn costs the GPU in seconds: the yardstick the remaining-work policies rank by.
+"""What work costs the GPU in seconds: the cost model an engine hands its policies and program
+schedulers (`CostModel`), and the yardstick the remaining-work rankings measure with
+(`WorkModel`).
+
+Why here, beside the policies and the program schedulers rather than in either: both price
+reloads, swaps and turns with the same model, and neither may import the other.
 
 Why seconds of GPU and not tokens: a decoded token costs more the longer its context (each
 step reads the sequence's whole KV cache), and on the long SWE programs that read is most of a
@@ -18,11 +23,27 @@ caller whose order rests on exact contexts, the `lookahead` program scheduler, a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 FALLBACK_SEQ_S = 5e-5
 FALLBACK_CONTEXT_S = 5e-8
 CONTEXT_BUCKET = 256
+
+
+class CostModel(Protocol):
+    """Seconds the GPU needs for the work a retention decision trades against.
+
+    A model may also time a whole engine step, ``step_seconds(prefill, decode)`` (the
+    `server.perf` profiles do); `WorkModel` uses it when it is there and its fallback
+    constants when it is not."""
+
+    def prefill_seconds(self, context_tokens: int) -> float:
+        """Recomputing a whole context of this many tokens from scratch (the reload cost)."""
+        ...
+
+    def swap_seconds(self, tokens: int) -> float:
+        """Moving this many tokens' KV cache across PCIe, one direction."""
+        ...
 
 
 class WorkModel:
@@ -31,6 +52,7 @@ class WorkModel:
     def __init__(self, cost_model: Any = None, bucket: int = CONTEXT_BUCKET) -> None:
         self.cost_model = cost_model
         self.bucket = bucket
+        # optional in a cost model (`CostModel`): without it, the fallback constants
         self._step = getattr(cost_model, "step_seconds", None)
         self._per_token: dict[int, float] = {}
 
