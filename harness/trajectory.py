@@ -2,7 +2,7 @@
 
 The file is the mini-swe-agent trajectory shape (a top-level `messages` list, which
 `--model replay:DIR` replays) plus our per-step timings (`steps`), which the trace importer
-(`eval.workloads.trace_import.from_harness_trajectory`) turns into a benchmark trace. Writes go to a
+(`eval.workloads.importers.from_harness_trajectory`) turns into a benchmark trace. Writes go to a
 temporary file that is renamed over the old one, so an interrupted run never leaves half a file.
 
 Token-exact steps: when the server returns token ids (vLLM's `return_token_ids`), each step

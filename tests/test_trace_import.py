@@ -1,4 +1,4 @@
-"""The importers of recorded agent runs (eval/workloads/trace_import.py): mini-swe-agent,
+"""The importers of recorded agent runs (eval/workloads/importers/): mini-swe-agent,
 SWE-agent and our own harness's trajectories, into the trace format."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from common.trace import TraceFormatError
-from eval.workloads import trace_import as ti
+from eval.workloads import importers as ti
 
 
 def words(text: str) -> int:

@@ -34,7 +34,7 @@ from common.atomic import write_json_atomic
 from common.trace import Trace
 from eval import ExperimentError
 from eval.experiments.agreement import compare_runs
-from eval.workloads.trace_import import from_harness_trajectory
+from eval.workloads.importers import from_harness_trajectory
 from harness.run import RunSpec, run_benchmark
 from harness.server_process import model_server
 from harness.trajectory import token_ids

@@ -1,0 +1,43 @@
+"""The registry of trajectory formats: name -> importer and detector, and the dispatch by it.
+
+A new format is a module that defines its importer and a `Format` (`shared.Format`), and one
+line here. Detection asks the formats in this order and takes the first that matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.trace import Program, TraceFormatError
+from eval.workloads.importers import harness_trajectory, mini_swe_agent, swe_agent
+from eval.workloads.importers.shared import Format
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    harness_trajectory.FORMAT,
+    swe_agent.FORMAT,
+    mini_swe_agent.FORMAT,
+)}
+
+
+def detect_format(data: Any) -> str:
+    """The name of the first format in `FORMATS` whose detector matches ``data``: ``harness``
+    (has ``steps``), ``swe-agent`` (``trajectory`` / ``attempts``) or ``mini-swe-agent``
+    (``messages``)."""
+    if isinstance(data, dict):
+        for fmt in FORMATS.values():
+            if fmt.detect(data):
+                return fmt.name
+    expected = [fmt.expects for fmt in FORMATS.values()]
+    listed = ", ".join(expected[:-1]) + " or " + expected[-1] if len(expected) > 1 else expected[0]
+    raise TraceFormatError(f"unknown trajectory format: expected a JSON object with {listed}")
+
+
+def import_trajectory(data: Any, fmt: str = "auto", **kwargs: Any) -> Program:
+    """Dispatch to the importer for ``fmt`` (or the detected format)."""
+    name = detect_format(data) if fmt == "auto" else fmt
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose auto or one of {sorted(FORMATS)}")
+    chosen = FORMATS[name]
+    if chosen.options is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k in chosen.options}
+    return chosen.importer(data, **kwargs)
