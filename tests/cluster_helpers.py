@@ -1,10 +1,13 @@
 """What the cluster tests share (not a test module): the NIXL transfer counters a served
-engine reports, one turn of a P/D program through a router, and `harness cluster bench`
-options parsed as the command line would."""
+engine reports, one turn of a P/D program through a router, a cluster file written for the
+launcher, the streamed lines a `RouterProxy` reply relays, and `harness cluster bench` options
+parsed as the command line would."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -55,3 +58,19 @@ def pd_turn(router_url: str, model: str, prompt: list[int], turn: int, answer: i
     assert reply.headers["x-harness-prefill"] == "p"
     assert reply.headers["x-harness-replica"] == "d"
     return reply, reply.json()["choices"][0]["token_ids"]
+
+
+def cluster_file(tmp_path: Path, replicas: list[dict[str, Any]], name: str = "t",
+                 strategy: str = "session", **router: Any) -> Path:
+    """A cluster file of `replicas` behind a `strategy` router (with `router`'s options)."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps({"name": name, "router": {"strategy": strategy, **router},
+                                "replicas": replicas}))
+    return path
+
+
+async def relayed(reply: Any) -> list[str]:
+    """The `data:` lines of a streamed `Reply`, read as a web framework would."""
+    assert reply.stream is not None
+    text = b"".join([chunk async for chunk in reply.stream]).decode()
+    return [line for line in text.splitlines() if line.startswith("data: ")]

@@ -320,7 +320,7 @@ def pd_cluster(request, ray_nodes, tmp_path_factory) -> Iterator[RayServed]:
 
 class TestPD:
     def test_second_turn_pulls_only_its_new_blocks(self, pd_cluster):
-        """tests/test_cluster_serve.py's two-turn P/D program, on Ray: turn 1 prefills 64
+        """tests/test_cluster_served.py's two-turn P/D program, on Ray: turn 1 prefills 64
         tokens on P and D pulls its 4 blocks (4 x 16 tokens x 131,072 bytes); turn 2 (192
         tokens) pulls only the last 4 of P's 12 blocks."""
         c = pd_cluster
