@@ -183,9 +183,13 @@ def _backend(args: argparse.Namespace, engines: Engines) -> tuple[list[str], Bac
         if len(policies) != 1:
             raise BenchError("--url replays against one running server: give --policies the "
                              "one policy it runs (a label for the results)")
-        return policies, Served(HttpTarget(args.url, args.model, args.isolated_over_http),
-                                engines)
-    return (policies if args.no_bounds else with_references(policies)), SingleEngine(engines)
+        if policies[0].hint_mode != "none":
+            raise BenchError("--url: client hints (@...) are only replayed in virtual time")
+        return [str(policies[0])], Served(HttpTarget(args.url, args.model,
+                                                     args.isolated_over_http), engines)
+    if not args.no_bounds:
+        policies = with_references(policies)
+    return [str(p) for p in policies], SingleEngine(engines, tuple(policies))
 
 
 def _names(text: str) -> list[str]:

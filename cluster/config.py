@@ -22,18 +22,43 @@ has at least one prefill and one decode replica.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from common.errors import UserError
 from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
-from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
+from server.policies.spec import PolicySpec
 
 Role = Literal["colocated", "prefill", "decode"]
+
+
+def _policy(value: object) -> PolicySpec:
+    """A replica's `policy` as the file writes it (``NAME[:ARGUMENT]``, `PolicySpec.named`:
+    a ValueError names the policies), parsed once, when the file is read."""
+    if isinstance(value, PolicySpec):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("Input should be a valid string")  # as pydantic says it of a `str`
+    return PolicySpec.named(value)
+
+
+#: A replica's policy: a `PolicySpec` in the config, its text in the file and in a dump.
+ReplicaPolicy = Annotated[InstanceOf[PolicySpec], BeforeValidator(_policy),
+                          PlainSerializer(str, return_type=str)]
 
 #: Strategies that place a whole turn on one replica (no P/D); `pd` and `ampd` need P/D roles.
 COLOCATED_STRATEGIES = ("session", "round_robin", "least_loaded", "programs", "program-queue")
@@ -98,7 +123,7 @@ class ReplicaSpec(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
     role: Role = "colocated"
     profile: str = "h100-llama-3.1-8b"
-    policy: str = "vllm"
+    policy: ReplicaPolicy = PolicySpec.named("vllm")
     node: int = Field(default=0, ge=0, description="server the replica's GPUs sit in")
     count: int = Field(default=1, ge=1, le=256)
     #: vLLM CPU KV offloading for this replica (GiB of host memory); None: the policy decides.
@@ -112,12 +137,6 @@ class ReplicaSpec(_Strict):
     @classmethod
     def _profile(cls, value: str) -> str:
         load_profile(value)  # raises ValueError naming the valid profiles
-        return value
-
-    @field_validator("policy")
-    @classmethod
-    def _policy(cls, value: str) -> str:
-        policy_class(value)  # raises ValueError naming the policies
         return value
 
 

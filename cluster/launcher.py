@@ -110,7 +110,7 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
             raise LauncherError(f"replica {spec.name}: a P/D replica needs a side-channel port")
         env.update(pd.side_channel_env(side_channel_port, side_channel_host))
     try:
-        command = build_command(policy=spec.policy, profile=spec.profile, host=host, port=port,
+        command = build_command(policy=str(spec.policy), profile=spec.profile, host=host, port=port,
                                 seed=config.router.seed,
                                 max_model_len=served_max_model_len(spec.num_gpu_blocks),
                                 extra=extra, offload=offload,

@@ -10,8 +10,8 @@ served engine: only the clock differs.
 
 Prefill/decode disaggregation: `VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...,
 fabric="inproc:NAME"))` runs vLLM's `NixlConnector`; engines of one namespace find each other
-in-process (`server.emulated.nixl_fabric`) and each call into an engine installs its own clock as the
-process clock, so several engines can live side by side (see `docs/pd.md`).
+in-process (`server.emulated.nixl_fabric`) and each call into an engine installs its own clock as
+the process clock, so several engines can live side by side (see `docs/pd.md`).
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ class VirtualEngine:
         self._nixl_scheduler = getattr(sub_connector(self.scheduler.connector, NIXL),
                                        "connector_scheduler", None)
         policy = self.scheduler.agent_policy
-        if getattr(policy, "clairvoyant", False):
+        if policy.clairvoyant:
             if self.future is None:
                 raise ValueError(f"policy {self.policy!r} schedules with every program's "
                                  "future: build its engine with the trace (`future`)")

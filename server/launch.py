@@ -29,9 +29,9 @@ from server.cpu_engine import (
 )
 from server.cpu_memory import folder_kv_budget
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.models.hub import OFFLINE_VARS
 from server.kv_connectors import stacked
 from server.max_model_len import SERVED_MAX_MODEL_LEN
+from server.models.hub import OFFLINE_VARS
 from server.models.store import (
     HUB_ID,
     HubModel,
@@ -41,8 +41,8 @@ from server.models.store import (
 )
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
-from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
+from server.policies.spec import PolicySpec
 from server.settings import (
     DEFAULT_POLICY,
     DEFAULT_PROFILE,
@@ -172,11 +172,11 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
     deployment's TTFT SLO, for a policy that aims at one (`ampd`). `batch_invariant`: vLLM's
     batch-invariant kernels (`server.batch_invariant`; refused where vLLM has none)."""
     try:
-        cls = policy_class(policy)
+        spec = PolicySpec.named(policy)
         check_offload_copy_model(offload_copy_model)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    if getattr(cls, "clairvoyant", False):
+    if spec.cls.clairvoyant:
         raise ServeError(f"policy {policy!r} schedules with every program's future, which only "
                          "a replayed trace knows: it runs in `harness bench`, not served")
     if device not in DEVICES:

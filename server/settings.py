@@ -28,8 +28,8 @@ from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.model_shapes import MODELS_DIR
 from server.perf.registry import load_profile
-from server.policies import policy_class
 from server.policies.ampd import TTFT_SLO_S
+from server.policies.spec import PolicySpec
 
 ENV_POLICY = "HARNESS_POLICY"
 ENV_PROFILE = "HARNESS_PROFILE"
@@ -75,7 +75,7 @@ def offload_gib(policy: str, requested: float | None = None) -> float | None:
         if not requested > 0:
             raise ServeOptionsError(f"--offload-gib {requested}: give a positive size in GiB")
         return float(requested)
-    return DEFAULT_OFFLOAD_GIB if policy_class(policy).needs_offload else None
+    return DEFAULT_OFFLOAD_GIB if PolicySpec.named(policy).cls.needs_offload else None
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ and, before a tool runs, its predicted duration.
 Why a module of its own: both replayers (the virtual-time loop, `sim.loop`, and the wall-clock
 one, `eval.replay.http_replay`) must send the same hints, or their results cannot be compared.
 Requests carry the hints a client would send (``turn``, ``tool``, ``last``). ``tool_start``
-carries a ``predicted_s`` only if asked (``hints``, see ``HINT_MODES``); otherwise policies that
-need one learn durations from ``tool_end``.
+carries a ``predicted_s`` only if asked (``hints``: one of ``HINT_MODES``, which a policy spec's
+``@HINTS`` names, `server.policies.spec`); otherwise policies that need one learn durations
+from ``tool_end``.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ from typing import Any
 
 from common.trace import Program
 from predictor.durations import ToolDurationModel
+from server.policies.spec import HINT_MODES
 
 
 def turn_hints(program: Program, i: int) -> dict[str, Any]:
     """The ``vllm_xargs`` hints a client sends with turn ``i``'s request (None: left out)."""
     return {"turn": i, "tool": program.turns[i].tool,
             "last": 1 if i == program.n_turns - 1 else None}
-
-
-#: What the replayed client tells the server about a tool call before it runs (``tool_start``'s
-#: ``predicted_s``): ``none``, as a trace has no predictor; ``online``, the harness's own rule
-#: (the mean of the tool's durations seen so far by this client, once it has enough of them:
-#: ``ToolDurationModel.client_prediction``); ``oracle``, the call's true duration, the bound
-#: on what any predictor can give.
-HINT_MODES = ("none", "online", "oracle")
 
 
 class ClientPredictions:

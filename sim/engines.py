@@ -2,9 +2,9 @@
 the planner's simulations, the isolated bound).
 
 Why one factory: a comparison is only fair when every engine of it is built the same way, and
-the rules for that (a policy name's `+offload` suffix, the longest conversation an engine
-takes, a P/D replica's KV-transfer connector, the cluster's TTFT SLO) were written in several
-places before and had begun to disagree. The longest conversation is `server.max_model_len`'s
+the rules for that (a policy's `+offload`, the longest conversation an engine takes, a P/D
+replica's KV-transfer connector, the cluster's TTFT SLO) were written in several places before
+and had begun to disagree. The longest conversation is `server.max_model_len`'s
 rule, beside the served replicas' own. A clairvoyant policy (`oracle`) also gets every
 program's future from the trace here (`futures`), and only it: the others are built without.
 """
@@ -19,21 +19,12 @@ from server.engine import VirtualEngine
 from server.max_model_len import BLOCK_SIZE, context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.registry import load_profile
-from server.policies import policy_class
 from server.policies.oracle import TurnFuture
+from server.policies.spec import PolicySpec
 from server.settings import DEFAULT_OFFLOAD_GIB
 
 
-def base_policy(name: str) -> tuple[str, bool]:
-    """``vllm+offload`` -> (``vllm``, True): a policy with vLLM's CPU KV offloading turned on,
-    so a policy that does not need it can be compared on the same memory as one that does."""
-    base, plus, extra = name.partition("+")
-    if plus and extra != "offload":
-        raise ValueError(f"policy {name!r}: the only suffix is +offload")
-    return base, bool(plus)
-
-
-def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None,
+def make_engine(policy: PolicySpec, profile: str, seed: int, num_gpu_blocks: int | None,
                 offload_gib: float | None = None, replica: Any = None,
                 cluster: Any = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None,
@@ -41,7 +32,8 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                 offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
                 trace: Trace | None = None, max_num_seqs: int | None = None,
                 enable_prefix_caching: bool = True) -> Any:
-    """A fresh virtual-time engine for `policy` (``NAME`` or ``NAME+offload``), its context
+    """A fresh virtual-time engine for `policy` (its `offload` turns vLLM's CPU KV offloading
+    on), its context
     as `server.max_model_len.context_limit` says. `replica` and `cluster` (a cluster file's
     replica and the file): a prefill or decode replica also gets its KV-transfer connector
     (`bidirectional`: a prefill replica may read a program's history from its decode replica,
@@ -50,15 +42,15 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
     (`futures`); other policies never get it. `max_num_seqs`, `enable_prefix_caching`: vLLM's,
     as `server.engine.VirtualEngine` takes them."""
     max_len = context_limit(profile, num_gpu_blocks, max_model_len)
-    name, offload = base_policy(policy)
-    if offload and offload_gib is None:
+    name = policy.engine_name
+    if policy.offload and offload_gib is None:
         offload_gib = DEFAULT_OFFLOAD_GIB
     options: dict[str, Any] = {}
     if cluster is not None:  # the cluster's TTFT SLO, as `harness cluster serve` gives it
         options["ttft_slo_s"] = cluster.router.ttft_slo_s
     if replica is not None and cluster is not None and cluster.carries_kv(replica):
         options.update(virtual_engine_options(replica, cluster, bidirectional=bidirectional))
-    if getattr(policy_class(name), "clairvoyant", False):
+    if policy.cls.clairvoyant:
         if trace is None:
             raise ValueError(f"policy {name!r} knows every program's future: give the trace")
         options["future"] = futures(trace)
@@ -69,7 +61,7 @@ def make_engine(policy: str, profile: str, seed: int, num_gpu_blocks: int | None
                          enable_prefix_caching=enable_prefix_caching, **options)
 
 
-def pd_options(role: str, policy: str, *, history: str = "pull",
+def pd_options(role: str, policy: PolicySpec, *, history: str = "pull",
                prefill_cache: bool = True) -> dict[str, Any]:
     """How a P/D replay builds a replica of `role` running `policy` (`make_engine`'s keywords),
     one rule for the bench (`eval.ampd.bench`) and the planner's simulations
@@ -81,7 +73,7 @@ def pd_options(role: str, policy: str, *, history: str = "pull",
     Dynamo)."""
     prefill = role == "prefill"
     return {"bidirectional": history == "pull",
-            "max_num_seqs": 1 if prefill and policy == "ampd" else None,
+            "max_num_seqs": 1 if prefill and policy.name == "ampd" else None,
             "enable_prefix_caching": prefill_cache or not prefill}
 
 

@@ -21,6 +21,7 @@ from server.policies.ampd import (
     predicted_ttfts,
 )
 from server.policies.base import AgentEvent, Hints, RequestView
+from server.policies.spec import PolicySpec
 
 
 class Linear:
@@ -198,11 +199,11 @@ def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch, aut
 
     root = Path(__file__).resolve().parent.parent
     config = load_cluster(root / "cluster" / "examples" / "ampd-h20-1p3d.yaml")
-    spec = config.replicas[0].model_copy(update={"policy": "ampd"})
+    spec = config.replicas[0].model_copy(update={"policy": PolicySpec.named("ampd")})
     argv, _ = replica_command(config, spec, 8400, side_channel_port=8400,
                               events_ipc="ipc:///dev/null")
     served = json.loads(argv[argv.index("--additional-config") + 1])
     assert make_scheduler("ampd", additional_config=served).agent_policy.ttft_slo_s == 2.0
-    engine = autoclose(make_engine("ampd", spec.profile, 0, None, None, spec, config,
+    engine = autoclose(make_engine(spec.policy, spec.profile, 0, None, None, spec, config,
                                    max_model_len=4096))
     assert engine.scheduler.agent_policy.ttft_slo_s == 2.0

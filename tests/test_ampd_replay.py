@@ -11,6 +11,7 @@ from cluster.ampd import AMPDRouter, Costs
 from common.metrics import SLO
 from eval.ampd.bench import STRATEGIES, RunConfig, _engine_factory, cluster_config
 from eval.workloads.registry import load_or_generate
+from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.loop import Simulation
 from sim.virtual_cluster import VirtualCluster
@@ -100,7 +101,7 @@ def test_the_prefill_queue_prices_each_task_on_top_of_its_cached_prefix():
     """D2: a program's next turn waits on the replica that ran its last one. The replica's
     load shows it as one task whose cached part (the last turn's full blocks, found in the
     prefix cache) is not priced again; the new tokens are."""
-    engine = make_engine("vllm", PROFILE, 0, 4096)
+    engine = make_engine(PolicySpec.parse("vllm"), PROFILE, 0, 4096)
     cluster = VirtualCluster.around(engine)
     try:
         first = list(range(100, 2100))  # 2000 tokens

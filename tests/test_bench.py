@@ -14,16 +14,18 @@ from eval.bench.specs import BenchError, Engines, EngineSettings
 from eval.bench.sweep import bench
 from eval.bench.traces import make_trace
 from eval.bench.virtual import SingleEngine
+from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
 
 PROFILE = "h100-llama-3.1-8b"
 # a small KV cache (~1.1k blocks = 18k tokens) so that six programs contend for memory
 BLOCKS = 1100
+VLLM = PolicySpec.named("vllm")
 
 
 def _replay(policy: str, trace):
-    with closing(make_engine(policy, PROFILE, 0, BLOCKS)) as engine:
+    with closing(make_engine(PolicySpec.parse(policy), PROFILE, 0, BLOCKS)) as engine:
         return replay(trace, engine)
 
 
@@ -34,7 +36,7 @@ def trace():
 
 @pytest.fixture(scope="module")
 def isolated(trace):
-    with closing(make_engine("vllm", PROFILE, 0, BLOCKS)) as engine:
+    with closing(make_engine(PolicySpec.parse("vllm"), PROFILE, 0, BLOCKS)) as engine:
         return isolated_jcts(trace, engine)
 
 
@@ -170,11 +172,11 @@ def test_engine_settings_reach_every_policys_engine(autoclose):
     settings = EngineSettings(num_gpu_blocks=BLOCKS, max_num_batched_tokens=2048,
                               offload_gib=2.0)
     for policy in ("vllm", "continuum"):
-        engine = autoclose(Engines(PROFILE, 0, settings).make(policy))
+        engine = autoclose(Engines(PROFILE, 0, settings).make(PolicySpec.parse(policy)))
         assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
         assert engine.offload_gib == 2.0
         assert engine.vllm_config.kv_transfer_config is not None
-    plain = autoclose(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)).make("vllm"))
+    plain = autoclose(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)).make(VLLM))
     assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
 
 
@@ -187,7 +189,7 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     sourced = load_profile(PROFILE, offload_copy_model="sourced")
     settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0,
                               offload_copy_model="sourced")
-    engine = autoclose(Engines(PROFILE, 0, settings).make("continuum"))
+    engine = autoclose(Engines(PROFILE, 0, settings).make(PolicySpec.parse("continuum")))
     worker = engine.core.model_executor._offload
     assert worker._load_seconds(2048) == sourced.load_seconds(2048)
     assert worker._store_seconds(2048) == sourced.store_seconds(2048)
@@ -195,7 +197,7 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     assert cost.offload_copy_model == "sourced"
     assert cost.swap_seconds(2048) == sourced.load_seconds(2048)
     settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0)
-    engine = autoclose(Engines(PROFILE, 0, settings).make("continuum"))
+    engine = autoclose(Engines(PROFILE, 0, settings).make(PolicySpec.parse("continuum")))
     # the env of the previous engine does not leak into the next one
     assert engine.scheduler.agent_policy.cost_model.offload_copy_model == "peak80"
     worker = engine.core.model_executor._offload
@@ -240,7 +242,7 @@ def test_client_hints_reach_continuum(trace, autoclose):
     a held pin takes a hint."""
     hinted = {}
     for hints in ("none", "online", "oracle"):
-        engine = autoclose(make_engine("continuum", PROFILE, 0, BLOCKS))
+        engine = autoclose(make_engine(PolicySpec.parse("continuum"), PROFILE, 0, BLOCKS))
         engine.scheduler.agent_policy.durations.min_samples = 10
         replay(trace, engine, hints=hints)
         hinted[hints] = engine.scheduler.agent_policy.stats()["ttl_sources"].get("hint", 0)
@@ -317,11 +319,13 @@ def test_replay_commands_rerun_themselves_under_a_fixed_hash_seed(monkeypatch):
 def test_the_oracle_is_told_the_future_by_the_engine_factory(trace):
     """`oracle` needs the trace (it is refused without), replays every program to the end,
     and no other policy is given the future."""
+    oracle = PolicySpec.parse("oracle")
     with pytest.raises(ValueError, match="future"):
-        make_engine("oracle", PROFILE, 0, BLOCKS)
-    with closing(make_engine("oracle", PROFILE, 0, BLOCKS, trace=trace)) as engine:
+        make_engine(oracle, PROFILE, 0, BLOCKS)
+    with closing(make_engine(oracle, PROFILE, 0, BLOCKS, trace=trace)) as engine:
         result = replay(trace, engine)
         assert engine.scheduler.agent_policy.pins_made > 0
     assert all(p.finished is not None for p in result.programs.values())
-    with closing(make_engine("continuum", PROFILE, 0, BLOCKS, trace=trace)) as engine:
+    continuum = PolicySpec.parse("continuum")
+    with closing(make_engine(continuum, PROFILE, 0, BLOCKS, trace=trace)) as engine:
         assert engine.future is None

@@ -16,6 +16,7 @@ from eval.workloads.registry import load_or_generate
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress, VirtualEngine
 from server.max_model_len import context_limit, served_max_model_len
+from server.policies.spec import PolicySpec
 from sim.conversation import too_long_turns
 from sim.engines import make_engine
 from sim.loop import Simulation
@@ -23,6 +24,7 @@ from sim.replay import replay
 from sim.virtual_cluster import VirtualCluster
 
 PROFILE = "h100-llama-3.1-8b"
+VLLM = PolicySpec.named("vllm")
 
 
 def program(pid: str, first: int, arrival: float = 0.0, turns: int = 2) -> Program:
@@ -58,7 +60,7 @@ def test_too_long_turns_names_the_first_turn_that_cannot_fit() -> None:
 
 @pytest.mark.engine
 def test_engine_refuses_a_request_that_can_never_fit_and_replay_names_it(autoclose) -> None:
-    engine = autoclose(make_engine("vllm", PROFILE, 0, num_gpu_blocks=65))  # 1,024 tokens
+    engine = autoclose(make_engine(VLLM, PROFILE, 0, num_gpu_blocks=65))  # 1,024 tokens
     assert engine.context_limit == 1024
     with pytest.raises(ContextTooLong, match=r"1,025 tokens \(1,000 prompt \+ 25 output\)"):
         engine.add_request("r", [7] * 1000, output_tokens=25)
@@ -74,7 +76,7 @@ def test_an_engine_that_stops_making_progress_raises(monkeypatch, autoclose) -> 
     limit and then sits running, computing nothing, with the clock standing still. After
     NO_PROGRESS_STEPS such steps the engine says so, with what is stuck."""
     monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
-    engine = autoclose(make_engine("vllm", PROFILE, 0, num_gpu_blocks=300))  # 4,784 tokens
+    engine = autoclose(make_engine(VLLM, PROFILE, 0, num_gpu_blocks=300))  # 4,784 tokens
     monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
     engine.add_request("stuck", [7] * 6000, output_tokens=4)
     with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing.*"

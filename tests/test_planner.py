@@ -471,14 +471,16 @@ def test_ampd_planning_needs_the_slo_and_pulls_history_by_default():
 def test_the_bench_and_the_planner_build_pd_replicas_by_one_rule():
     """`sim.engines.pd_options`: an AMPD prefill replica runs one prefill at a time (Eq. 3),
     pulled history makes replicas bidirectional, Dynamo's prefill replicas cache nothing."""
+    from server.policies.spec import PolicySpec
     from sim.engines import pd_options
 
-    assert pd_options("prefill", "ampd") == {"bidirectional": True, "max_num_seqs": 1,
-                                             "enable_prefix_caching": True}
-    assert pd_options("decode", "ampd")["max_num_seqs"] is None
-    assert pd_options("prefill", "vllm", history="recompute", prefill_cache=False) == {
+    ampd, vllm = PolicySpec.named("ampd"), PolicySpec.named("vllm")
+    assert pd_options("prefill", ampd) == {"bidirectional": True, "max_num_seqs": 1,
+                                           "enable_prefix_caching": True}
+    assert pd_options("decode", ampd)["max_num_seqs"] is None
+    assert pd_options("prefill", vllm, history="recompute", prefill_cache=False) == {
         "bidirectional": False, "max_num_seqs": None, "enable_prefix_caching": False}
-    assert pd_options("decode", "vllm", prefill_cache=False)["enable_prefix_caching"]
+    assert pd_options("decode", vllm, prefill_cache=False)["enable_prefix_caching"]
 
 
 @pytest.mark.engine

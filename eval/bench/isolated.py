@@ -20,6 +20,7 @@ from common.trace import Trace
 from eval.bench.rows import write_json
 from eval.bench.specs import Engines, EngineSettings
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.policies.spec import PolicySpec
 from sim.replay import isolated_jcts
 
 
@@ -61,7 +62,7 @@ def isolated_timed(trace: Trace, engines: Engines, out: Path,
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}, None
     wall, cpu = time.perf_counter(), time.process_time()
-    engine = replace(engines, settings=plain).make("vllm")
+    engine = replace(engines, settings=plain).make(PolicySpec.named("vllm"))
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
         steps = int(engine.scheduler.sched_steps)

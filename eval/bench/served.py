@@ -19,7 +19,7 @@ from common.trace import Trace
 from eval.bench.backends import Progress, Replayed, timed, timing
 from eval.bench.isolated import IsolatedCost, isolated_timed
 from eval.bench.runs import Run
-from eval.bench.specs import BenchError, Engines, HttpTarget, split_policy
+from eval.bench.specs import BenchError, Engines, HttpTarget
 from eval.replay.http_replay import (
     HttpReplayError,
     http_replay_metrics,
@@ -55,9 +55,6 @@ class Served:
         return isolated_timed(trace, self.engines, out, progress)
 
     def replay(self, trace: Trace, run: Run, progress: Progress) -> Replayed:
-        if split_policy(run.policy)[1] != "none":
-            raise BenchError("--url: client hints (@...) are only replayed in virtual time")
-
         def one() -> Any:
             try:
                 return replay_over_http(trace, self.target.url, model=self.target.model,

@@ -19,38 +19,34 @@ from eval import ExperimentError
 from server.max_model_len import context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
-from server.policies import policy_class
-from sim.client import HINT_MODES
-from sim.engines import base_policy, make_engine
+from server.policies.spec import HINT_MODES, PolicySpec, UnknownHints
+from sim.engines import make_engine
 
 
 class BenchError(ExperimentError):
     """A user mistake in `harness bench` arguments (printed without a traceback)."""
 
 
-def split_policy(spec: str) -> tuple[str, str]:
-    """``continuum+offload@online`` -> (``continuum+offload``, ``online``); no @ -> hints
-    ``none``. The name keeps ``+offload`` (see `make_engine`)."""
-    name, _, hints = spec.partition("@")
-    return name, hints or "none"
-
-
-def check_policies(names: Sequence[str]) -> list[str]:
-    """Policy names, each optionally ``NAME@HINTS`` (``sim.replay.HINT_MODES``: what the
-    replayed client predicts about tool calls), e.g. ``continuum,continuum@oracle``; checked,
-    without repeats, in the order given."""
+def check_policies(names: Sequence[str]) -> list[PolicySpec]:
+    """`--policies`: each ``NAME[:ARGUMENT][+offload][@HINTS]`` (`PolicySpec.parse`; the
+    hints, `HINT_MODES`, say what the replayed client predicts about tool calls), e.g.
+    ``continuum,continuum@oracle``; parsed, without repeats, in the order given. Every name is
+    checked before any hints."""
     if not names:
         raise BenchError("--policies is empty; give e.g. vllm,continuum")
+    specs: list[PolicySpec] = []
+    bad: list[str] = []
     for p in names:
         try:  # a suffix other than +offload, an unknown name, a bad argument after ':'
-            policy_class(base_policy(split_policy(p)[0])[0])
+            specs.append(PolicySpec.parse(p))
+        except UnknownHints:
+            bad.append(p)
         except ValueError as exc:
             raise BenchError(f"--policies {p}: {exc}") from None
-    bad = [p for p in names if split_policy(p)[1] not in HINT_MODES]
     if bad:
         raise BenchError(f"unknown hints in {', '.join(map(repr, bad))}; after @ give one of: "
                          f"{', '.join(HINT_MODES)}")
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(specs))
 
 
 #: The reference runs of every virtual single-engine report: the baseline and the clairvoyant
@@ -58,13 +54,14 @@ def check_policies(names: Sequence[str]) -> list[str]:
 REFERENCES = ("vllm", "oracle")
 
 
-def with_references(policies: Sequence[str]) -> list[str]:
+def with_references(policies: Sequence[PolicySpec]) -> list[PolicySpec]:
     """`policies` with `vllm` first and `oracle` last where they are not already named."""
     out = list(policies)
-    if REFERENCES[0] not in out:
-        out.insert(0, REFERENCES[0])
-    if REFERENCES[1] not in out:
-        out.append(REFERENCES[1])
+    first, last = (PolicySpec.named(name) for name in REFERENCES)
+    if first not in out:
+        out.insert(0, first)
+    if last not in out:
+        out.append(last)
     return out
 
 
@@ -74,7 +71,7 @@ class ClusterRuns:
     each router, with every replica running each policy (or its own, if none are given)."""
 
     config: ClusterConfig
-    runs: tuple[tuple[str, str, str | None], ...]  # (label, router, policy or None)
+    runs: tuple[tuple[str, str, PolicySpec | None], ...]  # (label, router, policy or None)
 
     @classmethod
     def load(cls, path: str, routers: Sequence[str] | None = None,
@@ -86,10 +83,10 @@ class ClusterRuns:
         except ClusterConfigError as exc:
             raise BenchError(str(exc)) from None
         names = list(routers) if routers is not None else [config.router.strategy]
-        wanted: list[str | None] = [None]
+        wanted: list[PolicySpec | None] = [None]
         if policies is not None:
             wanted = list(check_policies(policies))
-            if any(split_policy(p)[1] != "none" or base_policy(p)[1] for p in wanted):
+            if any(p.hint_mode != "none" or p.offload for p in wanted if p is not None):
                 raise BenchError("--cluster: give plain policy names (set `offload_gib` per "
                                  "replica in the cluster file; client hints are not replayed)")
         for name in names:  # the file must make sense under every router and policy asked for
@@ -98,10 +95,10 @@ class ClusterRuns:
                 data["router"]["strategy"] = name
                 if policy is not None:
                     for replica in data["replicas"]:
-                        replica["policy"] = policy
+                        replica["policy"] = str(policy)
                 try:
                     parse_cluster(data, f"{path} with router {name!r}"
-                                  + ("" if policy is None else f" and policy {policy!r}"))
+                                  + ("" if policy is None else f" and policy {str(policy)!r}"))
                 except ClusterConfigError as exc:
                     raise BenchError(str(exc)) from None
         runs = tuple((name if p is None else f"{name}:{p}", name, p)
@@ -186,7 +183,7 @@ class Engines:
         except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
             raise BenchError(f"--profile {self.profile!r}: {exc}") from None
 
-    def make(self, policy: str, trace: Trace | None = None) -> Any:
+    def make(self, policy: PolicySpec, trace: Trace | None = None) -> Any:
         """`make_engine` for `policy` under the run's settings; `trace`: the programs it will
         replay (only a clairvoyant policy, `oracle`, is told them)."""
         settings = self.settings

@@ -20,8 +20,9 @@ from eval.bench.backends import Progress, Replayed, timed, timing
 from eval.bench.floor import throughput_floor
 from eval.bench.isolated import IsolatedCost, isolated_timed
 from eval.bench.runs import Run
-from eval.bench.specs import BenchError, ClusterRuns, Engines, split_policy
+from eval.bench.specs import BenchError, ClusterRuns, Engines
 from server.max_model_len import BLOCK_SIZE, context_limit
+from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.loop import replay_cluster
 from sim.records import steady_programs
@@ -31,9 +32,11 @@ from sim.virtual_cluster import VirtualCluster
 
 @dataclass(frozen=True)
 class SingleEngine:
-    """Each replay on one fresh in-process engine of `engines` (`harness bench`)."""
+    """Each replay on one fresh in-process engine of `engines` (`harness bench`), running the
+    one of `policies` its run names (a run's label is its policy's text)."""
 
     engines: Engines
+    policies: tuple[PolicySpec, ...] = ()
     mode: str = "virtual"
     parallel: bool = True
 
@@ -48,12 +51,12 @@ class SingleEngine:
         return isolated_timed(trace, self.engines, out, progress)
 
     def replay(self, trace: Trace, run: Run, progress: Progress) -> Replayed:
-        name, hints = split_policy(run.policy)
+        policy = next(p for p in self.policies if str(p) == run.policy)
 
         def one() -> Any:
-            engine = self.engines.make(name, trace)
+            engine = self.engines.make(policy, trace)
             try:
-                result = replay(trace, engine, progress=progress, hints=hints,
+                result = replay(trace, engine, progress=progress, hints=policy.hint_mode,
                                 concurrency=run.concurrency)
             finally:
                 engine.close()

@@ -81,7 +81,7 @@ from eval.replay.routers import (
 )
 from harness.server_process import ServerProcess
 from server.perf.registry import load_profile
-from server.policies import policy_class
+from server.policies.spec import PolicySpec
 
 BLOCK_SIZE = 16  # tokens per KV block on the emulated GPU (`server.launch`)
 DEFAULT_SYSTEMS = "vr-programs,vr-hash,session:vllm,session:continuum"
@@ -140,7 +140,7 @@ def parse_systems(text: str) -> list[System]:
         elif name.split(":", 1)[0] in OUR_STRATEGIES and name.split(":", 1)[1:] not in ([], [""]):
             strategy, policy = name.split(":", 1)
             try:
-                policy_class(policy)
+                PolicySpec.named(policy)
             except ValueError as exc:
                 raise ServedComparisonInputError(f"--systems {name}: {exc}") from None
             systems.append(System(name, policy,

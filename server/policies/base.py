@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from server.costs import CostModel
 
@@ -115,12 +115,18 @@ class Policy:
     #: Keyword options of the constructor that the deployment sets (`server.settings`
     #: `ServeSettings.policy_options`, e.g. ``ttft_slo_s``); `make_policy` passes a policy only
     #: those it names here, so one cluster-wide setting can reach every replica's policy.
-    options: tuple[str, ...] = ()
+    options: ClassVar[tuple[str, ...]] = ()
 
     #: The constructor keyword that a policy name of the form ``NAME:VALUE`` sets
-    #: (`make_policy`), or None when the policy takes none: a parameter an experiment sweeps,
-    #: not a deployment's setting (the error of `lookahead-oracle`'s told lengths).
-    argument: str | None = None
+    #: (`server.policies.spec.PolicySpec`), or None when the policy takes none: a parameter an
+    #: experiment sweeps, not a deployment's setting (the error of `lookahead-oracle`'s told
+    #: lengths).
+    argument: ClassVar[str | None] = None
+
+    #: When True the policy schedules with every program's future, which only a replayed
+    #: trace knows: the virtual-time engine tells it (`foresee`, given the trace's futures by
+    #: `sim.engines.make_engine`) and `harness serve` refuses it.
+    clairvoyant: ClassVar[bool] = False
 
     @classmethod
     def parse_argument(cls, text: str) -> Any:
