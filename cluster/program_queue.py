@@ -44,7 +44,7 @@ import math
 from collections.abc import Sequence
 
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, _alive
-from server.programs import PER_PROGRAM_TOKENS, ProgramScheduler, Room, roomiest
+from server.programs import ProgramScheduler, Room, roomiest
 from server.programs.state import ACCOUNTS
 from server.programs.thunderagent import ThunderAgent
 
@@ -93,7 +93,7 @@ class ProgramQueueRouter(Router):
         if home not in self.backends:
             home = self.home[program_id] = self._roomiest(live)
         books = self.backends[home]
-        if not again or program_id not in books.table:
+        if not again or not books.knows(program_id):
             books.turn_arrived(program_id, info.prompt_tokens if info else 0, now, turn)
         if books.may_run(program_id):
             self._goes(program_id, books, now)
@@ -150,14 +150,11 @@ class ProgramQueueRouter(Router):
     def _move(self, program_id: str, turn: int, books: ProgramScheduler, to: str,
               now: float) -> None:
         """Resume a paused program on replica `to` (its KV is re-prefilled there)."""
-        st = books.table.get(program_id)
-        context = st.context_tokens if st is not None else 0
+        context = books.context_of(program_id)
         books.program_left(program_id, now)
         target = self.backends[to]
         target.turn_arrived(program_id, context, now, turn)
-        moved = target.table.get(program_id)
-        if moved is not None and not moved.active:
-            target.resume(moved, now)
+        target.force_resume(program_id, now)
         self.home[program_id] = to
         self.moves += 1
         self._goes(program_id, target, now)
@@ -169,24 +166,16 @@ class ProgramQueueRouter(Router):
         rooms = self._rooms([r for r in live if r.name != home])
         if not rooms:
             return None
-        st = books.table.get(program_id)
         best = roomiest(rooms)
-        need = (st.context_tokens if st is not None else 0) + PER_PROGRAM_TOKENS
-        return best.name if best.free_tokens >= need else None
+        return best.name if best.free_tokens >= books.charge(program_id) else None
 
     def _roomiest(self, live: Sequence[ReplicaLoad]) -> str:
         """Where a program starts: the most free room; ties by the order listed."""
         return roomiest(self._rooms(live)).name
 
     def _rooms(self, live: Sequence[ReplicaLoad]) -> list[Room]:
-        """Each replica as its books see it: what it may hold up to a resume, what its active
-        programs are charged."""
-        rooms = []
-        for r in live:
-            books = self.backends[r.name]
-            limit = getattr(books, "resume_to", 1.0) * books.capacity_tokens
-            rooms.append(Room(r.name, int(limit), books.active_usage()))
-        return rooms
+        """Each replica as its books see it (`ProgramScheduler.room`)."""
+        return [self.backends[r.name].room(r.name) for r in live]
 
     def _decide(self, live: Sequence[ReplicaLoad], now: float) -> None:
         """On the tick every replica's books decide; between ticks an idle replica's do."""
@@ -230,8 +219,7 @@ class ProgramQueueRouter(Router):
                 books.configure(r.kv_capacity_tokens, host_tier=False)
         for name in [n for n in self.backends if n not in names]:
             books = self.backends.pop(name)
-            for st in list(books.table):
-                books.program_ended(st.program_id, now)
+            books.end_all(now)
             for key, value in books.stats().items():
                 self._lost_totals[key] += value
             for pid in [p for p, h in self.home.items() if h == name]:
@@ -241,5 +229,5 @@ class ProgramQueueRouter(Router):
         """Homes of programs no books hold any more (forgotten after their silence)."""
         for pid in [p for p, h in self.home.items()
                     if p not in self.held and h in self.backends
-                    and p not in self.backends[h].table]:
+                    and not self.backends[h].knows(p)]:
             del self.home[pid]

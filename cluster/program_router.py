@@ -19,8 +19,10 @@ router can put a program where there is room for it and keep it there while it f
 * Each replica's own program scheduler (its policy, e.g. `lookahead`) decides which of the
   programs placed on it run at once; the router decides where, the engine decides when.
 
-Placement is `ProgramScheduler.place` (the rule the engine-side schedulers share); the ledger
-forgets a program at its end, and one that never ends after `STALE_AFTER_S` of silence.
+Placement is `ProgramScheduler.place` (the rule the engine-side schedulers share), over a
+ledger kept with the scheduler's public methods (`track`, `place`, `held_by_replica`,
+`forget`); the ledger forgets a program at its end, and one that never ends after
+`STALE_AFTER_S` of silence.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, _alive
-from server.programs import PER_PROGRAM_TOKENS, ProgramScheduler, Room
+from server.programs import ProgramScheduler, Room
 
 #: A replica is full for placement above this share of its capacity (room for growing turns).
 ROOM_SHARE = 0.9
@@ -38,18 +40,15 @@ class ProgramRouter(Router):
     name = "programs"
 
     def __init__(self, carry_kv: bool = False) -> None:
-        #: the programs placed, in a program table: its context, home (`replica`) and last
-        #: turn (`last_seen`, for forgetting a program that never ends) are all it needs
-        self.placer = ProgramScheduler()
+        #: the programs placed: each one's context, home and last turn (for forgetting a
+        #: program that never ends) are all it needs
+        self.ledger = ProgramScheduler()
         self.moves = 0
         #: a moved program's KV goes along over NIXL (every replica runs the connector)
         self.carry_kv = carry_kv
 
     def _rooms(self, live: Sequence[ReplicaLoad], program_id: str) -> list[Room]:
-        held: dict[str, int] = {}
-        for st in self.placer.table:
-            if st.replica is not None and st.program_id != program_id:
-                held[st.replica] = held.get(st.replica, 0) + st.context_tokens + PER_PROGRAM_TOKENS
+        held = self.ledger.held_by_replica(excluding=program_id)
         rooms = []
         for r in live:
             if r.kv_capacity_tokens > 0:
@@ -63,17 +62,13 @@ class ProgramRouter(Router):
               info: TurnInfo | None = None) -> Route:
         live = _alive(replicas, "colocated")
         now = info.now if info is not None else 0.0
-        table = self.placer.table
-        table.reap(now)
-        st = table.get(program_id) or table.turn_arrived(program_id, 0, now)
-        if info is not None:
-            st.context_tokens = info.prompt_tokens
-        st.last_seen = now
-        home = st.replica
+        ledger = self.ledger
+        ledger.reap(now)
+        ledger.track(program_id, now, info.prompt_tokens if info is not None else None)
+        home = ledger.replica_of(program_id)
         home_lives = home in {r.name for r in live}
-        if not home_lives:
-            st.replica = None  # lost with its replica: placed afresh
-        chosen = self.placer.place(program_id, self._rooms(live, program_id))  # records it
+        # a home lost with its replica is no room of `live`: the program is placed afresh
+        chosen = ledger.place(program_id, self._rooms(live, program_id))  # records it
         if home is None or chosen == home:
             return Route(decode=chosen)
         self.moves += 1
@@ -82,8 +77,7 @@ class ProgramRouter(Router):
         return Route(decode=chosen)
 
     def program_end(self, program_id: str) -> None:
-        self.placer.table.programs.pop(program_id, None)
+        self.ledger.forget(program_id)
 
     def bound(self, program_id: str) -> str | None:
-        st = self.placer.table.get(program_id)
-        return None if st is None else st.replica
+        return self.ledger.replica_of(program_id)

@@ -232,8 +232,8 @@ def test_a_program_a_router_moves_is_let_go_where_it_was():
         assert [t.replica for t in result.programs["p"].turns] == ["r0", "r1", "r1"]
         assert r0.pin_stats.pinned == 1 and r0.pin_stats.moved == 1 and not r0.pins
         assert r0.pin_stats.program_end == 0  # released at the move, not at the end
-        assert not r0.agent_policy.programs._lengths.lengths
-        assert len(r1.agent_policy.programs._lengths.lengths) == 1
+        assert not r0.agent_policy.programs.estimates.lengths.lengths
+        assert len(r1.agent_policy.programs.estimates.lengths.lengths) == 1
         assert result.pin_stats["moved"] == 1
 
 

@@ -365,7 +365,7 @@ def test_a_program_moved_away_leaves_nothing_held_here(events_address):
     deliver(d, events_address, {"type": "program_moved", "program_id": "A"})
     assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.moved == 1
     assert d.free_blocks == d.total_blocks
-    assert programs.table.get("A") is None and not programs._lengths.lengths
+    assert programs.table.get("A") is None and not programs.estimates.lengths.lengths
 
 
 def test_a_program_scheduler_is_told_what_each_programs_turns_still_allocate():
@@ -381,6 +381,6 @@ def test_a_program_scheduler_is_told_what_each_programs_turns_still_allocate():
     d.submit("A-1", first + [11, 12] + prompt(3, 40), "A", max_tokens=2)
     d.submit("B-0", prompt(2, 100), "B", max_tokens=2)
     d.step()
-    ahead = d.scheduler.agent_policy.programs._ahead
+    ahead = d.scheduler.agent_policy.programs.engine.ahead
     assert ahead == {"A": 320 + 2 + 40 - pinned, "B": 100}
     assert 320 + 2 + 40 - pinned <= 42

@@ -282,7 +282,7 @@ def test_a_program_moved_to_another_replica_frees_its_slot_here_at_once(cls):
     assert s.active_usage() == 400
     assert s.table.ended_totals["active_s"] > 0  # its time here is still accounted
     if cls is Lookahead:
-        assert not s._lengths.lengths
+        assert not s.estimates.lengths.lengths
 
 
 def test_a_program_first_seen_at_its_kth_turn_counts_the_turns_it_did_elsewhere():
@@ -295,7 +295,7 @@ def test_a_program_first_seen_at_its_kth_turn_counts_the_turns_it_did_elsewhere(
     s.turn_arrived("new", 5000, 2.0, turn=0)
     moved, new = s.table.get("moved"), s.table.get("new")
     assert (moved.turns, new.turns) == (4, 0)
-    assert s.turns_left(moved) == 2.0 and s.turns_left(new) == 6.0
+    assert s.estimates.turns_left(moved) == 2.0 and s.estimates.turns_left(new) == 6.0
     assert s.rank(moved) < s.rank(new)
     s.decide(2.0)
     for k in (4, 5):
@@ -303,7 +303,7 @@ def test_a_program_first_seen_at_its_kth_turn_counts_the_turns_it_did_elsewhere(
         _act(s, "moved", 5100 + k, 2.5 + k)
         s.turn_arrived("moved", 5100 + k, 2.6 + k, turn=k + 1)
     s.program_ended("moved", 9.0)
-    assert s._lengths.lengths[-1] == 6
+    assert s.estimates.lengths.lengths[-1] == 6
 
 
 def test_events_for_unknown_programs_are_ignored():
@@ -460,7 +460,7 @@ def test_lookahead_oracle_ranks_by_known_remaining_turns_from_the_start():
     s = policy.programs
     for pid in ("long", "short"):
         s.turn_arrived(pid, 1000, 0.0)
-    assert s.turns_left(s.table.get("short")) == 5.0
+    assert s.estimates.turns_left(s.table.get("short")) == 5.0
     assert s.rank(s.table.get("short")) < s.rank(s.table.get("long"))
     assert not hasattr(make_policy("lookahead"), "foresee")
 
@@ -474,7 +474,7 @@ def test_lookahead_oracle_told_lengths_with_an_error_is_one_draw_per_program_sca
         policy = make_policy(f"lookahead-oracle:{error}")
         assert policy.length_error == error
         policy.foresee(futures)
-        told[error] = policy.programs.known_turns
+        told[error] = policy.programs.estimates.known_turns
     assert set(told[0.0].values()) == {40}  # no error: the truth
     for pid in futures:
         small, large = told[0.25][pid] - 40, told[1.0][pid] - 40
@@ -485,7 +485,7 @@ def test_lookahead_oracle_told_lengths_with_an_error_is_one_draw_per_program_sca
     assert abs(mean) < 0.2 and 0.8 < sd < 1.2  # a lognormal error of sigma 1, unbiased in log
     again = make_policy("lookahead-oracle:1")
     again.foresee(futures)
-    assert again.programs.known_turns == told[1.0]  # the same draw in every run
+    assert again.programs.estimates.known_turns == told[1.0]  # the same draw in every run
     with pytest.raises(ValueError, match="lognormal sigma >= 0"):
         make_policy("lookahead-oracle:often")
     with pytest.raises(ValueError, match="takes no argument"):
@@ -525,7 +525,7 @@ def test_lookahead_with_known_lengths_lets_a_short_program_take_a_long_ones_plac
     # It takes long's place only when its remaining work is under 1/PREEMPT_MARGIN of long's
     s = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
     if known:
-        s.known_turns = {"long": long_turns, "short": 3, "r": 10}
+        s.tell_lengths({"long": long_turns, "short": 3, "r": 10})
     _start(s, "long", 1000, 0.0)
     _start(s, "r", 100, 0.0)
     _act(s, "long", 6000, 1.0, predicted=30.0)

@@ -8,7 +8,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from server.policies.base import CostModel
+from server.costs import CostModel
 from server.policies.programs import ProgramPolicy
 from server.programs.lookahead import Lookahead
 
@@ -16,6 +16,7 @@ from server.programs.lookahead import Lookahead
 class LookaheadPolicy(ProgramPolicy):
     name = "lookahead"
     scheduler_cls = Lookahead
+    programs: Lookahead
 
 
 def told_turns(program_id: str, turns: int, error: float) -> int:
@@ -59,5 +60,5 @@ class LookaheadOraclePolicy(LookaheadPolicy):
         return value
 
     def foresee(self, futures: Mapping[str, Sequence[Any]]) -> None:
-        self.programs.known_turns = {pid: told_turns(pid, len(turns), self.length_error)
-                                     for pid, turns in futures.items()}
+        self.programs.tell_lengths({pid: told_turns(pid, len(turns), self.length_error)
+                                    for pid, turns in futures.items()})

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from server.policies.base import AgentEvent, CostModel, Policy, RequestView
+from server.costs import CostModel
+from server.policies.base import AgentEvent, Policy, RequestView
 from server.programs.base import ProgramScheduler
-from server.programs.state import Kv, Phase
+from server.programs.state import Kv
 
 #: How often (clock seconds) the KV held by program state is sampled for the reports.
 OCCUPANCY_EVERY_S = 5.0
@@ -120,9 +121,7 @@ class ProgramPolicy(Policy):
     def on_unpin(self, program_id: str, reason: str, now: float) -> None:
         self._now = now
         if reason in ("pressure", "expired"):
-            st = self.programs.table.get(program_id)
-            if st is not None and st.kv is Kv.GPU and st.phase is Phase.ACTING:
-                st.kv = Kv.CPU if self.host_tier else Kv.NONE
+            self.programs.kv_released(program_id)
 
     def prefetch_due(self, now: float) -> list[str]:
         self._now = now

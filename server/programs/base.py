@@ -16,6 +16,10 @@ admitted, finished; a tool started with its predicted duration; a tool ended; a 
 ended) and ask it what to do.
 
 Time is the caller's clock (seconds): the engine's virtual or real clock, the router's.
+
+The callers use the public methods only, never the table's fields: the facts and decisions
+above, and a router's ledger (`track`, `place`, `replica_of`, `held_by_replica`, `charge`,
+`room`, `force_resume`, `forget`, `end_all`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from server.programs.state import Kv, Phase, ProgramState, ProgramTable
-
-#: Tokens a program is charged beyond its context (ThunderAgent's per-program allowance for the
-#: tokens its next turn adds before the next accounting).
-PER_PROGRAM_TOKENS = 100
+from server.costs import CostModel
+from server.programs.state import PER_PROGRAM_TOKENS, Kv, Phase, ProgramState, ProgramTable
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,11 @@ class ProgramScheduler:
     tick_s: float | None = None
     #: whether `prefetch_due` may name programs (the engine then keeps the prefetch books)
     prefetches = False
+    #: the share of the capacity active programs are resumed up to (what a router counts as a
+    #: replica's room, `room`); a scheduler with thresholds of its own sets it
+    resume_to = 1.0
 
-    def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
+    def __init__(self, capacity_tokens: int = 0, cost_model: CostModel | None = None,
                  host_tier: bool = False) -> None:
         self.table = ProgramTable()
         self.capacity_tokens = capacity_tokens
@@ -153,12 +157,16 @@ class ProgramScheduler:
             return
         if self.tick_s is None and not self._dirty and not idle:
             return
-        for st in self.table.reap(now):
-            st.active = False
+        self.reap(now)
         self.rebalance(now)
         self._dirty = False
         if self.tick_s is not None:
             self._next_tick = now + self.tick_s
+
+    def reap(self, now: float) -> None:
+        """Forget the programs silent for the table's `stale_after_s` (`ProgramTable.reap`)."""
+        for st in self.table.reap(now):
+            st.active = False
 
     def rebalance(self, now: float) -> None:
         for st in self.table.inactive():
@@ -192,7 +200,7 @@ class ProgramScheduler:
         replica as full as its home (under overload every replica is, and programs bounced
         from full to full). The choice is recorded as the program's `replica`."""
         st = self.table.get(program_id)
-        need = (st.context_tokens if st is not None else 0) + PER_PROGRAM_TOKENS
+        need = self.charge(program_id)
         home = None
         if st is not None and st.replica is not None:
             home = next((r for r in rooms if r.name == st.replica), None)
@@ -205,13 +213,74 @@ class ProgramScheduler:
             st.replica = best.name
         return best.name
 
-    # -- helpers for subclasses ----------------------------------------------------------
-    def held_tokens(self, st: ProgramState) -> int:
-        """What an active program is charged: its context plus the per-program allowance."""
-        return st.context_tokens + PER_PROGRAM_TOKENS
+    def kv_released(self, program_id: str) -> None:
+        """The engine gave up the KV it kept for a program in a tool call (memory pressure, or
+        the pin expired): it went where a released KV goes, the host tier or nowhere."""
+        st = self.table.get(program_id)
+        if st is not None and st.kv is Kv.GPU and st.phase is Phase.ACTING:
+            st.kv = Kv.CPU if self.host_tier else Kv.NONE
 
+    # -- a router's ledger ----------------------------------------------------------------
+    def knows(self, program_id: str) -> bool:
+        return program_id in self.table
+
+    def context_of(self, program_id: str) -> int:
+        """The program's context in tokens (0 for a program not known here)."""
+        st = self.table.get(program_id)
+        return 0 if st is None else st.context_tokens
+
+    def charge(self, program_id: str) -> int:
+        """What the program is charged here (`ProgramState.held_tokens`; the allowance alone
+        for a program not known here: what its first turn is charged beyond its prompt)."""
+        st = self.table.get(program_id)
+        return PER_PROGRAM_TOKENS if st is None else st.held_tokens()
+
+    def track(self, program_id: str, now: float, context_tokens: int | None = None) -> None:
+        """A turn of the program passed through a router keeping this ledger: a program not
+        known starts; its context is the turn's prompt when given (the latest, not the
+        largest: the ledger follows what the turn sends); it was seen now."""
+        st = self.table.get(program_id) or self.table.turn_arrived(program_id, 0, now)
+        if context_tokens is not None:
+            st.context_tokens = context_tokens
+        st.last_seen = now
+
+    def replica_of(self, program_id: str) -> str | None:
+        """Where `place` put the program (None: not placed, or not known)."""
+        st = self.table.get(program_id)
+        return None if st is None else st.replica
+
+    def held_by_replica(self, excluding: str | None = None) -> dict[str, int]:
+        """Per replica, what the programs placed there are charged (leaving `excluding` out:
+        the program being placed is not in its own way)."""
+        held: dict[str, int] = {}
+        for st in self.table:
+            if st.replica is not None and st.program_id != excluding:
+                held[st.replica] = held.get(st.replica, 0) + st.held_tokens()
+        return held
+
+    def room(self, name: str) -> Room:
+        """This scheduler's replica as placement sees it: what it may hold up to a resume
+        (`resume_to` of the capacity), what its active programs are charged."""
+        return Room(name, int(self.resume_to * self.capacity_tokens), self.active_usage())
+
+    def force_resume(self, program_id: str, now: float) -> None:
+        """Make the program active whatever the rules say (a router resumed it here)."""
+        st = self.table.get(program_id)
+        if st is not None and not st.active:
+            self.resume(st, now)
+
+    def forget(self, program_id: str) -> None:
+        """Drop the program without ending it (a ledger keeps no time accounts)."""
+        self.table.forget(program_id)
+
+    def end_all(self, now: float) -> None:
+        """Every program ends here (the replica these books are for is lost)."""
+        for st in list(self.table):
+            self.program_ended(st.program_id, now)
+
+    # -- helpers for subclasses ----------------------------------------------------------
     def active_usage(self) -> int:
-        return sum(self.held_tokens(st) for st in self.table.active())
+        return sum(st.held_tokens() for st in self.table.active())
 
     def pause(self, st: ProgramState, now: float, kv: Kv | None = None) -> None:
         """Pause `st`: its next turn waits; its KV goes to the host tier if there is one

@@ -23,6 +23,10 @@ from enum import StrEnum
 #: (swe `python`), and SWE-bench harnesses time a command out at 30 min; 3600 s is above both.
 STALE_AFTER_S = 3600.0
 
+#: Tokens a program is charged beyond its context (ThunderAgent's per-program allowance for the
+#: tokens its next turn adds before the next accounting).
+PER_PROGRAM_TOKENS = 100
+
 #: MORI's idleness window: the share of a program's last cycles (a turn plus its tool call)
 #: spent in tool calls.
 IDLENESS_CYCLES = 5
@@ -78,6 +82,11 @@ class ProgramState:
     _since: float = 0.0
     pauses: int = 0
     resumes: int = 0
+
+    def held_tokens(self) -> int:
+        """What the program is charged while active: its context plus the per-program
+        allowance (the schedulers' accounts and the routers' rooms all count this)."""
+        return self.context_tokens + PER_PROGRAM_TOKENS
 
     @property
     def idleness(self) -> float:
@@ -190,6 +199,10 @@ class ProgramTable:
             for key in ACCOUNTS:
                 self.ended_totals[key] += getattr(st, key)
         return st
+
+    def forget(self, program_id: str) -> None:
+        """Drop a program without accounting it (a ledger that keeps no time accounts)."""
+        self.programs.pop(program_id, None)
 
     def reap(self, now: float) -> list[ProgramState]:
         """Forget programs silent for `stale_after_s` (no `program_end` ever came; a turn

@@ -25,73 +25,19 @@ What it does (the paper's rules; our code):
 
 from __future__ import annotations
 
-from server.programs.base import PER_PROGRAM_TOKENS, ProgramScheduler
-from server.programs.state import Kv, Phase, ProgramState
-
-TICK_S = 5.0
+from server.programs.capacity import CapacityScheduler, resume_class
+from server.programs.state import ProgramState
 
 
-class ThunderAgent(ProgramScheduler):
+class ThunderAgent(CapacityScheduler):
+    """The thresholds are the paper's (1.0) unless given (`pause_above`, `pause_to`,
+    `resume_to`); the loop is `CapacityScheduler`'s, the order smallest context first, and a
+    pause leaves the KV to the engine (`CapacityScheduler.paused_kv`'s default)."""
+
     name = "thunderagent"
-    tick_s = TICK_S
 
-    def __init__(self, capacity_tokens: int = 0, cost_model: object | None = None,
-                 host_tier: bool = False, *, pause_above: float = 1.0, pause_to: float = 1.0,
-                 resume_to: float = 1.0) -> None:
-        super().__init__(capacity_tokens, cost_model, host_tier)
-        if not 0 < pause_to <= pause_above or not 0 < resume_to <= pause_above:
-            raise ValueError("thunderagent thresholds: need 0 < pause_to <= pause_above and "
-                             f"0 < resume_to <= pause_above, got {pause_to}, {pause_above}, "
-                             f"{resume_to}")
-        self.pause_above = pause_above
-        self.pause_to = pause_to
-        self.resume_to = resume_to
+    def pause_order(self, st: ProgramState) -> tuple[float, ...]:
+        return (st.context_tokens, st.arrival)
 
-    def on_new(self, st: ProgramState, now: float) -> None:
-        need = st.context_tokens + PER_PROGRAM_TOKENS
-        if self.active_usage() + need <= self.resume_to * self.capacity_tokens:
-            self.resume(st, now)
-
-    def on_turn_end(self, st: ProgramState, now: float) -> Kv:
-        return Kv.CPU if self.host_tier else Kv.NONE  # no pins: the engine's LRU decides
-
-    def pause(self, st: ProgramState, now: float, kv: Kv | None = None) -> None:
-        super().pause(st, now, Kv.CPU if self.host_tier else Kv.NONE)
-
-    def rebalance(self, now: float) -> None:
-        cap = self.capacity_tokens
-        usage = self.active_usage()
-        if usage > self.pause_above * cap:
-            acting = sorted((st for st in self.table.active() if st.phase is Phase.ACTING),
-                            key=lambda st: (st.context_tokens, st.arrival))
-            for st in acting:
-                if usage <= self.pause_to * cap:
-                    break
-                usage -= self.held_tokens(st)
-                self.pause(st, now)
-            if usage > self.pause_to * cap:
-                reasoning = sorted((st for st in self.table.active()
-                                    if st.phase is not Phase.ACTING and not st.pause_on_finish),
-                                   key=lambda st: (st.context_tokens, st.arrival))
-                for st in reasoning:
-                    if usage <= self.pause_to * cap:
-                        break
-                    usage -= self.held_tokens(st)
-                    st.pause_on_finish = True
-            return
-        for st in sorted(self.table.inactive(), key=_resume_order):
-            need = self.held_tokens(st)
-            if usage + need > self.resume_to * cap and usage > 0:
-                continue  # a smaller one later in the order may still fit
-            self.resume(st, now)
-            usage += need
-
-
-def _resume_order(st: ProgramState) -> tuple[int, int, float]:
-    if st.phase is Phase.NEW:
-        cls = 1
-    elif st.turn_waiting:
-        cls = 0
-    else:
-        cls = 2
-    return (cls, st.context_tokens, st.arrival)
+    def resume_order(self, st: ProgramState) -> tuple[float, ...]:
+        return (resume_class(st), st.context_tokens, st.arrival)
