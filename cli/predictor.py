@@ -103,8 +103,9 @@ def _train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with _Progress(enabled=not args.baseline_only) as progress:
         predictor = lengths.train(
-            train_set, epochs=args.epochs, seed=args.seed, neural=not args.baseline_only,
-            init=args.init, batch_size=args.batch_size, lr=args.lr, threads=args.threads,
+            train_set, seed=args.seed, neural=not args.baseline_only,
+            training=lengths.NeuralTraining(epochs=args.epochs, batch_size=args.batch_size,
+                                            lr=args.lr, threads=args.threads, init=args.init),
             progress=progress.update, info=info)
     elapsed = time.perf_counter() - started
     arch = predictor.info.get("architecture")

@@ -241,17 +241,32 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 1.0
 
 
-def train(examples: Sequence[Example], *, epochs: int = 8, seed: int = 0,
-          edges: Sequence[int] = BUCKET_EDGES, neural: bool = True,
-          init: str | os.PathLike[str] | None = None, batch_size: int = 32, lr: float = 2e-3,
-          arch: dict[str, int] | None = None, threads: int = 1, duration_weight: float = 1.0,
+@dataclass(frozen=True)
+class NeuralTraining:
+    """How `train` trains the BERT model, and only it (the baseline has no such settings):
+    where its weights start (`init`, a BERT checkpoint directory, else random weights of
+    `arch`) and the optimiser's settings (`predictor.text_models.TrainConfig`, whose defaults
+    these are; the seed is `train`'s, shared with the baseline's record)."""
+
+    epochs: int = 8
+    batch_size: int = 32
+    lr: float = 2e-3
+    threads: int = 1
+    duration_weight: float = 1.0
+    arch: dict[str, int] | None = None
+    init: str | os.PathLike[str] | None = None
+
+
+def train(examples: Sequence[Example], *, seed: int = 0, edges: Sequence[int] = BUCKET_EDGES,
+          neural: bool = True, training: NeuralTraining = NeuralTraining(),
           progress: Callable[[dict[str, Any]], None] | None = None,
           info: dict[str, Any] | None = None) -> LengthPredictor:
-    """Train the baseline and (unless `neural=False`) the BERT model on `examples`.
+    """Train the baseline and (unless `neural=False`) the BERT model on `examples`, the latter
+    as `training` says.
 
     Length rows: every example (its request text, its bucket). Duration rows: examples with
     `tool_seconds`, twice: by request text (stage I: before the reply) and by call text (at
-    `tool_start`). `init`: a BERT checkpoint directory to start from instead of random weights.
+    `tool_start`).
     """
     if not examples:
         raise ValueError("no training examples")
@@ -277,10 +292,11 @@ def train(examples: Sequence[Example], *, epochs: int = 8, seed: int = 0,
     if neural:
         from predictor.text_models import Item, NeuralModel, TrainConfig  # torch: start-up cost
 
+        init = training.init
         if init is not None:
             model = NeuralModel.from_pretrained(init, n_buckets(edges), seed=seed)
         else:
-            model = NeuralModel.new(n_buckets(edges), seed=seed, arch=arch)
+            model = NeuralModel.new(n_buckets(edges), seed=seed, arch=training.arch)
         mean = float(np.mean(logs)) if logs else 0.0
         std = float(np.std(logs)) if len(logs) > 1 and np.std(logs) > 0 else 1.0
         model.seconds_mean, model.seconds_std = mean, std
@@ -293,8 +309,9 @@ def train(examples: Sequence[Example], *, epochs: int = 8, seed: int = 0,
                  for e, b, lt in zip(examples, buckets, log_tokens, strict=True)]
         items += [Item(call_text(e.tool, e.call, e.text), -1, math.nan, (ls - mean) / std)
                   for e, ls in zip(timed, logs, strict=True)]
-        config = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
-                             threads=threads, duration_weight=duration_weight)
+        config = TrainConfig(epochs=training.epochs, batch_size=training.batch_size,
+                             lr=training.lr, seed=seed, threads=training.threads,
+                             duration_weight=training.duration_weight)
         started = time.perf_counter()
         losses = model.fit(items, config, progress)
         info.update({"train_seconds": round(time.perf_counter() - started, 1),

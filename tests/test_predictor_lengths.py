@@ -37,7 +37,7 @@ from predictor.data import (  # noqa: E402
     save_examples,
     split,
 )
-from predictor.lengths import LengthPredictor, evaluate, train  # noqa: E402
+from predictor.lengths import LengthPredictor, NeuralTraining, evaluate, train  # noqa: E402
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
         "intermediate_size": 64}
@@ -66,7 +66,8 @@ def learnable(n: int, seed: int) -> list[Example]:
 @pytest.fixture(scope="module")
 def trained() -> tuple[LengthPredictor, list[Example]]:
     train_set, test_set = split(learnable(240, 1), seed=0)
-    predictor = train(train_set, epochs=10, seed=0, arch=TINY, lr=3e-3, batch_size=16)
+    predictor = train(train_set, seed=0,
+                      training=NeuralTraining(epochs=10, arch=TINY, lr=3e-3, batch_size=16))
     return predictor, test_set
 
 
@@ -229,8 +230,9 @@ def test_save_load_predicts_the_same(trained: tuple[LengthPredictor, list[Exampl
 
 def test_training_is_deterministic() -> None:
     data = learnable(60, 5)
-    a = train(data, epochs=2, seed=7, arch=TINY, batch_size=16)
-    b = train(data, epochs=2, seed=7, arch=TINY, batch_size=16)
+    tiny = NeuralTraining(epochs=2, arch=TINY, batch_size=16)
+    a = train(data, seed=7, training=tiny)
+    b = train(data, seed=7, training=tiny)
     texts = [e.text for e in data[:10]]
     assert a.neural.predict(texts)[0].tolist() == b.neural.predict(texts)[0].tolist()
     assert a.baseline.to_json() == b.baseline.to_json()
@@ -245,14 +247,15 @@ def test_start_from_a_user_checkpoint(tmp_path: Path) -> None:
     config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **TINY)
     BertModel(config).save_pretrained(tmp_path / "ckpt")
     tokenizer.save_pretrained(tmp_path / "ckpt")
-    predictor = train(learnable(40, 2), epochs=1, seed=0, init=tmp_path / "ckpt")
+    predictor = train(learnable(40, 2), seed=0,
+                      training=NeuralTraining(epochs=1, init=tmp_path / "ckpt"))
     assert predictor.neural.max_length == 64
     assert predictor.info["init"] == str(tmp_path / "ckpt")
     assert 0 <= predictor.predict("task: give a short answer").bucket < 9
     (tmp_path / "notbert").mkdir()
     (tmp_path / "notbert" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="only BERT"):
-        train(learnable(10, 2), epochs=1, init=tmp_path / "notbert")
+        train(learnable(10, 2), training=NeuralTraining(epochs=1, init=tmp_path / "notbert"))
 
 
 # -- the command line ----------------------------------------------------------------------
