@@ -67,11 +67,20 @@ class Completion:
     output_token_ids: list[int] | None = None
 
 
+@dataclass(frozen=True)
+class Retries:
+    """How a request that fails for a passing reason (a connection error, a 5xx) is tried
+    again: up to `max_retries` more times, waiting `backoff_s`, then twice as long each time
+    (`retrying`)."""
+
+    max_retries: int = 4
+    backoff_s: float = 0.5
+
+
 class ChatClient:
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
-                 timeout_s: float = 600.0, max_retries: int = 4,
-                 backoff_s: float = 0.5, stream: bool = True, token_ids: bool = False,
-                 agentic_context: bool = False) -> None:
+                 timeout_s: float = 600.0, retries: Retries = Retries(), stream: bool = True,
+                 token_ids: bool = False, agentic_context: bool = False) -> None:
         """`token_ids`: ask for the prompt and output token ids (`return_token_ids`, a vLLM
         extension other OpenAI servers may reject), and with stop strings for the stop string
         in the reply (`include_stop_str_in_output`, vLLM too): the output token ids hold the
@@ -84,8 +93,7 @@ class ChatClient:
         self.token_ids = token_ids
         self.agentic_context = agentic_context
         self.model = model
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.retries = retries
         self.stream = stream
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key))
 
@@ -100,8 +108,8 @@ class ChatClient:
             if body.get("stop"):
                 body["include_stop_str_in_output"] = True
         started = time.monotonic()
-        return await aretrying(lambda: self._send(body, started), self.max_retries,
-                               self.backoff_s)
+        return await aretrying(lambda: self._send(body, started), self.retries.max_retries,
+                               self.retries.backoff_s)
 
     async def _send(self, body: dict[str, Any], started: float) -> Completion:
         try:

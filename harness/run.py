@@ -38,7 +38,7 @@ from common.metrics import summarize
 from harness.agent import Agent, Limits, Replay
 from harness.benchmarks import Benchmark, RunContext, Task, TaskSetupError, get_benchmark
 from harness.events_client import EventClient
-from harness.model_client import ChatClient, api_key_of, api_root, auth_headers
+from harness.model_client import ChatClient, Retries, api_key_of, api_root, auth_headers
 from harness.sandbox_prune import leftover_warning, sweep_run
 from harness.server_process import CPU_STARTUP_TIMEOUT_S, ServerProcess
 from harness.task_result import TaskResult
@@ -273,7 +273,7 @@ async def run_all(plan: RunPlan, console: Console) -> dict[str, int]:
     bench, limits = plan.bench, plan.limits
     client = ChatClient(plan.base_url, plan.model, token_ids=plan.token_ids,
                         agentic_context=plan.agentic_context,
-                        max_retries=limits.model_retries, api_key=plan.api_key)
+                        retries=Retries(max_retries=limits.model_retries), api_key=plan.api_key)
     semaphore = asyncio.Semaphore(plan.concurrency)
     halted: str | None = None  # why no new program starts: the model server is gone
 

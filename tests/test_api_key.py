@@ -23,7 +23,7 @@ from cluster.config import RouterSpec
 from cluster.router_app import create_app
 from cluster.router_state import ReplicaEndpoint
 from harness.events_client import EventClient
-from harness.model_client import ChatClient, ModelError, api_key_of
+from harness.model_client import ChatClient, ModelError, Retries, api_key_of
 from harness.run import RunError, check_reachable, server_events_received
 
 KEY = "sk-test-123"
@@ -79,7 +79,7 @@ def keyed_server() -> Iterator[str]:
 
 def test_model_calls_and_events_carry_the_key(keyed_server):
     async def scenario() -> int:
-        client = ChatClient(keyed_server, "m", api_key=KEY, stream=False, max_retries=0)
+        client = ChatClient(keyed_server, "m", api_key=KEY, stream=False, retries=Retries(0))
         reply = await client.complete([{"role": "user", "content": "hi"}], program_id="p1")
         await client.aclose()
         async with EventClient(keyed_server, api_key=KEY) as events:
@@ -98,7 +98,7 @@ def test_model_calls_and_events_carry_the_key(keyed_server):
 
 def test_without_the_key_the_server_refuses_and_run_says_so(keyed_server):
     async def call() -> None:
-        client = ChatClient(keyed_server, "m", stream=False, max_retries=0)
+        client = ChatClient(keyed_server, "m", stream=False, retries=Retries(0))
         try:
             await client.complete([{"role": "user", "content": "hi"}])
         finally:
@@ -217,7 +217,7 @@ def test_harness_serve_with_a_key_end_to_end():
         url = server.base_url
 
         async def scenario() -> tuple[str, int]:
-            client = ChatClient(url, "llama-3.1-8b", api_key=KEY, max_retries=0)
+            client = ChatClient(url, "llama-3.1-8b", api_key=KEY, retries=Retries(0))
             reply = await client.complete([{"role": "user", "content": "hi"}],
                                           program_id="p1", max_tokens=4)
             await client.aclose()

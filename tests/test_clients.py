@@ -41,11 +41,11 @@ def test_full_queue_drops_instead_of_blocking():
 def test_model_client_gives_a_clear_error_when_the_server_is_down():
     import pytest
 
-    from harness.model_client import ChatClient, ModelError
+    from harness.model_client import ChatClient, ModelError, Retries
 
     async def scenario() -> None:
-        client = ChatClient(f"http://127.0.0.1:{free_port()}", "m", max_retries=1,
-                            backoff_s=0.01)
+        client = ChatClient(f"http://127.0.0.1:{free_port()}", "m",
+                            retries=Retries(max_retries=1, backoff_s=0.01))
         try:
             await client.complete([{"role": "user", "content": "hi"}], program_id="p")
         finally:

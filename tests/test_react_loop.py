@@ -17,7 +17,7 @@ from rich.progress import Progress, TextColumn
 
 from harness.agent import Agent, Limits
 from harness.benchmarks import Task, get_benchmark
-from harness.model_client import ChatClient
+from harness.model_client import ChatClient, Retries
 from harness.run import (
     PROGRESS_TEXT,
     RunError,
@@ -59,7 +59,7 @@ def scripted_client(replies: list[dict[str, Any]], bodies: list[dict[str, Any]],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
 
     client = ChatClient("http://scripted", "m", stream=False, token_ids=token_ids,
-                        max_retries=0)
+                        retries=Retries(0))
     client._client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     return client
 
