@@ -10,9 +10,9 @@ from the start), sends ``program_start`` and turn 0's request; when a turn finis
 ``tool_start``, sleeps ``tool_seconds``, sends ``tool_end`` (seconds, return tokens) and the next
 turn's request; after the last turn, ``program_end``. Requests carry ``session_id`` (the program
 id, made unique per replay: ``ID@RUN``) and the same hints (`sim.client.turn_hints`; with
-``agentic_context=True`` also as the canonical ``vllm_xargs.agentic_context``). Events go
-through the harness's own non-blocking `EventClient`, as an agent's do: they are never waited
-for, and if the server lags they are dropped and counted (``events_dropped``).
+``RequestOptions(agentic_context=True)`` also as the canonical ``vllm_xargs.agentic_context``).
+Events go through the harness's own non-blocking `EventClient`, as an agent's do: they are never
+waited for, and if the server lags they are dropped and counted (``events_dropped``).
 
 Prompts are token ids (`prompt` as a list of ints), built by `sim.conversation.ProgramState`: the
 previous prompt, the ids the model answered (``return_token_ids``), then seeded stand-in ids.
@@ -127,24 +127,31 @@ class HttpReplayResult(ReplayResult):
     per_request_metrics: bool = False
 
 
+@dataclass(frozen=True)
+class RequestOptions:
+    """How a replay's requests are sent, beside what the trace says they ask: how long one
+    may take (``timeout_s``); whether each also carries its hints as the canonical
+    ``vllm_xargs.agentic_context`` (what vllm-router's program scheduling reads); and what
+    makes the replay's `Driver` (``driver``; default: `Driver` itself), for a caller that must
+    see or change each request (`eval.replay.routers` tags them)."""
+
+    timeout_s: float = 600.0
+    agentic_context: bool = False
+    driver: DriverFactory | None = None
+
+
 def replay_over_http(trace: Trace, url: str, *, model: str | None = None,
                      time_scale: float = 1.0, progress: Callable[[int], None] | None = None,
-                     request_timeout_s: float = 600.0, run_id: str | None = None,
-                     agentic_context: bool = False,
-                     driver: DriverFactory | None = None) -> HttpReplayResult:
+                     run_id: str | None = None,
+                     requests: RequestOptions = RequestOptions()) -> HttpReplayResult:
     """Replay ``trace`` against the OpenAI server at ``url`` (``http://host:port``, with or
     without ``/v1``) in wall-clock time and return its records. ``model``: the served model
     name (default: the server's first). ``progress(n_done)`` is called as programs end.
     ``run_id`` (default: random) salts the prefix cache and suffixes the session ids.
-    ``agentic_context``: every request also carries its hints as the canonical
-    ``vllm_xargs.agentic_context`` (what vllm-router's program scheduling reads). ``driver``
-    makes the replay's `Driver` (default: `Driver` itself); a caller that must see or change
-    each request passes its own (`eval.replay.routers` tags them). Raises `HttpReplayError` at
+    ``requests``: how each request is sent (`RequestOptions`). Raises `HttpReplayError` at
     once if nothing usable answers at ``url``."""
     return asyncio.run(areplay_over_http(trace, url, model=model, time_scale=time_scale,
-                                         progress=progress, request_timeout_s=request_timeout_s,
-                                         run_id=run_id, agentic_context=agentic_context,
-                                         driver=driver))
+                                         progress=progress, run_id=run_id, requests=requests))
 
 
 def scale_trace(trace: Trace, time_scale: float) -> Trace:
@@ -211,10 +218,8 @@ def http_replay_metrics(result: HttpReplayResult, isolated: dict[str, float] | N
 async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
                             time_scale: float = 1.0,
                             progress: Callable[[int], None] | None = None,
-                            request_timeout_s: float = 600.0,
                             run_id: str | None = None,
-                            agentic_context: bool = False,
-                            driver: DriverFactory | None = None) -> HttpReplayResult:
+                            requests: RequestOptions = RequestOptions()) -> HttpReplayResult:
     """`replay_over_http` for a caller that has an event loop."""
     trace = scale_trace(trace, time_scale)
     run_id = run_id or new_run_id()
@@ -223,12 +228,12 @@ async def areplay_over_http(trace: Trace, url: str, *, model: str | None = None,
     base = api_root(url)
     # no pool limit: a program waiting for a connection would be queueing the server never saw
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(request_timeout_s, connect=10.0, pool=None)
+    timeout = httpx.Timeout(requests.timeout_s, connect=10.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         model = await _probe(client, base, model)
         before = await scrape_counters(client, base)
-        replay = (driver or Driver)(trace, client, base, model, run_id, progress)
-        replay.agentic_context = agentic_context
+        replay = (requests.driver or Driver)(trace, client, base, model, run_id, progress)
+        replay.agentic_context = requests.agentic_context
         async with EventClient(base) as events:
             replay.events = events
             await replay.run()

@@ -35,6 +35,7 @@ from eval.replay.http_replay import (
     SERVER_COUNTERS,
     Driver,
     DriverFactory,
+    RequestOptions,
     http_replay_metrics,
     replay_over_http,
     scrape_counters,
@@ -297,8 +298,9 @@ def run_front(name: str, about: str, front: Any, trace: Trace,
     with front as entered:
         router_before = observe() if observe else {}
         result = replay_over_http(trace, entered.url, time_scale=time_scale,
-                                  agentic_context=agentic_context,
-                                  driver=tagging_driver(session_header))
+                                  requests=RequestOptions(
+                                      agentic_context=agentic_context,
+                                      driver=tagging_driver(session_header)))
         router_after = observe() if observe else {}
     time.sleep(0.5)  # the last step's statistics reach /metrics (and the logs) just after
     after = [_scrape(u) for u in urls]
