@@ -36,8 +36,11 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def make_tool(client: Any, **kw: Any) -> bt.BashTool:
-    return bt.BashTool(client=client, image=IMAGE, owner=OWNER, **kw)
+def make_tool(client: Any, program_id: str | None = None, **limits: Any) -> bt.BashTool:
+    """A tool in this session's image and owner; `limits`: `bt.CommandLimits` fields."""
+    return bt.BashTool(program_id, client=client,
+                       container=bc.ContainerSpec(image=IMAGE, owner=OWNER),
+                       commands=bt.CommandLimits(**limits))
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +263,8 @@ def test_agent_cannot_stop_its_container(docker_client: Any, image: str) -> None
 
 def test_remove_leftovers_after_a_crash(docker_client: Any, image: str) -> None:
     crashed_owner = f"{OWNER}-crashed"
-    t = bt.BashTool(client=docker_client, image=IMAGE, owner=crashed_owner, program_id="crash")
+    t = bt.BashTool("crash", client=docker_client,
+                    container=bc.ContainerSpec(image=IMAGE, owner=crashed_owner))
     run(t.start())  # ... and the harness "dies" without aclose
     name = docker_client.containers.get(t.container_id).name
     assert bc.remove_leftovers(docker_client, owner=f"{OWNER}-nobody") == []

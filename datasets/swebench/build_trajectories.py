@@ -35,6 +35,7 @@ from harness.benchmarks.base import Task  # noqa: E402
 from common.tool_keys import SUBMIT  # noqa: E402
 from harness.benchmarks.swebench import SweBench  # noqa: E402
 from harness.tools.bash import BashTool  # noqa: E402
+from harness.tools.bash_container import ContainerSpec  # noqa: E402
 from harness.tools.docker_client import shared_client  # noqa: E402
 from common.atomic import write_json_atomic  # noqa: E402
 
@@ -82,7 +83,7 @@ async def build_one(bench: SweBench, task: Task, patch: str, wrong: bool) -> dic
                                     bench.tasks_dir)
     messages = bench.messages(task)
     prompt_messages = len(messages)  # the replay takes the replies after the prompt
-    tool = BashTool(f"build-{task.id}", image=image)
+    tool = BashTool(f"build-{task.id}", container=ContainerSpec(image=image))
     submitted = None
     try:
         for thought, command in turns(instance, patch):

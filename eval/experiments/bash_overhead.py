@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from eval import ExperimentError
 from harness.tools.bash import BashTool
-from harness.tools.bash_container import RUNNER, remove_leftovers
+from harness.tools.bash_container import RUNNER, ContainerSpec, remove_leftovers
 from harness.tools.docker_client import shared_client
 from harness.tools.sandbox_image import DEFAULT_IMAGE
 
@@ -37,7 +37,7 @@ def summary(name: str, ms: list[float]) -> str:
 
 async def measure(n: int, image: str) -> tuple[list[float], list[float], list[float]]:
     owner = f"bash-overhead-{time.time_ns()}"
-    tool = BashTool("overhead", image=image, owner=owner)
+    tool = BashTool("overhead", container=ContainerSpec(image=image, owner=owner))
     try:
         await tool.start()
         cid = tool.container_id

@@ -38,7 +38,8 @@ from harness.benchmarks.base import (
     load_jsonl,
 )
 from harness.tools.base import Observation
-from harness.tools.bash import BashTool
+from harness.tools.bash import BashTool, CommandLimits
+from harness.tools.bash_container import ContainerSpec
 from harness.tools.docker_client import engine_failures, shared_client
 from harness.tools.labels import PROGRAM_LABEL, RUN_LABEL, TASK_LABEL
 from harness.tools.sandbox_image import SandboxImageError
@@ -168,7 +169,8 @@ class SweBench(Benchmark):
 
     async def toolbox(self, task: Task, program_id: str, run: RunContext = NO_RUN) -> ToolBox:
         image = await self.image(task, run)
-        tool = BashTool(program_id, image=image, timeout=self.command_timeout,
+        tool = BashTool(program_id, container=ContainerSpec(image=image),
+                        commands=CommandLimits(timeout=self.command_timeout),
                         labels=self.labels(task, run, program_id))
         base = task.data["base_commit"]
 

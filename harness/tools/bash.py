@@ -44,28 +44,40 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from harness.tools.base import Observation, Tool
 from harness.tools.bash_container import (
-    DEFAULT_MEM_LIMIT,
-    DEFAULT_NANO_CPUS,
-    DEFAULT_OWNER,
-    DEFAULT_PIDS_LIMIT,
+    DEFAULT_CONTAINER,
     KILLER,
     RUNNER,
     BashContainer,
+    ContainerSpec,
 )
 from harness.tools.bash_exec import ExecReader, wait_done
 from harness.tools.bash_output import HeadTailCapture, format_observation
 from harness.tools.docker_client import engine_failures
-from harness.tools.sandbox_image import AGENT_USER, DEFAULT_IMAGE, TESTBED
+from harness.tools.sandbox_image import AGENT_USER, TESTBED
 
 DEFAULT_TIMEOUT = 60.0  # seconds per command
 DEFAULT_HEAD_CHARS = 5000
 DEFAULT_TAIL_CHARS = 5000
 HOST_SLACK = 5.0  # host-side deadline = timeout + this (docker itself waits 2 s for stdio)
 KILL_GRACE = 1.5  # seconds to wait for the stream to end after each kill step
+
+
+@dataclass(frozen=True)
+class CommandLimits:
+    """What one command may take, the same for every command of a program: ``timeout``
+    seconds (``run`` may give one command another), ``host_slack`` more before the host
+    kills what is left of it (see the module docstring), and the first ``head_chars`` and last
+    ``tail_chars`` of its output, which is all the agent sees of a long one."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    host_slack: float = HOST_SLACK
+    head_chars: int = DEFAULT_HEAD_CHARS
+    tail_chars: int = DEFAULT_TAIL_CHARS
 
 
 class BashTool(Tool):
@@ -85,30 +97,21 @@ class BashTool(Tool):
         program_id: str | None = None,
         *,
         client: Any = None,
-        image: str = DEFAULT_IMAGE,
-        owner: str = DEFAULT_OWNER,
-        workdir: str = TESTBED,
-        env: Mapping[str, str] | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        mem_limit: str | int = DEFAULT_MEM_LIMIT,
-        pids_limit: int = DEFAULT_PIDS_LIMIT,
-        nano_cpus: int = DEFAULT_NANO_CPUS,
-        head_chars: int = DEFAULT_HEAD_CHARS,
-        tail_chars: int = DEFAULT_TAIL_CHARS,
-        host_slack: float = HOST_SLACK,
+        container: ContainerSpec = DEFAULT_CONTAINER,
+        commands: CommandLimits = CommandLimits(),
         labels: Mapping[str, str] | None = None,
     ) -> None:
-        """``labels``: more container labels (``harness.run``, ``harness.task``, ...)."""
+        """``container``: the program's container (image, owner, limits); ``commands``: what
+        each command may take; ``labels``: more container labels (``harness.run``,
+        ``harness.task``, ...)."""
         self.program_id = program_id or uuid.uuid4().hex[:12]
-        self.workdir = workdir
-        self.timeout = float(timeout)
-        self.head_chars = head_chars
-        self.tail_chars = tail_chars
-        self.host_slack = host_slack
-        self.sandbox = BashContainer(
-            self.program_id, client=client, image=image, owner=owner, workdir=workdir,
-            env=env, mem_limit=mem_limit, pids_limit=pids_limit, nano_cpus=nano_cpus,
-            labels=labels)
+        self.workdir = container.workdir
+        self.timeout = float(commands.timeout)
+        self.head_chars = commands.head_chars
+        self.tail_chars = commands.tail_chars
+        self.host_slack = commands.host_slack
+        self.sandbox = BashContainer(self.program_id, client=client, spec=container,
+                                     labels=labels)
 
     # -- lifecycle ---------------------------------------------------------
 

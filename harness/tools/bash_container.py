@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,13 @@ from typing import Any
 from harness.tools.base import SandboxError
 from harness.tools.docker_client import shared_client
 from harness.tools.labels import OWNER_LABEL, PROGRAM_LABEL, process_labels
-from harness.tools.sandbox_image import AGENT_UID, AGENT_USER, TESTBED, SandboxImageError
+from harness.tools.sandbox_image import (
+    AGENT_UID,
+    AGENT_USER,
+    DEFAULT_IMAGE,
+    TESTBED,
+    SandboxImageError,
+)
 
 TOOL_LABEL = "harness.tool"
 TOOL_NAME = "bash"
@@ -131,6 +138,26 @@ def remove_leftovers(client: Any = None, owner: str | None = None) -> list[str]:
     return removed
 
 
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What container a program's commands run in, the same for every program of a run: its
+    image, the owner its label names (the harness's pid or run id, for ``remove_leftovers``),
+    the working directory, the environment on top of ``BASE_ENV``, and its limits on memory
+    (memory + swap), pids and CPU (see the module docstring)."""
+
+    image: str = DEFAULT_IMAGE
+    owner: str = DEFAULT_OWNER
+    workdir: str = TESTBED
+    env: Mapping[str, str] | None = None
+    mem_limit: str | int = DEFAULT_MEM_LIMIT
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    nano_cpus: int = DEFAULT_NANO_CPUS
+
+
+#: every default: the offline sandbox image, this process as owner, the limits above
+DEFAULT_CONTAINER = ContainerSpec()
+
+
 class BashContainer:
     """The container of one program: created lazily, removed by ``close()``.
 
@@ -142,27 +169,22 @@ class BashContainer:
         program_id: str,
         *,
         client: Any = None,
-        image: str,
-        owner: str = DEFAULT_OWNER,
-        workdir: str = TESTBED,
-        env: Mapping[str, str] | None = None,
-        mem_limit: str | int = DEFAULT_MEM_LIMIT,
-        pids_limit: int = DEFAULT_PIDS_LIMIT,
-        nano_cpus: int = DEFAULT_NANO_CPUS,
+        spec: ContainerSpec = DEFAULT_CONTAINER,
         labels: Mapping[str, str] | None = None,
     ) -> None:
         """``labels``: more container labels (``harness.run``, ``harness.task``, ...)."""
         self.program_id = program_id
         self.labels = dict(labels or {})
         self._client = client
-        self.image = image
-        self.owner = owner
-        self.workdir = workdir
-        self.env = {**BASE_ENV, **(env or {})}
-        self.mem_limit = mem_limit
-        self.pids_limit = pids_limit
-        self.nano_cpus = nano_cpus
+        self.image = spec.image
+        self.owner = spec.owner
+        self.workdir = spec.workdir
+        self.env = {**BASE_ENV, **(spec.env or {})}
+        self.mem_limit = spec.mem_limit
+        self.pids_limit = spec.pids_limit
+        self.nano_cpus = spec.nano_cpus
         # the runner's "near the pids limit" mark (0: no check)
+        pids_limit = spec.pids_limit
         self.pids_high = int(pids_limit * 0.9) if pids_limit and pids_limit > 0 else 0
         self.container: Any = None
         self._closed = False
