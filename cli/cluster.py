@@ -294,12 +294,12 @@ def run_bench(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress bars readable
     try:
         summary = ampd_bench.bench(
-            traces, ampd_bench.run_configs(strategies, layouts), loads,
-            programs=args.programs, replicas=args.replicas, profile=args.profile,
-            slo=SLO(args.slo_ttft, args.slo_itl), seed=args.seed, out=Path(args.out),
-            num_gpu_blocks=args.num_gpu_blocks, history=args.history, plot=not args.no_plot,
-            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            ttft_k=args.slo_ttft_x)
+            ampd_bench.Workload(traces, args.programs, args.seed),
+            ampd_bench.run_configs(strategies, layouts), loads,
+            ampd_bench.Fleet(args.replicas, args.profile, num_gpu_blocks=args.num_gpu_blocks,
+                             history=args.history),
+            slo=SLO(args.slo_ttft, args.slo_itl), outputs=_outputs(args, console),
+            plot=not args.no_plot, ttft_k=args.slo_ttft_x)
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
@@ -322,13 +322,14 @@ def run_regime(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         summary = ampd_regime.regime(
-            traces, {t: loads for t in traces}, gpus=args.gpus, profile=args.profile,
-            degrees=degrees, itl_slos=itl_slos, ttft_slo=args.slo_ttft,
-            programs=args.programs, seed=args.seed, out=Path(args.out), history=args.history,
-            console=console, command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            ttft_k=args.slo_ttft_x,
-            deployments_only=(None if args.deployments is None
-                              else _names(args.deployments, "--deployments")))
+            ampd_bench.Workload(traces, args.programs, args.seed),
+            {t: loads for t in traces},
+            ampd_regime.DeploymentSpace(
+                args.gpus, args.profile, degrees,
+                only=(None if args.deployments is None
+                      else _names(args.deployments, "--deployments"))),
+            ampd_regime.SloGrid(itl_slos, args.slo_ttft, ttft_k=args.slo_ttft_x),
+            outputs=_outputs(args, console), history=args.history)
     finally:
         if previous is None:
             os.environ.pop("VLLM_LOGGING_LEVEL", None)
@@ -338,6 +339,12 @@ def run_regime(args: argparse.Namespace) -> int:
                   f"{Path(args.out) / 'regime.json'}, {Path(args.out) / 'regime.md'}",
                   soft_wrap=True)
     return 0
+
+
+def _outputs(args: argparse.Namespace, console: Console) -> ampd_bench.Outputs:
+    """`--out`, the progress console and the command line that asked, for a sweep's files."""
+    return ampd_bench.Outputs(Path(args.out), console,
+                              shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))
 
 
 def _numbers(text: str, flag: str) -> list[float]:

@@ -219,9 +219,10 @@ def bench_plans(args: argparse.Namespace, sim: Any, plans: Any) -> None:
     for p in plans:
         pre, dec = (p.prefill.degree, p.prefill.count), (p.decode.degree, p.decode.count)
         label = plan_check.plan_label(pre, dec)
+        planned = plan_check.PlannedDeployment(sim.gpu, sim.model, pre, dec)
         rows = []
         for seed in seeds:
-            row = plan_check.replay_plan(sim.gpu, sim.model, pre, dec, trace=args.trace,
+            row = plan_check.replay_plan(planned, trace=args.trace,
                                          rate=args.rate, programs=args.bench, seed=seed,
                                          slo=SLO(args.slo_ttft, args.slo_itl),
                                          router=args.router, history=sim.history)

@@ -12,7 +12,16 @@ from cluster_helpers import bench_args
 from cli import cluster as cluster_cli
 from common.metrics import SLO
 from eval.ampd import bench as ampd_bench
-from eval.ampd.bench import STRATEGIES, AmpdBenchError, RunConfig, cluster_config, node_of
+from eval.ampd.bench import (
+    STRATEGIES,
+    AmpdBenchError,
+    Fleet,
+    Outputs,
+    RunConfig,
+    Workload,
+    cluster_config,
+    node_of,
+)
 from eval.workloads.registry import load_or_generate
 
 PROFILE = "h100-llama-3.1-8b"
@@ -26,9 +35,9 @@ def test_tiny_sweep_routes_local_and_remote_and_writes_rows(tmp_path):
     prefills everything locally. Every row has finite metrics and the files are written."""
     slo = SLO(ttft_s=0.04, tpot_s=0.1)
     configs = [RunConfig(STRATEGIES["ampd"], (1, 1)), RunConfig(STRATEGIES["vllm"], None)]
-    summary = ampd_bench.bench(["hotpotqa"], configs, [2.0], programs=6, replicas=2,
-                               profile=PROFILE, slo=slo, seed=1, out=tmp_path,
-                               num_gpu_blocks=4096, plot=True)
+    summary = ampd_bench.bench(Workload(["hotpotqa"], 6, 1), configs, [2.0],
+                               Fleet(2, PROFILE, num_gpu_blocks=4096), slo=slo,
+                               outputs=Outputs(tmp_path), plot=True)
     rows = {r["config"]: r for r in summary["rows"]}
     assert set(rows) == {"ampd 1P1D", "vllm"}
     ampd, vllm = rows["ampd 1P1D"], rows["vllm"]
@@ -70,15 +79,14 @@ def test_history_recompute_recomputes_what_pull_reads(tmp_path):
     prefill replica lacks after a local turn is computed again."""
     trace = load_or_generate("hotpotqa", 6, 2.0, 1)
     run = RunConfig(STRATEGIES["ampd"], (1, 1))
-    rows = {h: ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE,
-                                  slo=SLO(0.04, 0.1), seed=1, num_gpu_blocks=4096, history=h)
+    rows = {h: ampd_bench.run_one(trace, run, Fleet(2, PROFILE, num_gpu_blocks=4096, history=h),
+                                  slo=SLO(0.04, 0.1), seed=1)
             for h in ("pull", "recompute")}
     assert rows["recompute"]["kv_bytes_to_prefill"] == 0
     assert rows["pull"]["kv_bytes_to_prefill"] > 0
     assert rows["recompute"]["recomputed_tokens"] > rows["pull"]["recomputed_tokens"]
     with pytest.raises(AmpdBenchError, match="--history 'fetch'"):
-        ampd_bench.run_one(trace, run, replicas=2, profile=PROFILE, slo=SLO(), seed=1,
-                           history="fetch")
+        ampd_bench.run_one(trace, run, Fleet(2, PROFILE, history="fetch"), slo=SLO(), seed=1)
 
 
 def test_layouts_fill_nodes_and_carry_the_slo():

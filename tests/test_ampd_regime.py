@@ -12,7 +12,7 @@ from cluster_helpers import bench_args
 
 from cli import cluster as cluster_cli
 from eval.ampd import regime as ampd_regime
-from eval.ampd.bench import AmpdBenchError
+from eval.ampd.bench import AmpdBenchError, Outputs, Workload
 from eval.ampd.regime import Deployment, deployments, regime_map, regime_markdown
 
 
@@ -119,8 +119,9 @@ def test_tiny_regime_sweep_end_to_end(tmp_path):
     and are scored against both SLOs, AMPD once per SLO; a looser ITL SLO never lowers a
     baseline's attainment (same turns, a weaker bound)."""
     summary = ampd_regime.regime(
-        ["hotpotqa"], {"hotpotqa": [1.0]}, gpus=2, profile="h100-llama-3.1-8b", degrees=[1],
-        itl_slos=[0.005, 0.1], ttft_slo=2.0, programs=4, seed=0, out=tmp_path)
+        Workload(["hotpotqa"], 4, 0), {"hotpotqa": [1.0]},
+        ampd_regime.DeploymentSpace(2, "h100-llama-3.1-8b", [1]),
+        ampd_regime.SloGrid([0.005, 0.1], 2.0), outputs=Outputs(tmp_path))
     kinds = [(r["kind"], r["deployment"], r["itl_slo"]) for r in summary["rows"]]
     assert kinds == [("co-located", "TP1 x2", None), ("disaggregated", "TP1 1P1D", None),
                      ("dynamo", "TP1 1P1D", None),

@@ -528,8 +528,8 @@ def test_plan_command_replays_each_plan_under_every_bench_seed(monkeypatch, caps
     report compares their mean with the prediction, each seed's figure beside it."""
     asked = []
 
-    def replay(gpu, model, prefill, decode, *, seed, **kw):
-        asked.append((prefill, decode, seed))
+    def replay(plan, *, seed, **kw):
+        asked.append((plan.prefill, plan.decode, seed))
         return {"slo_attainment": 0.5 + 0.1 * (seed - 1), "wall_s": 0.0}
 
     monkeypatch.setattr(plan_sim, "SimulatedTau", FakeSim)

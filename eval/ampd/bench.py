@@ -124,6 +124,42 @@ class RunConfig:
 AMPD_WORKLOADS = ("toolbench", "gaia", "hotpotqa", "dureader")
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """The replicas a run's cluster is built of, whatever its strategy: `replicas` of
+    `profile` (its decode replicas of `decode_profile` where that differs: mixed TP across
+    roles, `cluster_config`), each with `num_gpu_blocks` KV blocks when given (else what the
+    profile holds), and how a prefill replica gets the part of a program's history it lacks
+    (`history`, one of `HISTORY`)."""
+
+    replicas: int
+    profile: str
+    num_gpu_blocks: int | None = None
+    decode_profile: str | None = None
+    history: str = "pull"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The programs a sweep replays: each of `traces` (registry names or trace files), its
+    first `programs` drawn with `seed` (which seeds the routers and engines too), the same
+    programs at every load and for every config."""
+
+    traces: Sequence[str]
+    programs: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a sweep reports: the folder its files go to, the console its progress goes to
+    (None: nothing shown) and the command line that asked for it, kept in its JSON."""
+
+    out: Path
+    console: Any = None
+    command: str = ""
+
+
 def run_configs(strategies: Sequence[Strategy],
                 layouts: Sequence[tuple[int, int]]) -> list[RunConfig]:
     out: list[RunConfig] = []
@@ -245,23 +281,21 @@ def gap_attainment(programs: Sequence[Any], slo: SLO, metric: str) -> float:
     return sum(met) / len(met) if met else math.nan
 
 
-def run_one(trace: Trace, run: RunConfig, *, replicas: int, profile: str, slo: SLO, seed: int,
-            num_gpu_blocks: int | None = None, history: str = "pull",
+def run_one(trace: Trace, run: RunConfig, fleet: Fleet, *, slo: SLO, seed: int,
             progress: Callable[[int], None] | None = None,
-            itl_slos: Sequence[float] = (), decode_profile: str | None = None) -> dict[str, Any]:
-    """Replay `trace` on `run`'s cluster; one row of metrics (see `ROW_KEYS`). `history`
-    (`HISTORY`): how a prefill replica gets the part of a program's history it lacks.
+            itl_slos: Sequence[float] = ()) -> dict[str, Any]:
+    """Replay `trace` on `run`'s cluster of `fleet`; one row of metrics (see `ROW_KEYS`).
     `itl_slos`: ITL SLOs to score the same turns against as well (``slo_by_itl``, SLO
     attainment with `slo`'s TTFT bound and each ITL bound): a strategy whose router and
-    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd.regime`).
-    `decode_profile`: the decode replicas' profile if not `profile` (`cluster_config`)."""
-    if history not in HISTORY:
-        raise AmpdBenchError(f"--history {history!r}: choose {' or '.join(HISTORY)}")
-    config = cluster_config(run, replicas=replicas, profile=profile, slo=slo, seed=seed,
-                            num_gpu_blocks=num_gpu_blocks, decode_profile=decode_profile)
+    queues never read the ITL SLO runs once for a whole SLO sweep (`eval.ampd.regime`)."""
+    if fleet.history not in HISTORY:
+        raise AmpdBenchError(f"--history {fleet.history!r}: choose {' or '.join(HISTORY)}")
+    config = cluster_config(run, replicas=fleet.replicas, profile=fleet.profile, slo=slo,
+                            seed=seed, num_gpu_blocks=fleet.num_gpu_blocks,
+                            decode_profile=fleet.decode_profile)
     wall = time.perf_counter()
-    cluster = VirtualCluster(config, seed=seed,
-                             make_engine=_engine_factory(config, seed, history, run.strategy))
+    cluster = VirtualCluster(config, seed=seed, make_engine=_engine_factory(
+        config, seed, fleet.history, run.strategy))
     try:
         result = replay_cluster(trace, cluster, progress=progress)
         decisions = dict(getattr(cluster.router, "decisions", {}))
@@ -307,14 +341,15 @@ ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_
 
 
 # -- the sweep ---------------------------------------------------------------------------------
-def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[float], *,
-          programs: int, replicas: int, profile: str, slo: SLO, seed: int, out: Path,
-          num_gpu_blocks: int | None = None, history: str = "pull", plot: bool = True,
-          console: Any = None, command: str = "", ttft_k: float | None = None) -> dict[str, Any]:
-    """Every trace x load x config; writes ``rows.json``, ``report.md`` (and the plot).
-    The same programs (trace, count, seed) are replayed at every load and by every config.
-    `command`: the command line that asked for it, kept in ``rows.json``. `ttft_k`: each
-    trace's TTFT SLO is k x its idle TTFT on `profile` (`trace_slo`) instead of `slo`'s."""
+def bench(workload: Workload, configs: Sequence[RunConfig], loads: Sequence[float],
+          fleet: Fleet, *, slo: SLO, outputs: Outputs, plot: bool = True,
+          ttft_k: float | None = None) -> dict[str, Any]:
+    """Every trace x load x config; writes ``rows.json``, ``report.md`` (and the plot) to
+    `outputs`. The same programs (`workload`) are replayed at every load and by every config.
+    `ttft_k`: each trace's TTFT SLO is k x its idle TTFT on the fleet's profile (`trace_slo`)
+    instead of `slo`'s."""
+    traces, programs, seed = workload.traces, workload.programs, workload.seed
+    console = outputs.console
     if programs < 1:
         raise AmpdBenchError("--programs must be at least 1")
     rows: list[dict[str, Any]] = []
@@ -330,9 +365,8 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                 for run in configs:
                     label = f"{name} @ {x:g} jobs/s: {run.label}"
                     task = bar.add_task(label, total=len(trace))
-                    row = run_one(trace, run, replicas=replicas, profile=profile,
-                                  slo=trace_slo(name, slo, profile, ttft_k),
-                                  seed=seed, num_gpu_blocks=num_gpu_blocks, history=history,
+                    row = run_one(trace, run, fleet,
+                                  slo=trace_slo(name, slo, fleet.profile, ttft_k), seed=seed,
                                   progress=lambda k, t=task: bar.update(t, completed=k))
                     row.update(trace=name, jps=x)
                     bar.update(task, completed=len(trace), visible=False)
@@ -344,16 +378,17 @@ def bench(traces: Sequence[str], configs: Sequence[RunConfig], loads: Sequence[f
                                       soft_wrap=True)
     summary = {
         "what": "AMPD vs baselines (eval.ampd.bench), virtual time",
-        "command": command,
+        "command": outputs.command,
         "traces": list(traces), "jps": list(loads), "programs": programs,
-        "replicas": replicas, "profile": profile, "gpus_per_node": GPUS_PER_NODE,
-        "num_gpu_blocks": num_gpu_blocks, "seed": seed, "history": history,
+        "replicas": fleet.replicas, "profile": fleet.profile, "gpus_per_node": GPUS_PER_NODE,
+        "num_gpu_blocks": fleet.num_gpu_blocks, "seed": seed, "history": fleet.history,
         "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.tpot_s}, "ttft_k": ttft_k,
         "configs": [{"config": c.label, "router": c.strategy.router,
                      "policy": c.strategy.policy, "about": c.strategy.about} for c in configs],
         "wall_s": time.perf_counter() - started,
         "rows": rows,
     }
+    out = outputs.out
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "rows.json", json.dumps(summary, indent=1, allow_nan=True) + "\n")
     write_text_atomic(out / "report.md", report_markdown(summary))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.metrics import SLO
-from eval.ampd.bench import STRATEGIES, RunConfig, run_one
+from eval.ampd.bench import STRATEGIES, Fleet, RunConfig, run_one
 from eval.workloads.registry import load_or_generate
 
 TOLERANCE = 0.10
@@ -60,15 +60,29 @@ def plan_label(prefill: tuple[int, int], decode: tuple[int, int]) -> str:
     return f"P TP{prefill[0]} x{prefill[1]} + D TP{decode[0]} x{decode[1]}"
 
 
-def replay_plan(gpu: str, model: str, prefill: tuple[int, int], decode: tuple[int, int], *,
-                trace: str, rate: float, programs: int, seed: int, slo: SLO, router: str,
-                history: str) -> dict[str, Any]:
-    """One plan (``(degree, count)`` per role) replayed by the bench; its row."""
+@dataclass(frozen=True)
+class PlannedDeployment:
+    """A plan as the bench builds it: `prefill` and `decode` replicas, ``(TP degree, count)``
+    each, of `gpu` GPUs serving `model` (each role's profile is ``{gpu}x{degree}-{model}``)."""
+
+    gpu: str
+    model: str
+    prefill: tuple[int, int]
+    decode: tuple[int, int]
+
+    def profile_at(self, degree: int) -> str:
+        return f"{self.gpu}x{degree}-{self.model}"
+
+
+def replay_plan(plan: PlannedDeployment, *, trace: str, rate: float, programs: int, seed: int,
+                slo: SLO, router: str, history: str) -> dict[str, Any]:
+    """One plan replayed by the bench; its row."""
+    prefill, decode = plan.prefill, plan.decode
     run = RunConfig(STRATEGIES[STRATEGY_OF_ROUTER[router]], (prefill[1], decode[1]))
     programs_ = load_or_generate(trace, programs, rate, seed)
-    return run_one(programs_, run, replicas=prefill[1] + decode[1],
-                   profile=f"{gpu}x{prefill[0]}-{model}", slo=slo, seed=seed,
-                   history=history, decode_profile=f"{gpu}x{decode[0]}-{model}")
+    fleet = Fleet(prefill[1] + decode[1], plan.profile_at(prefill[0]),
+                  decode_profile=plan.profile_at(decode[0]), history=history)
+    return run_one(programs_, run, fleet, slo=slo, seed=seed)
 
 
 def bench_seeds(seed: int, verify_seeds: int, bench_seed: int | None,

@@ -31,7 +31,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -44,7 +43,10 @@ from eval.ampd.bench import (
     ITL_METRICS,
     STRATEGIES,
     AmpdBenchError,
+    Fleet,
+    Outputs,
     RunConfig,
+    Workload,
     run_one,
     trace_slo,
 )
@@ -91,6 +93,30 @@ class Deployment:
         if self.decode_tp is not None:
             return f"TP{self.tp} {self.layout[0]}P + TP{self.decode_tp} {self.layout[1]}D"
         return f"TP{self.tp} {self.layout[0]}P{self.layout[1]}D"
+
+
+@dataclass(frozen=True)
+class DeploymentSpace:
+    """The deployments every strategy of the map is tried on: each of `gpus` GPUs of
+    `profile`'s GPU and model at the TP `degrees` (`deployments`), or of those only the ones
+    `only` names by label (``TP8 x1``, ``TP4 1P1D``)."""
+
+    gpus: int
+    profile: str
+    degrees: Sequence[int]
+    only: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class SloGrid:
+    """The SLOs of the map: each ITL bound in `itl` with one TTFT bound, `ttft_s`, or with
+    `ttft_k` k x each trace's idle TTFT on `ttft_profile` (default: the deployments'
+    profile)."""
+
+    itl: Sequence[float]
+    ttft_s: float
+    ttft_k: float | None = None
+    ttft_profile: str | None = None
 
 
 def same_label(a: str, b: str) -> bool:
@@ -162,24 +188,16 @@ def _runs(deps: Sequence[Deployment], itl_slos: Sequence[float],
     return runs
 
 
-def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: int,
-           profile: str, degrees: Sequence[int], itl_slos: Sequence[float], ttft_slo: float,
-           programs: int, seed: int, out: Path, history: str = "pull", console: Any = None,
-           command: str = "", ttft_k: float | None = None, slo_profile: str | None = None,
-           deployments_only: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the sweep; write ``regime.json`` and ``regime.md``. `loads`: jobs/s per trace.
-    `ttft_k`: each trace's TTFT SLO is k x its idle TTFT on `slo_profile` (default `profile`)
-    instead of `ttft_slo`. `deployments_only`: labels (``TP8 x1``, ``TP4 1P1D``) to keep."""
+def regime(workload: Workload, loads: dict[str, Sequence[float]], space: DeploymentSpace,
+           slos: SloGrid, *, outputs: Outputs, history: str = "pull") -> dict[str, Any]:
+    """Run the sweep; write ``regime.json`` and ``regime.md`` to `outputs`. `loads`: jobs/s
+    per trace. `history`: how a P/D deployment's prefill replicas get the history they lack
+    (`eval.ampd.bench.HISTORY`)."""
+    traces, programs, seed = workload.traces, workload.programs, workload.seed
+    itl_slos, console = slos.itl, outputs.console
     if not itl_slos or any(not (x > 0 and math.isfinite(x)) for x in itl_slos):
         raise AmpdBenchError("--itl-slo: give positive seconds, e.g. 0.03,0.05,0.1")
-    deps = deployments(profile, gpus, degrees)
-    if deployments_only:
-        deps = [d for d in deps if any(same_label(d.label, w) for w in deployments_only)]
-        if not deps:
-            every = deployments(profile, gpus, degrees)
-            raise AmpdBenchError(f"--deployments {', '.join(deployments_only)}: none of them "
-                                 f"is a deployment of {gpus} GPUs at TP {sorted(set(degrees))}"
-                                 f" (those are: {', '.join(d.label for d in every)})")
+    deps = _deployments_of(space)
     runs = _runs(deps, itl_slos)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -190,16 +208,16 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
         for name in traces:
             for x in loads[name]:
                 trace = load_or_generate(name, programs, x, seed)
-                ttft = trace_slo(name, SLO(ttft_slo, max(itl_slos)), slo_profile or profile,
-                                 ttft_k).ttft_s
+                ttft = trace_slo(name, SLO(slos.ttft_s, max(itl_slos)),
+                                 slos.ttft_profile or space.profile, slos.ttft_k).ttft_s
                 for kind, dep, slo_itl in runs:
                     slo = SLO(ttft, slo_itl if slo_itl is not None else max(itl_slos))
+                    fleet = Fleet(dep.replicas, dep.profile, decode_profile=dep.decode_profile,
+                                  history=history)
                     try:
                         row = run_one(trace, RunConfig(STRATEGIES[KINDS[kind]], dep.layout),
-                                      replicas=dep.replicas, profile=dep.profile, slo=slo,
-                                      seed=seed, history=history,
-                                      itl_slos=itl_slos if slo_itl is None else (slo_itl,),
-                                      decode_profile=dep.decode_profile)
+                                      fleet, slo=slo, seed=seed,
+                                      itl_slos=itl_slos if slo_itl is None else (slo_itl,))
                     except (NoProgress, AmpdBenchError) as exc:
                         # the deployment cannot run the trace (a conversation longer than
                         # its KV cache; admission starved): not a candidate, said in the map
@@ -217,19 +235,35 @@ def regime(traces: Sequence[str], loads: dict[str, Sequence[float]], *, gpus: in
                                       + (f", FAILED {row['failed']}" if "failed" in row
                                          else ""), soft_wrap=True)
     summary = {
-        "what": "AMPD's regime map (eval.ampd.regime), virtual time", "command": command,
+        "what": "AMPD's regime map (eval.ampd.regime), virtual time",
+        "command": outputs.command,
         "traces": list(traces), "loads": {t: list(loads[t]) for t in traces},
-        "programs": programs, "gpus": gpus, "gpus_per_node": GPUS_PER_NODE,
-        "deployments": [d.label for d in deps], "ttft_slo_s": ttft_slo,
-        "itl_slos": list(itl_slos), "seed": seed, "history": history, "ttft_k": ttft_k,
+        "programs": programs, "gpus": space.gpus, "gpus_per_node": GPUS_PER_NODE,
+        "deployments": [d.label for d in deps], "ttft_slo_s": slos.ttft_s,
+        "itl_slos": list(itl_slos), "seed": seed, "history": history, "ttft_k": slos.ttft_k,
         "wall_s": time.perf_counter() - started, "rows": rows,
     }
     summary["maps"] = {m: regime_map(rows, itl_slos, m) for m in (*ITL_METRICS, "program")}
+    out = outputs.out
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "regime.json",
                       json.dumps(summary, indent=1, allow_nan=True, default=str) + "\n")
     write_text_atomic(out / "regime.md", regime_markdown(summary))
     return summary
+
+
+def _deployments_of(space: DeploymentSpace) -> list[Deployment]:
+    """The space's deployments (`deployments`), those `space.only` names if it names any."""
+    deps = deployments(space.profile, space.gpus, space.degrees)
+    if space.only:
+        deps = [d for d in deps if any(same_label(d.label, w) for w in space.only)]
+        if not deps:
+            every = deployments(space.profile, space.gpus, space.degrees)
+            raise AmpdBenchError(f"--deployments {', '.join(space.only)}: none of them "
+                                 f"is a deployment of {space.gpus} GPUs at TP "
+                                 f"{sorted(set(space.degrees))}"
+                                 f" (those are: {', '.join(d.label for d in every)})")
+    return deps
 
 
 def _best(rows: Sequence[dict[str, Any]], itl: float, metric: str) -> tuple[float, str]:
