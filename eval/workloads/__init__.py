@@ -6,7 +6,8 @@ mini-swe-agent runs), `bfcl` (BFCL multi-turn, Continuum's Table 2), `infercept`
 augmentations of InferCept's Table 1, mixed), `ampd` (AMPD's Table 1). They share the fitted
 distributions (`distributions`), the arrival processes (`arrivals`) and the way a program of a
 given shape is drawn (`shapes`); `registry` names them (``TRACES``) and loads a trace by name
-or file (``load_or_generate``).
+or file (``load_or_generate``). Recorded agent runs become traces through `importers`, one
+module per trajectory format.
 
 Arrivals are seeded from a different stream than program contents, so the same seed gives the
 same programs at every load (``jps``): sweeps over load compare like with like.
