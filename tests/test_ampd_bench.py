@@ -95,7 +95,7 @@ def test_layouts_fill_nodes_and_carry_the_slo():
     slo = SLO(1.5, 0.05)
     config = cluster_config(RunConfig(STRATEGIES["ampd"], (2, 2)), replicas=4,
                             profile="h20x4-llama-3.1-70b", slo=slo, seed=3)
-    assert [(r.name, r.role, r.node, r.policy) for r in config.replicas] == [
+    assert [(r.name, r.role, r.node, str(r.policy)) for r in config.replicas] == [
         ("p0", "prefill", 0, "ampd"), ("d0", "decode", 0, "ampd"),
         ("p1", "prefill", 1, "ampd"), ("d1", "decode", 1, "ampd")]
     assert (config.router.strategy, config.router.ttft_slo_s, config.router.itl_slo_s,
