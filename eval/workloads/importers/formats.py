@@ -1,7 +1,8 @@
 """The registry of trajectory formats: name -> importer and detector, and the dispatch by it.
 
-A new format is a module that defines its importer and a `Format` (`shared.Format`), and one
-line here. Detection asks the formats in this order and takes the first that matches.
+A new format is a module that defines its importer and a `Format` (`shared.Format`), imported
+here and named in `FORMATS`. Detection asks the formats in that order and takes the first that
+matches.
 """
 
 from __future__ import annotations
@@ -9,14 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from common.trace import Program, TraceFormatError
-from eval.workloads.importers import harness_trajectory, mini_swe_agent, swe_agent
+from eval.workloads.importers.harness_trajectory import FORMAT as HARNESS
+from eval.workloads.importers.mini_swe_agent import FORMAT as MINI_SWE_AGENT
 from eval.workloads.importers.shared import Format
+from eval.workloads.importers.swe_agent import FORMAT as SWE_AGENT
 
-FORMATS: dict[str, Format] = {f.name: f for f in (
-    harness_trajectory.FORMAT,
-    swe_agent.FORMAT,
-    mini_swe_agent.FORMAT,
-)}
+FORMATS: dict[str, Format] = {f.name: f for f in (HARNESS, SWE_AGENT, MINI_SWE_AGENT)}
 
 
 def detect_format(data: Any) -> str:

@@ -41,7 +41,7 @@ _GENERATION_SPECIALS = 3
 @dataclass(frozen=True)
 class Format:
     """One trajectory format, as the registry knows it: a new format is a module that defines
-    one of these and one line in `eval.workloads.importers.formats.FORMATS`.
+    one of these, named in `eval.workloads.importers.formats.FORMATS`.
 
     ``detect(data)`` says whether a JSON object is of this format (the registry asks each
     format in turn, so a format whose keys another's data also has comes after it);
