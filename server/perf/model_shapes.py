@@ -16,19 +16,33 @@ the same token ids. Two things they have that the arithmetic here leaves out, ea
 of the weights: Qwen3's per-head RMSNorm of Q and K (2 x 128 parameters a layer) and nothing
 else; Mixtral's router is counted.
 
-Mixture of experts (Mixtral): every expert's weights are held (memory, `params`), a token
-multiplies through its ``active_experts`` only (`matmul_params_per_token`), and a step is taken
-to stream *every* expert's weights from HBM (`weight_bytes_read_per_step`). The last is exact
-once a step's tokens touch all experts, which with 8 experts and 2 per token is 90 % likely from
-8 tokens on (1 - (6/8)^8) and is the case for every prefill chunk; a decode step of fewer
-sequences reads fewer experts, so the emulator overstates Mixtral's decode step at small
-batches (at 1 sequence by up to ~3x in the weight-read term). A stated simplification.
+``qwen3-coder-30b-a3b`` (a model whose native context, 262,144 tokens, holds the long
+sessions of a coding agent) is Qwen3-Coder-30B-A3B-Instruct's public config.json written the
+same way (its sources: ``server/models/qwen3-coder-30b-a3b/README.md``): 48 layers, hidden
+2048, 32 query and 4 KV heads of 128, 128 experts of width 768 of which 8 are active, vocabulary
+151936, untied. Qwen-MoE configs name their experts ``num_experts`` and their width
+``moe_intermediate_size`` (`_qwen_moe_experts`); its per-head Q/K RMSNorms (256 parameters a
+layer) are left out, as for Qwen3-32B. ``qwen3-coder-30b-a3b-1m`` is the same model with the
+YaRN extension its model card describes (factor 4 over the native 262,144: 1,048,576
+positions); RoPE scaling changes no FLOP and no byte, so it is priced the same.
+
+Mixture of experts (Mixtral, Qwen3-Coder): every expert's weights are held (memory,
+`params`), a token multiplies through its ``active_experts`` only (`matmul_params_per_token`),
+and a step is taken to stream *every* expert's weights from HBM
+(`weight_bytes_read_per_step`). The last is exact once a step's tokens touch all experts, which
+with 8 experts and 2 per token is 90 % likely from 8 tokens on (1 - (6/8)^8) and is the case for
+every prefill chunk; a decode step of fewer sequences reads fewer experts, so the emulator
+overstates Mixtral's decode step at small batches (at 1 sequence by up to ~3x in the
+weight-read term). A stated simplification. With Qwen3-Coder's 128 experts, 8 per token, a
+step of T tokens touches on average ``128 * (1 - (120/128)^T)`` of them: 8 at one sequence
+(the weight-read term ~10x too high: 56 GiB read where attention, 8 experts and the LM head
+are ~6 GB), 82 at 16, 126 at 64.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from server.perf.copy_model import OFFLOAD_BLOCK_TOKENS
@@ -83,6 +97,8 @@ class ModelSpec:
                 experts=int(cfg.get("num_local_experts", 1)),
                 active_experts=int(cfg.get("num_experts_per_tok", 1)),
             )
+            if "num_experts" in cfg:  # Qwen-MoE names its experts and their width apart
+                spec = replace(spec, **_qwen_moe_experts(cfg, p))
         except KeyError as e:
             raise ValueError(f"model config {p} lacks {e.args[0]!r}") from None
         spec.validate()
@@ -195,14 +211,32 @@ class ModelSpec:
         return 4.0 * self.layers * self.heads * self.head_dim
 
 
+def _qwen_moe_experts(cfg: dict, path: Path) -> dict[str, int]:
+    """The experts of a Qwen-MoE config (``qwen3_moe``): ``num_experts`` experts of
+    ``moe_intermediate_size`` each (its ``intermediate_size`` is the width of dense MLP layers,
+    of which the configs shipped here have none). A config that mixes dense and MoE layers
+    (``mlp_only_layers``, ``decoder_sparse_step`` > 1) or has a shared expert is refused: the
+    arithmetic here gives every layer the same MLP."""
+    if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step", 1)) != 1:
+        raise ValueError(f"model config {path}: dense layers among the MoE ones "
+                         "(mlp_only_layers, decoder_sparse_step) are not modelled")
+    if int(cfg.get("shared_expert_intermediate_size") or 0):
+        raise ValueError(f"model config {path}: a shared expert is not modelled")
+    return {"experts": int(cfg["num_experts"]),
+            "intermediate": int(cfg["moe_intermediate_size"])}
+
+
 def available_models() -> list[str]:
     if not MODELS_DIR.is_dir():
         return []
     return sorted(p.parent.name for p in MODELS_DIR.glob("*/config.json"))
 
 
-# Models too big for one GPU get a default tensor-parallel size (name without "xN").
-DEFAULT_TP: dict[str, int] = {"llama-3.1-70b": 8}
+# Models too big for one GPU get a default tensor-parallel size (name without "xN"); so does
+# a model whose whole context one GPU's KV cache cannot hold (vLLM refuses to start then):
+# Qwen3-Coder's 1M positions need 96 GiB of KV, an H200 holds 734,570 tokens beside the
+# weights, two hold 2,079,396.
+DEFAULT_TP: dict[str, int] = {"llama-3.1-70b": 8, "qwen3-coder-30b-a3b-1m": 2}
 
 
 def model_spec(model: str, tp: int) -> ModelSpec:
