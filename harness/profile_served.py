@@ -4,7 +4,7 @@ Why: the in-process drive (`server.profilers.cpu`) times steps of an engine that
 else. Served, the same engine also streams every running request's tokens out, takes requests
 in, and shares the machine's two cores with the API server and the client; its steps measured
 36% (median) slower than that table on a compute-bound replay, and the emulator priced with it
-finished programs in half the real time (docs/emulated-gpu.md). This drive sends the same
+finished programs in half the real time (docs/emulated-gpu-checks.md). This drive sends the same
 shape families (`server.profilers.cpu.grid`) as HTTP requests, shaped like the replay client's
 (streamed, server-default sampling), to `harness serve --device cpu --step-log FILE`, and fits
 the table to the steps the served engine logged: every step it ran is a row, timed the same

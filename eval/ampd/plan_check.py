@@ -32,7 +32,7 @@ class Checked:
     """One plan: what the planner predicted (per-role model; whole-plan replay, if stage two
     replayed it: the mean over its seeds) and what the bench measured (the mean over the bench
     seeds, each seed's in ``replays``). One replay of 80 programs varies by more than 10 %
-    from draw to draw (0.54-0.94 over five draws of one deployment, docs/ampd.md), so both
+    from draw to draw (0.54-0.94 over five draws of one deployment, docs/ampd-regime.md), so both
     sides are means over several draws before "within 10 %" can mean anything."""
 
     label: str

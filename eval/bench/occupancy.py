@@ -7,7 +7,7 @@ programs briefly or a few for long. One panel per program-scheduling run of the 
 (`runs/*.json` with an ``occupancy`` series), stacked areas, the capacity as a line, and
 the engine's own count of the KV it held (running turns, pins: what cannot be evicted) as a
 line over them: where it runs above the areas, the scheduler's account from contexts
-undercounts (docs/programs.md traces thrashing to that gap).
+undercounts (docs/results-programs.md traces thrashing to that gap).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ to a paused program's KV cache.
 
 Why a layer above the policies: a policy (`server.policies`) decides per request — which
 waiting turn goes first, whether a finished turn's KV is pinned. That is measured to be at its
-limit (docs/programs.md): on a burst of long programs, admitting fewer programs at once beats
+limit (docs/results-programs.md): on a burst of long programs, admitting fewer programs at once beats
 every per-request order, the clairvoyant one included. A program scheduler decides per program:
 a program is *active* (its turns may run) or *paused* (its next turn waits even while memory is
 free), and when it is paused its KV is kept, offloaded to the host tier or dropped.
