@@ -25,9 +25,8 @@ from eval.bench.served import Served
 from eval.bench.specs import (
     BenchError,
     ClusterRuns,
-    Engines,
-    EngineSettings,
     HttpTarget,
+    check_engine,
     check_policies,
     with_references,
 )
@@ -35,6 +34,7 @@ from eval.bench.sweep import bench
 from eval.bench.traces import TRACE_NAMES
 from eval.bench.virtual import Cluster, SingleEngine
 from eval.workloads.registry import TRACES
+from server.engine_spec import EngineSpec
 
 #: Default loads (jobs/s) per generated trace, if --jps is not given.
 DEFAULT_JPS = {**dict.fromkeys(TRACES, "0.5,1,2"), "merge": "0.5,1,2"}
@@ -146,11 +146,13 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
     """The sweep the options ask for and the back end it runs on; a mistake in them raises
     `BenchError` (here for what is about flags together, in the values' own checks for the
     rest)."""
-    settings = EngineSettings(args.num_gpu_blocks, args.max_model_len,
-                              args.max_num_batched_tokens, args.offload_gib,
-                              args.offload_copy_model)
-    settings.check(cluster=args.cluster is not None, http=args.url is not None)
-    policies, backend = _backend(args, Engines(args.profile, args.seed, settings))
+    engine = EngineSpec(profile=args.profile, seed=args.seed,
+                        num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        offload_gib=args.offload_gib,
+                        offload_copy_model=args.offload_copy_model)
+    check_engine(engine, cluster=args.cluster is not None, http=args.url is not None)
+    policies, backend = _backend(args, engine)
     concurrency = None
     if args.concurrency is not None:
         if args.url:
@@ -166,7 +168,7 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
     return spec, backend
 
 
-def _backend(args: argparse.Namespace, engines: Engines) -> tuple[list[str], Backend]:
+def _backend(args: argparse.Namespace, engine: EngineSpec) -> tuple[list[str], Backend]:
     """The policies (or cluster labels) to compare, and where they replay: a cluster file's
     replicas, a running server, or one in-process engine each (with the reference runs)."""
     if args.cluster:
@@ -175,7 +177,7 @@ def _backend(args: argparse.Namespace, engines: Engines) -> tuple[list[str], Bac
                              "--url the router of `harness cluster serve` instead")
         runs = ClusterRuns.load(args.cluster, _names(args.routers) if args.routers else None,
                                 _names(args.policies) if args.policies else None)
-        return runs.labels(), Cluster.of(runs, engines)
+        return runs.labels(), Cluster.of(runs, engine)
     if args.routers:
         raise BenchError("--routers compares routing strategies of a --cluster FILE")
     policies = check_policies(_names(args.policies or "vllm,continuum"))
@@ -186,10 +188,10 @@ def _backend(args: argparse.Namespace, engines: Engines) -> tuple[list[str], Bac
         if policies[0].hint_mode != "none":
             raise BenchError("--url: client hints (@...) are only replayed in virtual time")
         return [str(policies[0])], Served(HttpTarget(args.url, args.model,
-                                                     args.isolated_over_http), engines)
+                                                     args.isolated_over_http), engine)
     if not args.no_bounds:
         policies = with_references(policies)
-    return [str(p) for p in policies], SingleEngine(engines, tuple(policies))
+    return [str(p) for p in policies], SingleEngine(engine, tuple(policies))
 
 
 def _names(text: str) -> list[str]:

@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
 def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) -> int:
     """`harness cluster serve --ray` / `--address`: the cluster on Ray Serve."""
     # ray (cluster.ray_app): start-up cost (~2 s), paid only when serving on Ray
-    from cluster.ray_app import RayResources, serve_on_ray
+    from cluster.ray_app import RayResources, RayServe, serve_on_ray
 
     custom: dict[str, float] = {}
     if args.replica_resources:
@@ -253,10 +253,10 @@ def serve_ray(args: argparse.Namespace, config: ClusterConfig, log_dir: Path) ->
         if not (value >= 0 and math.isfinite(value)):
             raise ClusterConfigError(f"{flag} must be 0 or more, not {value}")
     resources = RayResources(cpus=args.replica_cpus, gpus=args.replica_gpus, custom=custom)
-    return serve_on_ray(config, address=args.address, host=args.host, port=args.port,
-                        log_dir=log_dir, resources=resources,
-                        startup_timeout_s=args.startup_timeout,
-                        transport=args.transport or "http", api_key=cluster_api_key(args))
+    return serve_on_ray(config, RayServe(
+        log_dir, address=args.address, host=args.host, port=args.port, resources=resources,
+        startup_timeout_s=args.startup_timeout, transport=args.transport or "http",
+        api_key=cluster_api_key(args)))
 
 
 def cluster_api_key(args: argparse.Namespace) -> str | None:

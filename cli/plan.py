@@ -152,12 +152,13 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(line, file=sys.stderr, flush=True)
 
+        options = plan_sim.SimOptions(
+            programs=args.sim_programs or plan_sim.PROGRAMS,
+            max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, seed=args.seed,
+            router=args.router, slo=(args.slo_ttft, args.slo_itl), history=args.history)
         sim = plan_sim.SimulatedTau(
             args.profile, args.trace, args.rate, workload=partial(make_trace, args.trace),
-            seed=args.seed, cache_path=args.cache,
-            programs=args.sim_programs or plan_sim.PROGRAMS,
-            max_programs=args.sim_max_programs or plan_sim.MAX_PROGRAMS, progress=say,
-            router=args.router, slo=(args.slo_ttft, args.slo_itl), history=args.history)
+            options=options, cache_path=args.cache, progress=say)
         provider = sim
     shortlist = max(args.top, args.verify)
     if sim is not None:

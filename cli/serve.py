@@ -13,11 +13,12 @@ from pathlib import Path
 
 from cli.options import add_offload_copy_model_argument
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
-from server.launch import DEVICES, ENV_API_KEY, build_command
+from server.engine_spec import EngineSpec
+from server.launch import DEVICES, ENV_API_KEY, build_command, serve_policy
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
-from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.profilers.step_log import ENV_STEP_LOG
+from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -80,15 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     extra = [a for a in args.vllm_args if a != "--"]
-    max_model_len = args.max_model_len
-    if max_model_len is None and args.device != "cpu":
-        max_model_len = SERVED_MAX_MODEL_LEN
-    command = build_command(policy=args.policy, profile=args.profile, model=args.model,
-                            host=args.host, port=args.port, seed=args.seed,
-                            max_model_len=max_model_len, extra=extra,
-                            offload=args.offload_gib, device=args.device,
-                            offload_copy_model=args.offload_copy_model,
-                            ttft_slo_s=args.ttft_slo, batch_invariant=args.batch_invariant)
+    policy = serve_policy(args.policy)
+    engine = EngineSpec(profile=args.profile, model=args.model, device=args.device,
+                        seed=args.seed, offload_gib=args.offload_gib,
+                        offload_copy_model=args.offload_copy_model,
+                        max_model_len=args.max_model_len, ttft_slo_s=args.ttft_slo)
+    command = build_command(policy, engine, host=args.host, port=args.port, extra=extra,
+                            batch_invariant=args.batch_invariant)
     env = {**os.environ, **command.env}
     if args.step_log is not None:
         env[ENV_STEP_LOG] = str(args.step_log.resolve())

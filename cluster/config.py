@@ -21,6 +21,7 @@ has at least one prefill and one decode replica.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -38,6 +39,7 @@ from pydantic import (
 )
 
 from common.errors import UserError
+from server.engine_spec import EngineSpec
 from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
@@ -191,6 +193,14 @@ class ClusterConfig(_Strict):
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+    def engine_spec(self, spec: ReplicaSpec, base: EngineSpec) -> EngineSpec:
+        """The engine of replica `spec`: what the file says of it (its profile, KV cache and
+        CPU tier, and the cluster's TTFT SLO, `router.ttft_slo_s`, for its policy) on `base`
+        (the seed and what every engine of a run shares), one rule for the served replicas
+        (`cluster.launcher`) and the virtual-time ones (`sim.engines`)."""
+        return replace(base, profile=spec.profile, num_gpu_blocks=spec.num_gpu_blocks,
+                       offload_gib=spec.offload_gib, ttft_slo_s=self.router.ttft_slo_s)
 
     def carries_kv(self, spec: ReplicaSpec) -> bool:
         """Whether a replica runs vLLM's NIXL connector (`cluster.pd`): a prefill or decode

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from cluster import pd
 from cluster.config import ClusterConfig, ReplicaSpec
 from cluster.router_state import ReplicaEndpoint
 from common.processes import free_port, killpg
-from server.max_model_len import served_max_model_len
+from server.engine_spec import EngineSpec
 
 DEFAULT_BASE_PORT = 8100
 DEFAULT_ROUTER_PORT = 8000
@@ -88,9 +88,9 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
                     side_channel_host: str = "127.0.0.1",
                     api_key: str | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment (additions) of one replica's `vllm serve`, as `harness serve`
-    builds them; every replica's policy gets the cluster's TTFT SLO (`router.ttft_slo_s`), as
-    the virtual-time cluster's engines do (`sim.engines.make_engine`). A P/D replica advertises
-    `side_channel_host:side_channel_port` to its peers (on Ray: its node's address).
+    builds them, on the engine the cluster file gives it (`ClusterConfig.engine_spec`, the
+    cluster's TTFT SLO among it, as the virtual-time cluster's engines have it). A P/D replica
+    advertises `side_channel_host:side_channel_port` to its peers (on Ray: its node's address).
     `api_key`: the replica wants it, as the router does (`VLLM_API_KEY`, which vLLM reads as
     `--api-key`: in the environment, not in the process list)."""
     # server.launch, server.events (pydantic): start-up cost (~0.5 s), paid only when replicas
@@ -98,23 +98,16 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     from server.events import ENV_EVENTS_IPC, default_ipc_path
     from server.launch import ENV_API_KEY, ServeError, build_command
 
-    extra: list[str] = []
+    engine = config.engine_spec(spec, EngineSpec(seed=config.router.seed))
     env: dict[str, str] = {}
-    if spec.num_gpu_blocks is not None:
-        extra += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
-    offload = spec.offload_gib
     if config.carries_kv(spec):
-        kv = pd.kv_transfer_config(spec.name, spec.role, pd.links_to(config, spec.name))
-        extra += pd.serve_args(kv)
+        engine = replace(engine, kv_transfer=pd.kv_transfer_config(
+            spec.name, spec.role, pd.links_to(config, spec.name)))
         if side_channel_port is None:
             raise LauncherError(f"replica {spec.name}: a P/D replica needs a side-channel port")
         env.update(pd.side_channel_env(side_channel_port, side_channel_host))
     try:
-        command = build_command(policy=str(spec.policy), profile=spec.profile, host=host, port=port,
-                                seed=config.router.seed,
-                                max_model_len=served_max_model_len(spec.num_gpu_blocks),
-                                extra=extra, offload=offload,
-                                ttft_slo_s=config.router.ttft_slo_s)
+        command = build_command(spec.policy, engine, host=host, port=port)
     except ServeError as exc:
         raise LauncherError(f"replica {spec.name}: {exc}") from None
     env = {**command.env, **env, **({ENV_API_KEY: api_key} if api_key else {})}

@@ -23,11 +23,11 @@ The protocol (vLLM's pull mode; `docs/pd.md` has the full flow):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from server.emulated.nixl_fabric import FABRIC_KEY, LINKS_KEY, send_release
+from server.kv_connectors import transfer_args
 from server.perf.hardware import Link
 
 #: The vLLM connector (pull mode; `NixlConnector` is vLLM's alias of `NixlPullConnector`).
@@ -117,7 +117,7 @@ def virtual_engine_options(replica: Any, cluster: Any, *,
 
 def serve_args(config: Mapping[str, Any]) -> list[str]:
     """`vllm serve` / `harness serve` arguments for a `kv_transfer_config` result."""
-    return ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+    return transfer_args(config)
 
 
 def side_channel_env(port: int, host: str = "127.0.0.1") -> dict[str, str]:

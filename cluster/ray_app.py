@@ -70,6 +70,24 @@ class RayResources:
                 **({"resources": dict(self.custom)} if self.custom else {})}
 
 
+@dataclass(frozen=True)
+class RayServe:
+    """How a cluster file is served on Ray: the Ray cluster (`address`, e.g. ``HEAD:6379``;
+    None: a local one, started here and stopped afterwards), the router's `host:port`, the
+    replicas' logs, what each replica asks Ray for, how long the replicas may take to start,
+    how the router reaches the engines (`transport`: ``http`` or ``serve``) and the API key
+    the router and the replicas' engines want."""
+
+    log_dir: str | Path
+    address: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_ROUTER_PORT
+    resources: RayResources = field(default_factory=RayResources)
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    transport: str = "http"
+    api_key: str | None = None
+
+
 @serve.ingress()
 class ClusterIngress:
     """The router: our FastAPI router app, its upstream through the replicas' handle."""
@@ -94,17 +112,13 @@ class ClusterIngress:
         return app
 
 
-def build_app(config: ClusterConfig, *, log_dir: str | Path,
-              resources: RayResources | None = None,
-              startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-              transport: str = "http", api_key: str | None = None) -> Any:
-    """The Serve application (bound deployments) of a cluster file. `api_key`: the router
-    and the replicas' engines want it (it travels in the deployments' arguments)."""
-    resources = resources or RayResources()
+def build_app(config: ClusterConfig, options: RayServe) -> Any:
+    """The Serve application (bound deployments) of a cluster file served as `options` say
+    (the API key travels in the deployments' arguments)."""
     data = config.model_dump()
     replicas = serve.deployment(ReplicaProcess).options(
         name=REPLICAS_DEPLOYMENT, num_replicas=len(config.replicas),
-        max_ongoing_requests=MAX_ONGOING, ray_actor_options=resources.actor_options(),
+        max_ongoing_requests=MAX_ONGOING, ray_actor_options=options.resources.actor_options(),
         health_check_period_s=2.0, health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=30.0,
         request_router_config=RequestRouterConfig(
@@ -113,35 +127,34 @@ def build_app(config: ClusterConfig, *, log_dir: str | Path,
                                  f"{HarnessRequestRouter.__name__}",
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
             request_routing_stats_timeout_s=5.0),
-    ).bind(data, str(Path(log_dir).resolve()), startup_timeout_s, api_key)
+    ).bind(data, str(Path(options.log_dir).resolve()), options.startup_timeout_s,
+           options.api_key)
     router = serve.deployment(ClusterIngress).options(
         name=ROUTER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=MAX_ONGOING,
         # on the head node, with Serve's controller: the routing state (and what the router
         # knows of each replica's node) outlives the loss of any other node
         ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}})
-    return router.bind(data, replicas, transport, api_key)
+    return router.bind(data, replicas, options.transport, options.api_key)
 
 
 class _Stop(Exception):
     """SIGINT / SIGTERM arrived."""
 
 
-def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str = "127.0.0.1",
-                 port: int = DEFAULT_ROUTER_PORT, log_dir: str | Path,
-                 resources: RayResources | None = None,
-                 startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+def serve_on_ray(config: ClusterConfig, options: RayServe, *,
                  out: Callable[[str], None] | None = None,
-                 until: threading.Event | None = None, transport: str = "http",
-                 api_key: str | None = None) -> int:
-    """Deploy the cluster on Ray and serve it until SIGINT / SIGTERM (or `until` is set);
-    returns the exit code (0 on a requested stop). `api_key`: as `build_app`'s."""
+                 until: threading.Event | None = None) -> int:
+    """Deploy the cluster on Ray as `options` say and serve it until SIGINT / SIGTERM (or
+    `until` is set); returns the exit code (0 on a requested stop)."""
     say = out or (lambda line: print(line, flush=True))
+    address, host, port = options.address, options.host, options.port
+    log_dir, transport = options.log_dir, options.transport
     started_ray = address is None and not ray.is_initialized()
     if not ray.is_initialized():
         try:
             # "local": a new Ray for this cluster, never one that happens to run here; with
             # as many logical CPUs as its replicas ask for (they share this machine anyway)
-            wanted = (resources or RayResources()).cpus * len(config.replicas)
+            wanted = options.resources.cpus * len(config.replicas)
             local = {} if address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(wanted))}
             ray.init(address=address or "local", include_dashboard=False,
                      log_to_driver=False, configure_logging=False, **local)
@@ -165,9 +178,7 @@ def serve_on_ray(config: ClusterConfig, *, address: str | None = None, host: str
                 f"{http.host}:{http.port}; the router answers there, not on {host}:{port}")
             host, port = http.host, http.port
         began = time.monotonic()
-        app = build_app(config, log_dir=log_dir, resources=resources,
-                        startup_timeout_s=startup_timeout_s, transport=transport,
-                        api_key=api_key)
+        app = build_app(config, options)
         try:
             serve.run(app, name=config.name, route_prefix="/", blocking=False)
         except Exception as exc:  # noqa: BLE001 - a replica failed to start: Serve's message

@@ -8,7 +8,7 @@ emulated GPU step advances a `VirtualClock` by its modelled duration. A discrete
 trace-replay benchmark builds on it. Same scheduler, same policies, same step-time model as the
 served engine: only the clock differs.
 
-Prefill/decode disaggregation: `VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...,
+Prefill/decode disaggregation: an `EngineSpec(kv_transfer=cluster.pd.kv_transfer_config(...,
 fabric="inproc:NAME"))` runs vLLM's `NixlConnector`; engines of one namespace find each other
 in-process (`server.emulated.nixl_fabric`) and each call into an engine installs its own clock as
 the process clock, so several engines can live side by side (see `docs/pd.md`).
@@ -23,17 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
+from server.engine_spec import EngineSpec
 from server.kv_connectors import NIXL, stacked, sub_connector
-from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.perf.copy_model import check_offload_copy_model
 from server.policies import AgentEvent
-from server.policies.ampd import TTFT_SLO_S
 from server.policies.oracle import TurnFuture
-from server.settings import (
-    OFFLOAD_CONNECTOR_OPTIONS,
-    ServeSettings,
-    emulated_model_dir,
-)
-from server.settings import offload_gib as offload_gib_for
+from server.policies.spec import PolicySpec
+from server.settings import OFFLOAD_CONNECTOR_OPTIONS, emulated_model_dir
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -159,64 +155,43 @@ def submit(core: Any, pending: dict[str, Pending], request_id: str,
 
 @dataclass
 class VirtualEngine:
-    """`EngineCore` + `EmulatedExecutor` + `PolicyScheduler` on a virtual clock.
+    """`EngineCore` + `EmulatedExecutor` + `PolicyScheduler` on a virtual clock: `policy` on
+    the engine `spec` says (its `profile` emulated; its `max_model_len` None: the model's
+    context, 131,072 for Llama-3.1, as `vllm serve`, which vLLM lowers to what the KV cache
+    holds when `num_gpu_blocks` is small).
 
-    `offload_gib`: host memory for vLLM's native KV offloading. Policies that need it (`swap`)
-    get `server.settings.DEFAULT_OFFLOAD_GIB` when it is None, as `harness serve` gives them;
-    other policies run without offloading unless it is given.
+    KV offloading: host memory for vLLM's native offloading as `EngineSpec.offload_tier` says
+    (a policy that needs it, or ``NAME+offload``, gets `server.settings.DEFAULT_OFFLOAD_GIB`
+    when `offload_gib` is None, as `harness serve` gives it; other policies run without
+    unless it is given); `offload_gib` is what the engine got.
 
-    `offload_copy_model`: how the emulated offload worker times its copies, and how the
-    policies' cost model prices a reload (``peak80``, the default, or ``sourced``).
-
-    `kv_transfer`: a P/D replica's KV-transfer config (`cluster.pd.kv_transfer_config`, with an
-    `inproc:NAME` fabric): vLLM's `NixlConnector` with its worker side emulated. Give a request
-    `kv_transfer_params` (`cluster.pd.prefill_params` / `decode_params`); what the connector
-    returns comes back in `Finished.kv_transfer_params`. With `offload_gib` (or a policy that
-    swaps) too, the engine runs both connectors in vLLM's `MultiConnector`
-    (`server.kv_connectors`).
+    `spec.kv_transfer`: a P/D replica's KV-transfer config (`cluster.pd.kv_transfer_config`,
+    with an `inproc:NAME` fabric): vLLM's `NixlConnector` with its worker side emulated. Give a
+    request `kv_transfer_params` (`cluster.pd.prefill_params` / `decode_params`); what the
+    connector returns comes back in `Finished.kv_transfer_params`. With a CPU tier too, the
+    engine runs both connectors in vLLM's `MultiConnector` (`server.kv_connectors`).
 
     Every public method runs with the engine's own clock installed as the process clock and
     restores the previous one (the constructor leaves the engine's clock installed, as before,
     until `close`).
     """
 
-    policy: str = "continuum"
-    profile: str = "h100-llama-3.1-8b"
-    seed: int = 0
-    #: None: the model's context (131,072 for Llama-3.1), as `vllm serve`; vLLM lowers it to
-    #: what the KV cache holds when `num_gpu_blocks` is small
-    max_model_len: int | None = None
-    num_gpu_blocks: int | None = None
-    offload_gib: float | None = None
-    #: tokens one step may compute (vLLM's chunked-prefill budget); None: vLLM's default
-    max_num_batched_tokens: int | None = None
-    #: requests one step may run (vLLM's max_num_seqs); None: vLLM's default. 1 on a prefill
-    #: replica runs its prefills one at a time, as AMPD's Eq. 3 assumes
-    max_num_seqs: int | None = None
-    #: vLLM's automatic prefix caching (on, as `vllm serve` has it); off: every prompt is
-    #: computed from scratch (the `dynamo` baseline's prefill replicas)
-    enable_prefix_caching: bool = True
+    policy: PolicySpec
+    spec: EngineSpec = EngineSpec()
     clock: VirtualClock = field(default_factory=VirtualClock)
-    kv_transfer: dict[str, Any] | None = None
-    #: how the offloading connector's copies are priced (`server.perf.copy_model`
-    #: OFFLOAD_COPY_MODELS): by the emulated worker and by the policies' cost model
-    offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
-    #: the deployment's TTFT SLO (s), for policies that take it (`ServeSettings.ttft_slo_s`)
-    ttft_slo_s: float = TTFT_SLO_S
     #: program id -> its turns' future (`server.policies.oracle.TurnFuture`), for a
     #: clairvoyant policy (`oracle`) only; a policy that is not clairvoyant never sees it
     future: Mapping[str, Sequence[TurnFuture]] | None = None
 
     def __post_init__(self) -> None:
-        check_offload_copy_model(self.offload_copy_model)
+        spec = self.spec
+        check_offload_copy_model(spec.offload_copy_model)
         # vLLM picks its platform and the hub its mode from the environment when imported:
         # defaults only, for a process that has not chosen (no setting of ours goes here)
         for key, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        settings = ServeSettings(self.policy, self.profile, self.seed,
-                                 offload_copy_model=self.offload_copy_model,
-                                 ttft_slo_s=self.ttft_slo_s,
-                                 events=False)  # events come in through `event()`
+        # events come in through `event()`
+        settings = spec.serve_settings(self.policy, events=False)
         self._previous_clock = use_clock(self.clock)
 
         # vLLM (and torch, through the emulated executor): start-up cost
@@ -229,28 +204,30 @@ class VirtualEngine:
 
         from server.emulated.executor import EmulatedExecutor
 
-        self.offload_gib = offload_gib_for(self.policy, self.offload_gib)
+        #: GiB of host memory for vLLM's KV offloading, or None (`EngineSpec.offload_tier`)
+        self.offload_gib = spec.offload_tier(self.policy)
+        kv_transfer = spec.kv_transfer
         connector = None  # our connector options; vLLM names the connector itself
         tier_gib = self.offload_gib  # vLLM's own option, unless the tier is stacked with NIXL
-        if self.kv_transfer is not None and self.offload_gib is not None:
+        if kv_transfer is not None and self.offload_gib is not None:
             # a P/D replica, or one whose router carries moved programs' KV, with a CPU tier:
             # both connectors in vLLM's MultiConnector (`server.kv_connectors`)
-            connector = KVTransferConfig(**stacked(_copy_config(self.kv_transfer),
+            connector = KVTransferConfig(**stacked(_copy_config(dict(kv_transfer)),
                                                    self.offload_gib))
             tier_gib = None
-        elif self.kv_transfer is not None:
-            connector = KVTransferConfig(**_copy_config(self.kv_transfer))
+        elif kv_transfer is not None:
+            connector = KVTransferConfig(**_copy_config(dict(kv_transfer)))
         elif self.offload_gib is not None:
             connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))
-        args = EngineArgs(model=str(emulated_model_dir(self.profile)), seed=self.seed,
-                          max_model_len=self.max_model_len,
-                          enable_prefix_caching=self.enable_prefix_caching,
+        args = EngineArgs(model=str(emulated_model_dir(spec.profile_name)), seed=spec.seed,
+                          max_model_len=spec.max_model_len,
+                          enable_prefix_caching=spec.enable_prefix_caching,
                           block_size=16, scheduler_cls="server.scheduler.PolicyScheduler",
                           distributed_executor_backend=EmulatedExecutor,
-                          num_gpu_blocks_override=self.num_gpu_blocks,
-                          max_num_batched_tokens=self.max_num_batched_tokens,
-                          **({} if self.max_num_seqs is None
-                             else {"max_num_seqs": self.max_num_seqs}),
+                          num_gpu_blocks_override=spec.num_gpu_blocks,
+                          max_num_batched_tokens=spec.max_num_batched_tokens,
+                          **({} if spec.max_num_seqs is None
+                             else {"max_num_seqs": spec.max_num_seqs}),
                           kv_offloading_size=tier_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector,
                           additional_config=settings.to_additional_config())
@@ -272,8 +249,8 @@ class VirtualEngine:
         policy = self.scheduler.agent_policy
         if policy.clairvoyant:
             if self.future is None:
-                raise ValueError(f"policy {self.policy!r} schedules with every program's "
-                                 "future: build its engine with the trace (`future`)")
+                raise ValueError(f"policy {self.policy.engine_name!r} schedules with every "
+                                 "program's future: build its engine with the trace (`future`)")
             policy.foresee(self.future)
         if self.nixl is not None:
             self.nixl.set_wake(self._wake)
@@ -303,7 +280,7 @@ class VirtualEngine:
         if kv_transfer_params is not None:
             if self.nixl is None:
                 raise ValueError(f"request {request_id}: kv_transfer_params need a P/D engine "
-                                 "(VirtualEngine(kv_transfer=cluster.pd.kv_transfer_config(...)))")
+                                 "(EngineSpec(kv_transfer=cluster.pd.kv_transfer_config(...)))")
             extra["kv_transfer_params"] = _copy_config(kv_transfer_params)
         params = SamplingParams(max_tokens=max_tokens, extra_args=extra or None)
         params.update_from_generation_config({}, eos_token_id=self._eos())

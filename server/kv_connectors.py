@@ -13,6 +13,7 @@ any other request finds the tier's copy, if there is one, through the second.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +46,12 @@ def stacked(transfer: Mapping[str, Any], gib: float) -> dict[str, Any]:
     return {"kv_connector": MULTI, "kv_role": "kv_both",
             **({} if engine_id is None else {"engine_id": engine_id}),
             "kv_connector_extra_config": {"connectors": [nixl, offloading_config(gib)]}}
+
+
+def transfer_args(config: Mapping[str, Any]) -> list[str]:
+    """A connector config as `vllm serve` takes it: ``--kv-transfer-config`` and compact
+    JSON."""
+    return ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
 
 
 def parts(kv_transfer_config: Any) -> list[Any]:

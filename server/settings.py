@@ -1,4 +1,6 @@
-"""Start-up settings of one engine: its policy, GPU/model profile, seed and policy options.
+"""Start-up settings of one engine that its engine core reads: its policy, GPU/model profile,
+seed and policy options (the rest of an engine, `server.engine_spec.EngineSpec`, reaches vLLM
+as its own options; `EngineSpec.serve_settings` makes these).
 
 vLLM builds the scheduler and the executor inside its engine-core process from class paths, so
 our choices cannot be constructor arguments. They travel inside vLLM's own configuration
@@ -29,7 +31,6 @@ from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.model_shapes import MODELS_DIR
 from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
-from server.policies.spec import PolicySpec
 
 ENV_POLICY = "HARNESS_POLICY"
 ENV_PROFILE = "HARNESS_PROFILE"
@@ -43,7 +44,8 @@ ADDITIONAL_CONFIG_KEY = "harness"
 DEFAULT_POLICY = "continuum"
 DEFAULT_PROFILE = "h100-llama-3.1-8b"
 #: Host memory (GiB) for vLLM's native KV offloading, used by policies with `needs_offload`
-#: (`swap`, `infercept`) unless `--offload-gib` says otherwise. Half the 128 GiB of host RAM of
+#: (`swap`, `infercept`) and by a replayed ``NAME+offload`` unless `--offload-gib` says
+#: otherwise (`server.engine_spec.EngineSpec.offload_tier`). Half the 128 GiB of host RAM of
 #: the lent H100/H200 machines, so a real-GPU run can pin it; for Llama-3.1-8B that is 524k
 #: tokens of KV, more than an H100's 448k-token GPU cache, so host copies are rarely evicted.
 DEFAULT_OFFLOAD_GIB = 64.0
@@ -66,16 +68,6 @@ def emulated_model_dir(profile: str) -> Path:
         known = ", ".join(sorted(p.name for p in MODELS_DIR.iterdir() if p.is_dir()))
         raise ServeOptionsError(f"no model config for {model!r} in {MODELS_DIR}; known: {known}")
     return folder
-
-
-def offload_gib(policy: str, requested: float | None = None) -> float | None:
-    """GiB of host memory for KV offloading, or None to leave it off: on when asked for
-    (any policy may run on top of vLLM's offloading) or when the policy needs it."""
-    if requested is not None:
-        if not requested > 0:
-            raise ServeOptionsError(f"--offload-gib {requested}: give a positive size in GiB")
-        return float(requested)
-    return DEFAULT_OFFLOAD_GIB if PolicySpec.named(policy).cls.needs_offload else None
 
 
 @dataclass(frozen=True)

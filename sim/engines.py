@@ -2,79 +2,77 @@
 the planner's simulations, the isolated bound).
 
 Why one factory: a comparison is only fair when every engine of it is built the same way, and
-the rules for that (a policy's `+offload`, the longest conversation an engine takes, a P/D
-replica's KV-transfer connector, the cluster's TTFT SLO) were written in several places before
-and had begun to disagree. The longest conversation is `server.max_model_len`'s
-rule, beside the served replicas' own. A clairvoyant policy (`oracle`) also gets every
-program's future from the trace here (`futures`), and only it: the others are built without.
+the rules for that (the longest conversation an engine takes, a P/D replica's KV-transfer
+connector, a clairvoyant policy's futures) were written in several places before and had begun
+to disagree. An engine is a policy (`server.policies.spec.PolicySpec`) on an engine
+(`server.engine_spec.EngineSpec`, whose `offload_tier` turns a policy's `+offload` into a CPU
+tier; a cluster replica's, the cluster's TTFT SLO among them, comes from the cluster file,
+`cluster.config.ClusterConfig.engine_spec`). The longest conversation is
+`server.max_model_len`'s rule, beside the served replicas' own. A clairvoyant policy (`oracle`)
+also gets every program's future from the trace here (`futures`), and only it: the others are
+built without.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
+from cluster.config import ClusterConfig, ReplicaSpec
 from cluster.pd import virtual_engine_options
 from common.trace import Trace
 from server.engine import VirtualEngine
+from server.engine_spec import EngineSpec
 from server.max_model_len import BLOCK_SIZE, context_limit
-from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.registry import load_profile
 from server.policies.oracle import TurnFuture
 from server.policies.spec import PolicySpec
-from server.settings import DEFAULT_OFFLOAD_GIB
 
 
-def make_engine(policy: PolicySpec, profile: str, seed: int, num_gpu_blocks: int | None,
-                offload_gib: float | None = None, replica: Any = None,
-                cluster: Any = None, max_model_len: int | None = None,
-                max_num_batched_tokens: int | None = None,
-                bidirectional: bool = False,
-                offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL,
-                trace: Trace | None = None, max_num_seqs: int | None = None,
-                enable_prefix_caching: bool = True) -> Any:
-    """A fresh virtual-time engine for `policy` (its `offload` turns vLLM's CPU KV offloading
-    on), its context
-    as `server.max_model_len.context_limit` says. `replica` and `cluster` (a cluster file's
-    replica and the file): a prefill or decode replica also gets its KV-transfer connector
+def make_engine(policy: PolicySpec, spec: EngineSpec, *, trace: Trace | None = None,
+                replica: ReplicaSpec | None = None, cluster: ClusterConfig | None = None,
+                bidirectional: bool = False) -> VirtualEngine:
+    """A fresh virtual-time engine running `policy` on `spec`, its context as
+    `server.max_model_len.context_limit` says. `replica` and `cluster` (a cluster file's
+    replica and the file, whose `engine_spec` made `spec`): a replica that moves KV (a prefill
+    or decode replica, or one of a router that carries KV) also gets its KV-transfer connector
     (`bidirectional`: a prefill replica may read a program's history from its decode replica,
-    `cluster.pd`), and every replica of a cluster the cluster's TTFT SLO (`router.ttft_slo_s`)
-    for its policy. `trace`: what a clairvoyant policy (`oracle`) is told of the future
-    (`futures`); other policies never get it. `max_num_seqs`, `enable_prefix_caching`: vLLM's,
-    as `server.engine.VirtualEngine` takes them."""
-    max_len = context_limit(profile, num_gpu_blocks, max_model_len)
-    name = policy.engine_name
-    if policy.offload and offload_gib is None:
-        offload_gib = DEFAULT_OFFLOAD_GIB
-    options: dict[str, Any] = {}
-    if cluster is not None:  # the cluster's TTFT SLO, as `harness cluster serve` gives it
-        options["ttft_slo_s"] = cluster.router.ttft_slo_s
+    `cluster.pd`). `trace`: what a clairvoyant policy (`oracle`) is told of the future
+    (`futures`); other policies never get it."""
+    spec = replace(spec, max_model_len=context_limit(spec.profile_name, spec.num_gpu_blocks,
+                                                     spec.max_model_len))
     if replica is not None and cluster is not None and cluster.carries_kv(replica):
-        options.update(virtual_engine_options(replica, cluster, bidirectional=bidirectional))
+        spec = replace(spec, **virtual_engine_options(replica, cluster,
+                                                      bidirectional=bidirectional))
+    future = None
     if policy.cls.clairvoyant:
         if trace is None:
-            raise ValueError(f"policy {name!r} knows every program's future: give the trace")
-        options["future"] = futures(trace)
-    return VirtualEngine(policy=name, profile=profile, seed=seed, max_model_len=max_len,
-                         num_gpu_blocks=num_gpu_blocks, offload_gib=offload_gib,
-                         max_num_batched_tokens=max_num_batched_tokens,
-                         offload_copy_model=offload_copy_model, max_num_seqs=max_num_seqs,
-                         enable_prefix_caching=enable_prefix_caching, **options)
+            raise ValueError(f"policy {policy.engine_name!r} knows every program's future: "
+                             "give the trace")
+        future = futures(trace)
+    return VirtualEngine(policy, spec, future=future)
 
 
-def pd_options(role: str, policy: PolicySpec, *, history: str = "pull",
-               prefill_cache: bool = True) -> dict[str, Any]:
-    """How a P/D replay builds a replica of `role` running `policy` (`make_engine`'s keywords),
-    one rule for the bench (`eval.ampd.bench`) and the planner's simulations
-    (`sim.planning`), so a plan is predicted on the engines it is replayed on:
-    `history` ``pull`` makes P/D replicas `bidirectional` (a prefill replica reads a program's
-    history from its decode replica); a prefill replica running the ``ampd`` policy runs one
-    prefill at a time (`max_num_seqs` 1: AMPD's Eq. 3 assumes so); ``prefill_cache`` off
-    turns a prefill replica's prefix cache off (every prefill from scratch, the paper's
-    Dynamo)."""
-    prefill = role == "prefill"
-    return {"bidirectional": history == "pull",
-            "max_num_seqs": 1 if prefill and policy.name == "ampd" else None,
-            "enable_prefix_caching": prefill_cache or not prefill}
+def pd_spec(replica: ReplicaSpec, cluster: ClusterConfig, seed: int,
+            prefill_cache: bool = True) -> EngineSpec:
+    """The engine of a P/D replay's replica, one rule for the bench (`eval.ampd.bench`) and the
+    planner's simulations (`sim.planning`), so a plan is predicted on the engines it is
+    replayed on: the cluster file's replica (`ClusterConfig.engine_spec`) started with
+    `fitting_context`; a prefill replica running the ``ampd`` policy runs one prefill at a time
+    (`max_num_seqs` 1: AMPD's Eq. 3 assumes so); ``prefill_cache`` off turns a prefill
+    replica's prefix cache off (every prefill from scratch, the paper's Dynamo)."""
+    prefill = replica.role == "prefill"
+    return cluster.engine_spec(replica, EngineSpec(
+        seed=seed, max_model_len=fitting_context(replica.profile, replica.num_gpu_blocks),
+        max_num_seqs=1 if prefill and replica.policy.name == "ampd" else None,
+        enable_prefix_caching=prefill_cache or not prefill))
+
+
+def pd_replica(replica: ReplicaSpec, cluster: ClusterConfig, seed: int, *,
+               history: str = "pull", prefill_cache: bool = True) -> VirtualEngine:
+    """A P/D replay's replica on its `pd_spec` engine; `history` ``pull`` makes P/D replicas
+    `bidirectional` (a prefill replica reads a program's history from its decode replica)."""
+    return make_engine(replica.policy, pd_spec(replica, cluster, seed, prefill_cache),
+                       replica=replica, cluster=cluster, bidirectional=history == "pull")
 
 
 def fitting_context(profile: str, num_gpu_blocks: int | None) -> int | None:

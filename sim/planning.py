@@ -33,7 +33,7 @@ Routing (``router``): ``pd`` (every prefill remote) as before, or ``ampd``: ever
 per role and whole-deployment, routes with AMPD's Algorithm 1 and queues with its Algorithm 2
 (appendix A.1(ii): the simulator decides per prefill whether it runs remote or locally on the
 decode replica, by the policy of section 4), against the SLO the plan is scored by; the
-replicas are built as the bench builds them (`sim.engines.pd_options`: history pulled, AMPD's
+replicas are built as the bench builds them (`sim.engines.pd_replica`: history pulled, AMPD's
 prefill replicas one prefill at a time). Under ``ampd`` the roles are coupled (a decode replica
 takes the prefills the prefill side has no slack for), which the per-role simulations see only
 against their fixed partner: stage two (`deployment`) replays the plan whole.
@@ -82,7 +82,7 @@ from server.engine import ContextTooLong
 from server.perf.hardware import GPUS
 from server.perf.model_shapes import available_models
 from server.perf.registry import load_profile
-from sim.engines import fitting_context, make_engine, pd_options
+from sim.engines import pd_replica
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -153,19 +153,41 @@ def _walk_chain(sim: SimulatedTau, role: str, degree: int, loads: list[float]) -
                         sim.overloaded, sim.simulations, sim.sim_seconds, lines)
 
 
+@dataclass(frozen=True)
+class SimOptions:
+    """How the planner simulates (see the module docstring): programs per simulation (at least
+    `programs`, at most `max_programs`), the seed of the traces and engines, the load grid's
+    `ratio` and where it is taken as `flat`, the prefill partners of a decode replica, how the
+    simulated clusters route (`router`, `ROUTERS`) against which SLO (TTFT s, ITL s; AMPD
+    needs one), and how a prefill replica gets the history it lacks (`history`; None:
+    ``recompute`` under ``pd``, ``pull`` under ``ampd``)."""
+
+    programs: int = PROGRAMS
+    max_programs: int = MAX_PROGRAMS
+    seed: int = 0
+    ratio: float = GRID_RATIO
+    flat: float = FLAT
+    partner_prefill: int = PARTNER_PREFILL
+    router: str = "pd"
+    slo: tuple[float, float] | None = None
+    history: str | None = None
+
+
 class SimulatedTau:
     """tau by simulation (see the module docstring). ``trace``: the workload's name (a trace
     name or file, as for ``harness bench --trace``; it keys the cache); ``workload(n, load,
     seed)``: its programs (picklable, for ``jobs`` > 1), e.g. `eval.bench.traces.make_trace`
-    bound to the name; ``rate``: the whole deployment's load (the top of the grid)."""
+    bound to the name; ``rate``: the whole deployment's load (the top of the grid);
+    ``options``: how it simulates; ``cache_path``: the JSON file of simulations kept across
+    runs; ``progress``: told a line per simulation."""
 
     def __init__(self, profile: str, trace: str, rate: float, *,
-                 workload: Callable[[int, float, int], Trace], programs: int = PROGRAMS,
-                 max_programs: int = MAX_PROGRAMS,
-                 seed: int = 0, ratio: float = GRID_RATIO, flat: float = FLAT,
-                 partner_prefill: int = PARTNER_PREFILL, cache_path: str | Path | None = None,
-                 progress: Callable[[str], None] | None = None, router: str = "pd",
-                 slo: tuple[float, float] | None = None, history: str | None = None) -> None:
+                 workload: Callable[[int, float, int], Trace],
+                 options: SimOptions = SimOptions(), cache_path: str | Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        programs, max_programs, seed = options.programs, options.max_programs, options.seed
+        ratio, flat, partner_prefill = options.ratio, options.flat, options.partner_prefill
+        router, slo, history = options.router, options.slo, options.history
         if not (rate > 0 and math.isfinite(rate)):
             raise PlanError(f"--rate must be a positive number of programs per second, "
                             f"got {rate!r}")
@@ -478,10 +500,9 @@ class SimulatedTau:
     def _turns(self, name: str, replicas: list[dict[str, Any]], trace: Any,
                seed: int | None = None) -> list[Any]:
         """Replay `trace` on a cluster of `replicas` routed by ``router``, built as the bench
-        builds them (`pd_options`, `fitting_context`: a replica whose KV cache is smaller than
-        the model's context, 70B on two GPUs, is started with what it holds): the turns of
-        every program. Raises `Unfit` when an engine
-        cannot hold the workload."""
+        builds them (`sim.engines.pd_replica`: a replica whose KV cache is smaller than the
+        model's context, 70B on two GPUs, is started with what it holds): the turns of every
+        program. Raises `Unfit` when an engine cannot hold the workload."""
         seed = self.seed if seed is None else seed
         router: dict[str, Any] = {"strategy": self.router, "seed": seed}
         policy = "ampd" if self.router == "ampd" else "vllm"
@@ -491,10 +512,7 @@ class SimulatedTau:
                                 "replicas": [dict(r, policy=policy) for r in replicas]})
 
         def build(spec: Any) -> Any:
-            return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                               spec.offload_gib, spec, config,
-                               max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
-                               **pd_options(spec.role, spec.policy, history=self.history))
+            return pd_replica(spec, config, seed, history=self.history)
 
         try:
             cluster = VirtualCluster(config, seed=seed, make_engine=build)

@@ -22,6 +22,7 @@ from cluster.config import ClusterConfig, ReplicaSpec, parse_cluster
 from cluster.routers import make_router
 from cluster.routing import ReplicaLoad, Router
 from server.clock import clock, use_clock
+from server.engine_spec import EngineSpec
 from sim.engines import make_engine as engine_for
 
 
@@ -128,8 +129,8 @@ class VirtualCluster:
         self._outer_clock = clock()
         if make_engine is None:
             def make_engine(spec: ReplicaSpec) -> Any:
-                return engine_for(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                                    spec.offload_gib, spec, config)
+                return engine_for(spec.policy, config.engine_spec(spec, EngineSpec(seed=seed)),
+                                  replica=spec, cluster=config)
         build = make_engine
         self.replicas: list[Replica] = []
         try:
@@ -144,8 +145,9 @@ class VirtualCluster:
     @classmethod
     def around(cls, engine: Any) -> VirtualCluster:
         """One engine as a cluster of one replica (left open by `close`: the caller owns it)."""
-        config = parse_cluster({"replicas": [{"name": "engine", "profile": engine.profile,
-                                              "policy": engine.policy}]})
+        config = parse_cluster({"replicas": [{"name": "engine",
+                                              "profile": engine.spec.profile_name,
+                                              "policy": engine.policy.engine_name}]})
         cluster = cls(config, make_engine=lambda spec: engine)
         cluster._owns_engines = False
         return cluster

@@ -195,6 +195,7 @@ def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch, aut
 
     from cluster.config import load_cluster
     from cluster.launcher import replica_command
+    from server.engine_spec import EngineSpec
     from sim.engines import make_engine
 
     root = Path(__file__).resolve().parent.parent
@@ -204,6 +205,6 @@ def test_served_and_virtual_replicas_take_the_clusters_ttft_slo(monkeypatch, aut
                               events_ipc="ipc:///dev/null")
     served = json.loads(argv[argv.index("--additional-config") + 1])
     assert make_scheduler("ampd", additional_config=served).agent_policy.ttft_slo_s == 2.0
-    engine = autoclose(make_engine(spec.policy, spec.profile, 0, None, None, spec, config,
-                                   max_model_len=4096))
+    engine = autoclose(make_engine(spec.policy, config.engine_spec(
+        spec, EngineSpec(max_model_len=4096)), replica=spec, cluster=config))
     assert engine.scheduler.agent_policy.ttft_slo_s == 2.0

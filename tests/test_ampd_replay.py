@@ -11,6 +11,7 @@ from cluster.ampd import AMPDRouter, Costs
 from common.metrics import SLO
 from eval.ampd.bench import STRATEGIES, RunConfig, _engine_factory, cluster_config
 from eval.workloads.registry import load_or_generate
+from server.engine_spec import EngineSpec
 from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.loop import Simulation
@@ -101,7 +102,8 @@ def test_the_prefill_queue_prices_each_task_on_top_of_its_cached_prefix():
     """D2: a program's next turn waits on the replica that ran its last one. The replica's
     load shows it as one task whose cached part (the last turn's full blocks, found in the
     prefix cache) is not priced again; the new tokens are."""
-    engine = make_engine(PolicySpec.parse("vllm"), PROFILE, 0, 4096)
+    engine = make_engine(PolicySpec.named("vllm"), EngineSpec(profile=PROFILE,
+                                                             num_gpu_blocks=4096))
     cluster = VirtualCluster.around(engine)
     try:
         first = list(range(100, 2100))  # 2000 tokens
@@ -119,7 +121,7 @@ def test_the_prefill_queue_prices_each_task_on_top_of_its_cached_prefix():
         # blocks of 16 are found in the prefix cache
         assert cached == 2000 and new == len(second) - 2000
         router = AMPDRouter(Costs.from_cluster(cluster.config), ttft_slo_s=1.0, itl_slo_s=0.1)
-        profile = engine.profile
+        profile = engine.spec.profile_name
         from server.perf.registry import load_profile
 
         full = load_profile(profile).prefill_seconds(len(second), cached=2000)

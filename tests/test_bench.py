@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 from contextlib import closing
+from dataclasses import replace
 
 import pytest
 
 from cli.main import main
 from common.metrics import MACHINE_DEPENDENT, replay_metrics
 from eval.bench.runs import BenchSpec, Workload
-from eval.bench.specs import BenchError, Engines, EngineSettings
+from eval.bench.specs import BenchError, check_engine
 from eval.bench.sweep import bench
 from eval.bench.traces import make_trace
 from eval.bench.virtual import SingleEngine
+from server.engine_spec import EngineSpec
 from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.replay import isolated_jcts, replay
@@ -22,10 +24,11 @@ PROFILE = "h100-llama-3.1-8b"
 # a small KV cache (~1.1k blocks = 18k tokens) so that six programs contend for memory
 BLOCKS = 1100
 VLLM = PolicySpec.named("vllm")
+ENGINE = EngineSpec(profile=PROFILE, num_gpu_blocks=BLOCKS)
 
 
 def _replay(policy: str, trace):
-    with closing(make_engine(PolicySpec.parse(policy), PROFILE, 0, BLOCKS)) as engine:
+    with closing(make_engine(PolicySpec.parse(policy), ENGINE)) as engine:
         return replay(trace, engine)
 
 
@@ -36,7 +39,7 @@ def trace():
 
 @pytest.fixture(scope="module")
 def isolated(trace):
-    with closing(make_engine(PolicySpec.parse("vllm"), PROFILE, 0, BLOCKS)) as engine:
+    with closing(make_engine(VLLM, ENGINE)) as engine:
         return isolated_jcts(trace, engine)
 
 
@@ -119,7 +122,7 @@ def test_bench_cli_writes_summary_report_and_plots(tmp_path, capsys):
     # isolated JCTs are cached: a second sweep reuses them and gives the same JCTs
     assert list(out.glob("isolated-*.json"))
     again = bench(BenchSpec(Workload("swe", 4, (3.0,)), ("vllm",)),
-                  SingleEngine(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS))), out)
+                  SingleEngine(ENGINE, (VLLM,)), out)
     assert again.results[0]["jct_mean_s"] == summary["results"][0]["jct_mean_s"]
     # what was replayed is in the report: the trace's statistics and the engine settings
     assert summary["trace_stats"]["n_programs"] == 4
@@ -154,7 +157,7 @@ def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
     """--jobs 2: the isolated JCTs and each replay in their own process; every figure but the
     wall and CPU times is the serial run's."""
     workload = Workload("swe", 3, (3.0,))
-    engine = SingleEngine(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)))
+    engine = SingleEngine(ENGINE, (PolicySpec.named("continuum"),))
     serial = bench(BenchSpec(workload, ("continuum",)), engine, tmp_path / "serial")
     parallel = bench(BenchSpec(workload, ("continuum",), jobs=2), engine, tmp_path / "parallel")
     assert parallel.jobs == 2
@@ -169,14 +172,13 @@ def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
 def test_engine_settings_reach_every_policys_engine(autoclose):
     """--max-num-batched-tokens and --offload-gib are set once for all policies: vllm gets the
     CPU tier it would not have by default, and every engine the same step budget."""
-    settings = EngineSettings(num_gpu_blocks=BLOCKS, max_num_batched_tokens=2048,
-                              offload_gib=2.0)
+    settings = replace(ENGINE, max_num_batched_tokens=2048, offload_gib=2.0)
     for policy in ("vllm", "continuum"):
-        engine = autoclose(Engines(PROFILE, 0, settings).make(PolicySpec.parse(policy)))
+        engine = autoclose(make_engine(PolicySpec.parse(policy), settings))
         assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
         assert engine.offload_gib == 2.0
         assert engine.vllm_config.kv_transfer_config is not None
-    plain = autoclose(Engines(PROFILE, 0, EngineSettings(num_gpu_blocks=BLOCKS)).make(VLLM))
+    plain = autoclose(make_engine(VLLM, ENGINE))
     assert plain.offload_gib is None and plain.vllm_config.kv_transfer_config is None
 
 
@@ -187,23 +189,22 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     from server.perf.registry import load_profile
 
     sourced = load_profile(PROFILE, offload_copy_model="sourced")
-    settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0,
-                              offload_copy_model="sourced")
-    engine = autoclose(Engines(PROFILE, 0, settings).make(PolicySpec.parse("continuum")))
+    continuum = PolicySpec.named("continuum")
+    settings = replace(ENGINE, offload_gib=2.0, offload_copy_model="sourced")
+    engine = autoclose(make_engine(continuum, settings))
     worker = engine.core.model_executor._offload
     assert worker._load_seconds(2048) == sourced.load_seconds(2048)
     assert worker._store_seconds(2048) == sourced.store_seconds(2048)
     cost = engine.scheduler.agent_policy.cost_model
     assert cost.offload_copy_model == "sourced"
     assert cost.swap_seconds(2048) == sourced.load_seconds(2048)
-    settings = EngineSettings(num_gpu_blocks=BLOCKS, offload_gib=2.0)
-    engine = autoclose(Engines(PROFILE, 0, settings).make(PolicySpec.parse("continuum")))
+    engine = autoclose(make_engine(continuum, replace(ENGINE, offload_gib=2.0)))
     # the env of the previous engine does not leak into the next one
     assert engine.scheduler.agent_policy.cost_model.offload_copy_model == "peak80"
     worker = engine.core.model_executor._offload
     assert worker._load_seconds(2048) == load_profile(PROFILE).swap_seconds(2048)
     with pytest.raises(BenchError, match="unknown offload copy model 'fast'"):
-        EngineSettings(offload_copy_model="fast").check()
+        check_engine(EngineSpec(offload_copy_model="fast"))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -242,7 +243,7 @@ def test_client_hints_reach_continuum(trace, autoclose):
     a held pin takes a hint."""
     hinted = {}
     for hints in ("none", "online", "oracle"):
-        engine = autoclose(make_engine(PolicySpec.parse("continuum"), PROFILE, 0, BLOCKS))
+        engine = autoclose(make_engine(PolicySpec.parse("continuum"), ENGINE))
         engine.scheduler.agent_policy.durations.min_samples = 10
         replay(trace, engine, hints=hints)
         hinted[hints] = engine.scheduler.agent_policy.stats()["ttl_sources"].get("hint", 0)
@@ -321,11 +322,11 @@ def test_the_oracle_is_told_the_future_by_the_engine_factory(trace):
     and no other policy is given the future."""
     oracle = PolicySpec.parse("oracle")
     with pytest.raises(ValueError, match="future"):
-        make_engine(oracle, PROFILE, 0, BLOCKS)
-    with closing(make_engine(oracle, PROFILE, 0, BLOCKS, trace=trace)) as engine:
+        make_engine(oracle, ENGINE)
+    with closing(make_engine(oracle, ENGINE, trace=trace)) as engine:
         result = replay(trace, engine)
         assert engine.scheduler.agent_policy.pins_made > 0
     assert all(p.finished is not None for p in result.programs.values())
     continuum = PolicySpec.parse("continuum")
-    with closing(make_engine(continuum, PROFILE, 0, BLOCKS, trace=trace)) as engine:
+    with closing(make_engine(continuum, ENGINE, trace=trace)) as engine:
         assert engine.future is None

@@ -19,9 +19,10 @@ from common.metrics import SLO
 from eval.bench.backends import Replayed
 from eval.bench.parallel import Serial
 from eval.bench.runs import BenchSpec, Run, Workload
-from eval.bench.specs import BenchError, Engines
+from eval.bench.specs import BenchError, check_profile
 from eval.bench.summary import BenchSummary
 from eval.bench.sweep import bench
+from server.engine_spec import EngineSpec
 from sim.records import ProgramRecord, TurnRecord
 
 
@@ -29,7 +30,7 @@ from sim.records import ProgramRecord, TurnRecord
 class Recording:
     """A back end that answers every question with a fixed value and notes the calls."""
 
-    engines: Engines = Engines("h100-llama-3.1-8b", 7)
+    engine: EngineSpec = EngineSpec(profile="h100-llama-3.1-8b", seed=7)
     mode: str = "recording"
     parallel: bool = True
     with_floor: bool = True
@@ -122,7 +123,7 @@ def test_serial_calls_run_in_the_order_their_results_are_taken():
     (lambda: BenchSpec(Workload("swe"), ("vllm",), jobs=0), "--jobs 0: give at least 1"),
     (lambda: BenchSpec(Workload("swe"), ("vllm",), slo=SLO(tpot_s=-1)),
      "--slo-tpot must be a positive"),
-    (lambda: Engines("no-such-gpu").check(), "--profile 'no-such-gpu'"),
+    (lambda: check_profile(EngineSpec(profile="no-such-gpu")), "--profile 'no-such-gpu'"),
 ])
 def test_a_mistake_in_a_sweep_is_one_line_naming_the_flag(make, message):
     with pytest.raises(BenchError, match="^" + message.replace("(", r"\(")) as error:

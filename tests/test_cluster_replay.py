@@ -10,6 +10,8 @@ from cluster.config import parse_cluster
 from common.metrics import cluster_metrics, replay_metrics
 from common.trace import Program, Trace, Turn
 from eval.bench.traces import make_trace
+from server.engine_spec import EngineSpec
+from server.policies.spec import PolicySpec
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -163,7 +165,7 @@ def test_served_path_delays_each_turn_by_its_intake_and_delivery(autoclose):
         Turn(input_tokens=30, output_tokens=10)])])
 
     def lone(intake: float, delivery: float):
-        engine = autoclose(VirtualEngine(policy="vllm", profile=PROFILE))
+        engine = autoclose(VirtualEngine(PolicySpec.named("vllm"), EngineSpec(profile=PROFILE)))
         return replay(trace, engine, intake_s=intake, delivery_s=delivery)
 
     plain, served = lone(0.0, 0.0), lone(0.004, 0.003)

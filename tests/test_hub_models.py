@@ -12,10 +12,13 @@ import pytest
 
 from cli.main import main
 from server import batch_invariant, launch
-from server.models import hub
+from server.engine_spec import EngineSpec
 from server.launch import CPU_VENV, ServeError, build_command
+from server.models import hub
 from server.models.store import HubModel, ModelFolderError, servable_model
+from server.policies.spec import PolicySpec
 
+CONTINUUM = PolicySpec.named("continuum")
 REPO = "someorg/Some-Model-1B"
 
 
@@ -55,7 +58,7 @@ def gpu(monkeypatch):
 
 
 def test_online_the_hub_id_goes_to_vllm_unchanged(online, gpu):
-    command = build_command(model=REPO)
+    command = build_command(CONTINUUM, EngineSpec(model=REPO))
     argv = command.argv
     assert argv[argv.index("serve") + 1] == REPO
     assert command.served_model_name == "Some-Model-1B"
@@ -67,13 +70,13 @@ def test_offline_by_the_env_switch_is_refused_with_the_reason(empty_cache, monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ServeError, match=r"not in the local Hugging Face cache; this machine "
                                          r"cannot download it \(HF_HUB_OFFLINE=1 is set\)"):
-        build_command(model=REPO)
+        build_command(CONTINUUM, EngineSpec(model=REPO))
 
 
 def test_offline_without_a_network_is_refused_with_the_reason(no_network, gpu):
     with pytest.raises(ServeError, match=r"cannot download it \(127\.0\.0\.1:\d+ does not "
                                          r"answer"):
-        build_command(model=REPO)
+        build_command(CONTINUUM, EngineSpec(model=REPO))
 
 
 def test_a_cached_hub_model_is_served_offline(empty_cache, monkeypatch, gpu):
@@ -85,7 +88,7 @@ def test_a_cached_hub_model_is_served_offline(empty_cache, monkeypatch, gpu):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     resolved = servable_model(REPO)
     assert not isinstance(resolved, HubModel) and resolved.folder == snapshot.resolve()
-    command = build_command(model=REPO)
+    command = build_command(CONTINUUM, EngineSpec(model=REPO))
     assert command.argv[command.argv.index("serve") + 1] == REPO and not command.notes
 
 
@@ -111,7 +114,7 @@ def test_online_the_cpu_engine_gets_the_hub_id_and_may_download(online, tmp_path
         (tmp_path / "venv-cpu" / "bin").mkdir(parents=True)
         (tmp_path / "venv-cpu" / "bin" / "python").symlink_to(sys.executable)
         monkeypatch.setattr(launch, "CPU_VENV", tmp_path / "venv-cpu")
-    command = build_command(device="cpu", model=REPO)
+    command = build_command(CONTINUUM, EngineSpec(device="cpu", model=REPO))
     argv = command.argv
     assert argv[argv.index("--model") + 1] == REPO and "--load-format" not in argv
     assert "HF_HUB_OFFLINE" not in command.env and "TRANSFORMERS_OFFLINE" not in command.env

@@ -10,6 +10,7 @@ import pytest
 from cli.main import main
 from common.metrics import replay_metrics
 from eval.bench.traces import make_trace
+from server.engine_spec import EngineSpec
 from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.records import ProgramRecord, ReplayResult, steady_programs
@@ -21,7 +22,7 @@ PROFILE = "h100-llama-3.1-8b"
 @pytest.mark.engine
 def test_closed_loop_keeps_exactly_n_programs_running(autoclose) -> None:
     trace = make_trace("swe", 5, 1.0, seed=3)
-    engine = autoclose(make_engine(PolicySpec.parse("vllm"), PROFILE, 0, None))
+    engine = autoclose(make_engine(PolicySpec.named("vllm"), EngineSpec(profile=PROFILE)))
     result = replay(trace, engine, concurrency=2)
     records = [result.programs[p.id] for p in trace.programs]  # trace order = start order
     start = records[0].arrival

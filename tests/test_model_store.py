@@ -22,9 +22,10 @@ from rich.console import Console
 from cli.main import main
 from harness.run import RunError, RunSpec, run_benchmark, served_model
 from harness.server_process import model_server
-from server.models import store as model_store
 from server.cpu_memory import CPU_KV_CONTEXTS, GIB, kv_budget, kv_bytes_per_token
+from server.engine_spec import EngineSpec
 from server.launch import CPU_VENV, build_command
+from server.models import store as model_store
 from server.models.convert import ModelConvertError, check_convertible
 from server.models.store import (
     KNOWN_MODELS,
@@ -35,6 +36,7 @@ from server.models.store import (
     resolve_model,
     served_name,
 )
+from server.policies.spec import PolicySpec
 
 ROOT = Path(__file__).resolve().parent.parent
 #: config.json of SmolLM2-135M-Instruct, as the conversion writes it (the fields that size KV)
@@ -246,14 +248,15 @@ def test_served_cpu_engine_gets_the_kv_bytes_and_says_so(tmp_path):
     if not (CPU_VENV / "bin" / "python").is_file():
         pytest.skip(f"no {CPU_VENV}")
     folder = hf_folder(tmp_path / "smol")
-    command = build_command(device="cpu", model=str(folder), max_model_len=None)
+    cpu = EngineSpec(device="cpu", model=str(folder))
+    command = build_command(PolicySpec.named("continuum"), cpu)
     argv = command.argv
     expected = kv_budget(SMOLLM2_CONFIG).bytes
     assert int(argv[argv.index("--kv-cache-memory-bytes") + 1]) == pytest.approx(
         expected, rel=0.2)  # the ceiling moves with the memory available now
     assert "--gpu-memory-utilization" not in argv
     assert command.served_model_name == "smol" and "KV cache" in command.notes[0]
-    mine = build_command(device="cpu", model=str(folder), max_model_len=None,
+    mine = build_command(PolicySpec.named("continuum"), cpu,
                          extra=["--gpu-memory-utilization", "0.3"])
     assert "--kv-cache-memory-bytes" not in mine.argv and not mine.notes
     # vLLM's AOT compile cache cannot be loaded back on CPU with torch 2.13 (every start

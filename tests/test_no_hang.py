@@ -15,6 +15,7 @@ from eval.ampd.bench import STRATEGIES, RunConfig, _engine_factory, cluster_conf
 from eval.workloads.registry import load_or_generate
 from server import engine as engine_module
 from server.engine import ContextTooLong, NoProgress, VirtualEngine
+from server.engine_spec import EngineSpec
 from server.max_model_len import context_limit, served_max_model_len
 from server.policies.spec import PolicySpec
 from sim.conversation import too_long_turns
@@ -60,7 +61,8 @@ def test_too_long_turns_names_the_first_turn_that_cannot_fit() -> None:
 
 @pytest.mark.engine
 def test_engine_refuses_a_request_that_can_never_fit_and_replay_names_it(autoclose) -> None:
-    engine = autoclose(make_engine(VLLM, PROFILE, 0, num_gpu_blocks=65))  # 1,024 tokens
+    small = EngineSpec(profile=PROFILE, num_gpu_blocks=65)  # 1,024 tokens
+    engine = autoclose(make_engine(VLLM, small))
     assert engine.context_limit == 1024
     with pytest.raises(ContextTooLong, match=r"1,025 tokens \(1,000 prompt \+ 25 output\)"):
         engine.add_request("r", [7] * 1000, output_tokens=25)
@@ -76,7 +78,8 @@ def test_an_engine_that_stops_making_progress_raises(monkeypatch, autoclose) -> 
     limit and then sits running, computing nothing, with the clock standing still. After
     NO_PROGRESS_STEPS such steps the engine says so, with what is stuck."""
     monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
-    engine = autoclose(make_engine(VLLM, PROFILE, 0, num_gpu_blocks=300))  # 4,784 tokens
+    blocks = EngineSpec(profile=PROFILE, num_gpu_blocks=300)  # 4,784 tokens
+    engine = autoclose(make_engine(VLLM, blocks))
     monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
     engine.add_request("stuck", [7] * 6000, output_tokens=4)
     with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing.*"
@@ -94,9 +97,9 @@ def test_a_pd_engine_stuck_for_good_still_raises(monkeypatch, autoclose) -> None
     from cluster import pd  # the P/D connector config: only this test needs it
 
     monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
-    engine = autoclose(VirtualEngine(
-        policy="vllm", profile=PROFILE, num_gpu_blocks=300, max_model_len=4784,
-        kv_transfer=pd.kv_transfer_config("p", "prefill", {}, fabric="inproc:no-hang")))
+    engine = autoclose(VirtualEngine(VLLM, EngineSpec(
+        profile=PROFILE, num_gpu_blocks=300, max_model_len=4784,
+        kv_transfer=pd.kv_transfer_config("p", "prefill", {}, fabric="inproc:no-hang"))))
     monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
     engine.add_request("stuck", [7] * 6000, output_tokens=4)
     with pytest.raises(NoProgress, match=r"50 engine steps in a row computed nothing \(for "

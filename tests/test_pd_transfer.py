@@ -26,12 +26,15 @@ if importlib.util.find_spec("vllm") is None:  # not imported here: seconds of st
 
 from cluster import pd  # noqa: E402
 from server.clock import RealClock, VirtualClock, use_clock  # noqa: E402
-from server.engine import Finished, VirtualEngine  # noqa: E402
 from server.emulated.nixl_fabric import InprocFabric, ZmqFabric  # noqa: E402
+from server.engine import Finished, VirtualEngine  # noqa: E402
+from server.engine_spec import EngineSpec
 from server.perf.hardware import Link  # noqa: E402
 from server.perf.registry import load_profile  # noqa: E402
+from server.policies.spec import PolicySpec
 
 PROFILE = "h100-llama-3.1-8b"
+VLLM = PolicySpec.named("vllm")
 BLOCK_BYTES = 16 * 131_072
 P_TO_D = Link(latency_s=10e-6, bandwidth=200e9)  # D reads from P over this
 D_TO_P = Link(latency_s=20e-6, bandwidth=100e9)  # P reads from D over this (bidirectional)
@@ -51,11 +54,11 @@ def make_pair(autoclose, bidirectional: bool = False, lease_s: int = 30,
     fabric = f"inproc:test-{next(_namespaces)}"
     options = dict(bidirectional=bidirectional, lease_s=lease_s, export_ttl_s=export_ttl_s,
                    fabric=fabric)
-    common = dict(policy="vllm", profile=PROFILE, num_gpu_blocks=64, max_model_len=1000)
-    p = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "p", "prefill", {"d": D_TO_P}, **options)))
-    d = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "d", "decode", {"p": P_TO_D}, **options)))
+    common = dict(profile=PROFILE, num_gpu_blocks=64, max_model_len=1000)
+    p = autoclose(VirtualEngine(VLLM, EngineSpec(**common, kv_transfer=pd.kv_transfer_config(
+        "p", "prefill", {"d": D_TO_P}, **options))))
+    d = autoclose(VirtualEngine(VLLM, EngineSpec(**common, kv_transfer=pd.kv_transfer_config(
+        "d", "decode", {"p": P_TO_D}, **options))))
     return p, d
 
 
@@ -209,11 +212,11 @@ def test_prefill_blocked_by_its_own_leases_lets_time_pass(autoclose) -> None:
     pass (not spin at one instant), so the decode replica, whose clock is ahead, gets its turn,
     reads, and the freed blocks admit the waiting prompt."""
     fabric = f"inproc:test-{next(_namespaces)}"
-    common = dict(policy="vllm", profile=PROFILE, num_gpu_blocks=20, max_model_len=300)
-    p = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "p", "prefill", {"d": D_TO_P}, fabric=fabric)))
-    d = autoclose(VirtualEngine(**common, kv_transfer=pd.kv_transfer_config(
-        "d", "decode", {"p": P_TO_D}, fabric=fabric)))
+    common = dict(profile=PROFILE, num_gpu_blocks=20, max_model_len=300)
+    p = autoclose(VirtualEngine(VLLM, EngineSpec(**common, kv_transfer=pd.kv_transfer_config(
+        "p", "prefill", {"d": D_TO_P}, fabric=fabric))))
+    d = autoclose(VirtualEngine(VLLM, EngineSpec(**common, kv_transfer=pd.kv_transfer_config(
+        "d", "decode", {"p": P_TO_D}, fabric=fabric))))
     a, b = list(range(1000, 1200)), list(range(2000, 2200))  # 13 blocks each, 19 in all
     fin_a = prefill(p, "a@p", a, 0.0)
     p.add_request("b@p", b, output_tokens=1, kv_transfer_params=pd.prefill_params())

@@ -443,7 +443,7 @@ def test_predicted_attainment_is_the_product_of_the_roles_shares_on_the_grid():
     = 1 - 3/8 = 0.625, as the made-up share is linear); a plan's prediction multiplies its
     prefill share at 4/1 by its decode share at 4/2 (0.5 x 0.75 = 0.375)."""
     sim = AttSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
-                 slo=(2.0, 0.05))
+                 options=plan_sim.SimOptions(slo=(2.0, 0.05)))
     sim.asked = []
     sim.capacity = dict.fromkeys(sim.capacity, math.inf)
     assert sim.attainment("prefill", 4, 4.0) == pytest.approx(0.5)
@@ -458,29 +458,37 @@ def test_predicted_attainment_is_the_product_of_the_roles_shares_on_the_grid():
 def test_ampd_planning_needs_the_slo_and_pulls_history_by_default():
     with pytest.raises(PlanError, match="AMPD routes against the SLO"):
         FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
-                router="ampd")
+                options=plan_sim.SimOptions(router="ampd"))
     with pytest.raises(PlanError, match="--router 'sglang'"):
         FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
-                router="sglang")
+                options=plan_sim.SimOptions(router="sglang"))
     sim = FakeSim("h100-llama-3.1-70b", "dureader", 4.0, workload=partial(make_trace, "dureader"),
-                  router="ampd", slo=(2.0, 0.05))
+                  options=plan_sim.SimOptions(router="ampd", slo=(2.0, 0.05)))
     assert (sim.router, sim.history) == ("ampd", "pull")
     assert fake().history == "recompute"  # pd planning as before
 
 
 def test_the_bench_and_the_planner_build_pd_replicas_by_one_rule():
-    """`sim.engines.pd_options`: an AMPD prefill replica runs one prefill at a time (Eq. 3),
-    pulled history makes replicas bidirectional, Dynamo's prefill replicas cache nothing."""
-    from server.policies.spec import PolicySpec
-    from sim.engines import pd_options
+    """`sim.engines.pd_spec`: an AMPD prefill replica runs one prefill at a time (Eq. 3),
+    Dynamo's prefill replicas cache nothing, and every replica is the cluster file's (its
+    profile and the cluster's TTFT SLO) started with what its KV cache holds."""
+    from cluster.config import ClusterConfig, parse_cluster
+    from sim.engines import fitting_context, pd_spec
 
-    ampd, vllm = PolicySpec.named("ampd"), PolicySpec.named("vllm")
-    assert pd_options("prefill", ampd) == {"bidirectional": True, "max_num_seqs": 1,
-                                           "enable_prefix_caching": True}
-    assert pd_options("decode", ampd)["max_num_seqs"] is None
-    assert pd_options("prefill", vllm, history="recompute", prefill_cache=False) == {
-        "bidirectional": False, "max_num_seqs": None, "enable_prefix_caching": False}
-    assert pd_options("decode", vllm, prefill_cache=False)["enable_prefix_caching"]
+    def replicas(policy: str) -> ClusterConfig:
+        return parse_cluster({"router": {"strategy": "pd", "ttft_slo_s": 2.5}, "replicas": [
+            {"name": "p", "role": "prefill", "policy": policy, "profile": "h20x2-llama-3.1-70b"},
+            {"name": "d", "role": "decode", "policy": policy}]})
+
+    ampd, vllm = replicas("ampd"), replicas("vllm")
+    prefill = pd_spec(ampd.replicas[0], ampd, 7)
+    assert (prefill.max_num_seqs, prefill.enable_prefix_caching) == (1, True)
+    assert (prefill.seed, prefill.ttft_slo_s, prefill.profile) == (7, 2.5, "h20x2-llama-3.1-70b")
+    assert prefill.max_model_len == fitting_context("h20x2-llama-3.1-70b", None) is not None
+    assert pd_spec(ampd.replicas[1], ampd, 7).max_num_seqs is None
+    plain = pd_spec(vllm.replicas[0], vllm, 0, prefill_cache=False)
+    assert (plain.max_num_seqs, plain.enable_prefix_caching) == (None, False)
+    assert pd_spec(vllm.replicas[1], vllm, 0, prefill_cache=False).enable_prefix_caching
 
 
 @pytest.mark.engine
@@ -490,8 +498,8 @@ def test_ampd_planning_routes_prefills_locally_in_its_simulations():
     H100s, a TTFT SLO no remote prefill meets): AMPD's router takes some prefills local, which
     `pd` routing never does, and the share within the SLO is kept for the plan."""
     sim = plan_sim.SimulatedTau("h100-llama-3.1-70b", "dureader", 2.0,
-                                workload=partial(make_trace, "dureader"), router="ampd",
-                                slo=(0.05, 0.1))
+                                workload=partial(make_trace, "dureader"),
+                                options=plan_sim.SimOptions(router="ampd", slo=(0.05, 0.1)))
     turns = sim._turns("t", [{"name": "p", "role": "prefill", "profile": sim.profile(8)},
                              {"name": "d", "role": "decode", "profile": sim.profile(8)}],
                        sim._workload(6, 2.0))

@@ -19,10 +19,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from server.engine import VirtualEngine  # noqa: E402
+from server.engine_spec import EngineSpec
 from server.perf.registry import load_profile  # noqa: E402
 from server.policies import RequestView, make_policy  # noqa: E402
 from server.policies.base import AgentEvent, Hints  # noqa: E402
 from server.policies.continuum_prefetch import ContinuumPrefetchPolicy  # noqa: E402
+from server.policies.spec import PolicySpec
 
 PROFILE = "h100-llama-3.1-8b"
 BLOCK = 16
@@ -36,8 +38,9 @@ A_FULL_BLOCK_TOKENS = (1000 + 20 - 1) // BLOCK * BLOCK  # A's computed tokens in
 
 def scenario(policy: str, *, a1_at: float = TOOL_S, c_output: int = 4) -> dict:
     # 257 blocks: the null block plus 4096 tokens
-    with closing(VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=257,
-                               max_model_len=2048, offload_gib=1.0)) as engine:
+    with closing(VirtualEngine(PolicySpec.named(policy), EngineSpec(
+            profile=PROFILE, num_gpu_blocks=257, max_model_len=2048,
+            offload_gib=1.0))) as engine:
         done: dict = {}
         engine.add_request("a0", FIRST, program_id="A", output_tokens=20, tool="bash",
                            predicted_s=TOOL_S)

@@ -6,10 +6,20 @@ import json
 import subprocess
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from server.launch import EXECUTOR, SCHEDULER, ServeError, build_command, has_cuda
+from server.engine_spec import EngineSpec
+from server.launch import (
+    EXECUTOR,
+    SCHEDULER,
+    ServeCommand,
+    ServeError,
+    build_command,
+    has_cuda,
+    serve_policy,
+)
 from server.settings import ServeSettings
 
 
@@ -19,8 +29,15 @@ def settings_of(argv: list[str]) -> ServeSettings:
     return ServeSettings.from_vllm_config(SimpleNamespace(additional_config=config))
 
 
+def command_for(policy: str = "continuum", *, port: int = 8000, extra: list[str] | None = None,
+                **engine: Any) -> ServeCommand:
+    """The command `harness serve` builds for these options (its policy and engine made as
+    its command line makes them)."""
+    return build_command(serve_policy(policy), EngineSpec(**engine), port=port, extra=extra)
+
+
 def test_emulated_command_uses_our_scheduler_executor_and_events():
-    command = build_command(policy="continuum", profile="h200-llama-3.1-8b", port=8123)
+    command = command_for(policy="continuum", profile="h200-llama-3.1-8b", port=8123)
     argv = command.argv
     assert argv[argv.index("--scheduler-cls") + 1] == SCHEDULER
     assert argv[argv.index("--distributed-executor-backend") + 1] == EXECUTOR
@@ -42,13 +59,13 @@ def test_emulated_command_uses_our_scheduler_executor_and_events():
 ])
 def test_mistakes_are_refused_with_a_reason(kwargs, message):
     with pytest.raises(ServeError, match=message):
-        build_command(**kwargs)
+        command_for(**kwargs)
 
 
 @pytest.mark.skipif(has_cuda(), reason="this machine has a GPU")
 def test_a_real_model_without_a_gpu_is_refused():
     with pytest.raises(ServeError, match="needs a CUDA GPU"):
-        build_command(model="/models/Llama-3.1-8B-Instruct")
+        command_for(model="/models/Llama-3.1-8B-Instruct")
 
 
 @pytest.mark.server
@@ -60,21 +77,21 @@ def test_cli_prints_the_error_without_a_traceback():
 
 
 def test_the_ttft_slo_travels_in_the_engines_config():
-    command = build_command(policy="ampd", profile="h100-llama-3.1-8b", ttft_slo_s=1.5)
+    command = command_for(policy="ampd", profile="h100-llama-3.1-8b", ttft_slo_s=1.5)
     assert settings_of(command.argv).ttft_slo_s == 1.5
-    assert settings_of(build_command(policy="ampd").argv).ttft_slo_s == 1.0
+    assert settings_of(command_for(policy="ampd").argv).ttft_slo_s == 1.0
     with pytest.raises(ServeError, match="--ttft-slo"):
-        build_command(policy="ampd", ttft_slo_s=0.0)
+        command_for(policy="ampd", ttft_slo_s=0.0)
 
 
 def test_an_additional_config_of_the_user_is_merged_with_the_settings():
-    argv = build_command(policy="vllm", extra=["--additional-config", '{"x": 1}',
-                                               "--max-num-seqs", "8"]).argv
+    argv = command_for(policy="vllm", extra=["--additional-config", '{"x": 1}',
+                                             "--max-num-seqs", "8"]).argv
     assert argv.count("--additional-config") == 1 and argv[-2:] == ["--max-num-seqs", "8"]
     assert json.loads(argv[argv.index("--additional-config") + 1])["x"] == 1
     assert settings_of(argv).policy == "vllm"
     with pytest.raises(ServeError, match="JSON object"):
-        build_command(extra=["--additional-config=[1]"])
+        command_for(extra=["--additional-config=[1]"])
 
 
 def test_a_config_without_settings_falls_back_to_the_environment(monkeypatch):
@@ -92,7 +109,7 @@ def test_vllms_own_parser_carries_the_settings(monkeypatch):
     from vllm.engine.arg_utils import EngineArgs  # vLLM: start-up cost (~3 s)
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    argv = build_command(policy="ampd", ttft_slo_s=2.5).argv
+    argv = command_for(policy="ampd", ttft_slo_s=2.5).argv
     at = argv.index("--additional-config")
     parsed = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv[at:at + 2])
     settings = ServeSettings.from_vllm_config(SimpleNamespace(

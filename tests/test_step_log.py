@@ -1,5 +1,5 @@
-"""Step records (`server.profilers.step_log`): the batch each engine step ran, as the step-time model
-prices it, and the timing around it. The served CPU engine's log is checked in
+"""Step records (`server.profilers.step_log`): the batch each engine step ran, as the step-time
+model prices it, and the timing around it. The served CPU engine's log is checked in
 tests/test_cpu_engine.py; here the classification, the pairing of schedule and update, the
 file format, and that the scheduler's record of a step is the batch the emulated executor
 priced for that very step."""
@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from server.engine import VirtualEngine
+from server.engine_spec import EngineSpec
+from server.policies.spec import PolicySpec
 from server.profilers.step_log import (
     JsonlStepSink,
     StepLogTail,
@@ -104,8 +106,8 @@ def test_tail_reads_only_what_was_appended_and_waits_for_a_whole_line(tmp_path):
 def test_scheduler_records_the_batches_the_emulator_priced(autoclose, monkeypatch):
     """The step log describes a batch exactly as the emulated executor prices it, so a model
     fitted to logged steps is the model the emulator runs."""
-    engine = autoclose(VirtualEngine(policy="continuum", profile="h100-llama-3.1-8b",
-                                     max_num_batched_tokens=512))
+    engine = autoclose(VirtualEngine(PolicySpec.named("continuum"), EngineSpec(
+        profile="h100-llama-3.1-8b", max_num_batched_tokens=512)))
     logged: list[StepRecord] = []
     priced: list[tuple[list, list]] = []
     engine.scheduler.record_steps(logged.append)

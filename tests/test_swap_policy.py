@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import closing
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -21,9 +22,11 @@ import pytest  # noqa: E402
 from cluster.pd import kv_transfer_config  # noqa: E402
 from server.clock import VirtualClock, use_clock  # noqa: E402
 from server.engine import VirtualEngine  # noqa: E402
+from server.engine_spec import EngineSpec
 from server.launch import ServeError, build_command
 from server.perf.registry import load_profile
 from server.policies import RequestView, make_policy  # noqa: E402
+from server.policies.spec import PolicySpec
 from server.policies.swap import SwapPolicy  # noqa: E402
 from server.settings import DEFAULT_OFFLOAD_GIB, ServeSettings
 
@@ -48,9 +51,9 @@ def intercepted_program(policy: str, copy_model: str = "peak80",
                         kv_transfer: dict | None = None) -> dict:
     """A0, then B0 (which takes A's memory) during A's 1 s tool call, then A1."""
     # 129 blocks: the null block plus 2048 tokens, just one max_model_len sequence
-    with closing(VirtualEngine(policy=policy, profile=PROFILE, num_gpu_blocks=129,
-                               max_model_len=2048, offload_copy_model=copy_model,
-                               kv_transfer=kv_transfer)) as engine:
+    with closing(VirtualEngine(PolicySpec.named(policy), EngineSpec(
+            profile=PROFILE, num_gpu_blocks=129, max_model_len=2048,
+            offload_copy_model=copy_model, kv_transfer=kv_transfer))) as engine:
         done = {}
         engine.add_request("a0", FIRST, program_id="A", output_tokens=20, tool="bash")
         done.update(run(engine))
@@ -294,16 +297,18 @@ def test_loads_and_stores_take_their_own_times():
 
 # -- harness serve --------------------------------------------------------------------------
 def test_serve_turns_offloading_on_for_policies_that_need_it():
-    argv = build_command(policy="swap", profile=PROFILE).argv
+    swap, emulated = PolicySpec.named("swap"), EngineSpec(profile=PROFILE)
+    argv = build_command(swap, emulated).argv
     assert argv[argv.index("--kv-offloading-size") + 1] == f"{DEFAULT_OFFLOAD_GIB:g}"
     assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
     options = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert options == {"kv_connector_extra_config": {"offload_prompt_only": False}}
-    assert "--kv-offloading-size" not in build_command(policy="discard", profile=PROFILE).argv
-    argv = build_command(policy="vllm", profile=PROFILE, offload=8).argv
+    assert "--kv-offloading-size" not in build_command(PolicySpec.named("discard"),
+                                                       emulated).argv
+    argv = build_command(PolicySpec.named("vllm"), replace(emulated, offload_gib=8)).argv
     assert argv[argv.index("--kv-offloading-size") + 1] == "8"
     with pytest.raises(ServeError, match="positive"):
-        build_command(policy="swap", profile=PROFILE, offload=0)
+        build_command(swap, replace(emulated, offload_gib=0))
 
 
 def test_serve_stacks_the_tier_beside_a_nixl_connector_in_one_config():
@@ -312,7 +317,8 @@ def test_serve_stacks_the_tier_beside_a_nixl_connector_in_one_config():
     MultiConnector config, NIXL first, the engine id on the stack."""
     nixl = kv_transfer_config("r3", "colocated", {})
     extra = ["--kv-transfer-config", json.dumps(nixl), "--max-num-seqs", "64"]
-    argv = build_command(policy="swap", profile=PROFILE, extra=extra).argv
+    emulated = EngineSpec(profile=PROFILE)
+    argv = build_command(PolicySpec.named("swap"), emulated, extra=extra).argv
     assert "--kv-offloading-size" not in argv and argv.count("--kv-transfer-config") == 1
     assert argv[argv.index("--max-num-seqs") + 1] == "64"  # the other options stay
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
@@ -323,10 +329,10 @@ def test_serve_stacks_the_tier_beside_a_nixl_connector_in_one_config():
     assert tier["kv_connector_extra_config"] == {
         "offload_prompt_only": False, "cpu_bytes_to_use": int(DEFAULT_OFFLOAD_GIB * 2**30)}
     # without a tier the NIXL config passes through as given
-    argv = build_command(policy="vllm", profile=PROFILE, extra=extra).argv
+    argv = build_command(PolicySpec.named("vllm"), emulated, extra=extra).argv
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == nixl
     with pytest.raises(ServeError, match="only vLLM's NixlConnector stacks"):
-        build_command(policy="swap", profile=PROFILE, extra=[
+        build_command(PolicySpec.named("swap"), emulated, extra=[
             "--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})])
 
 
@@ -336,10 +342,12 @@ def test_serve_passes_the_offload_copy_model_to_the_engine():
         return ServeSettings.from_vllm_config(SimpleNamespace(
             additional_config=config)).offload_copy_model
 
-    assert copy_model(build_command(policy="swap", profile=PROFILE).argv) == "peak80"
-    assert copy_model(build_command(policy="swap", profile=PROFILE,
-                                    offload_copy_model="sourced").argv) == "sourced"
+    swap, emulated = PolicySpec.named("swap"), EngineSpec(profile=PROFILE)
+    assert copy_model(build_command(swap, emulated).argv) == "peak80"
+    assert copy_model(build_command(swap, replace(emulated, offload_copy_model="sourced")
+                                    ).argv) == "sourced"
     with pytest.raises(ServeError, match="unknown offload copy model 'fast'"):
-        build_command(policy="swap", profile=PROFILE, offload_copy_model="fast")
+        build_command(swap, replace(emulated, offload_copy_model="fast"))
     with pytest.raises(ServeError, match="PCIe Gen5"):
-        build_command(policy="swap", profile="a100-llama-3.1-8b", offload_copy_model="sourced")
+        build_command(swap, EngineSpec(profile="a100-llama-3.1-8b",
+                                       offload_copy_model="sourced"))

@@ -7,14 +7,16 @@ from contextlib import closing
 import pytest
 
 from server.engine import VirtualEngine
+from server.engine_spec import EngineSpec
 from server.perf.registry import load_profile
+from server.policies.spec import PolicySpec
 
 PROFILE = "h100-llama-3.1-8b"
 pytestmark = pytest.mark.engine
 
 
 def two_turn_program(policy: str) -> list:
-    with closing(VirtualEngine(policy=policy, profile=PROFILE)) as engine:
+    with closing(VirtualEngine(PolicySpec.named(policy), EngineSpec(profile=PROFILE))) as engine:
         first = list(range(8, 2008))
         engine.add_request("a0", first, program_id="A", output_tokens=50, tool="bash")
         done = []

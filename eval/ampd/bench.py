@@ -57,7 +57,7 @@ from eval.workloads.ampd import idle_ttft_s
 from eval.workloads.registry import load_or_generate
 from server.engine import ContextTooLong
 from server.perf.registry import load_profile
-from sim.engines import fitting_context, make_engine, pd_options
+from sim.engines import pd_replica
 from sim.loop import replay_cluster
 from sim.virtual_cluster import VirtualCluster
 
@@ -223,7 +223,7 @@ def node_of(degrees: Sequence[int]) -> list[int]:
 
 def _engine_factory(config: Any, seed: int, history: str = "pull",
                     strategy: Strategy | None = None) -> Callable[[Any], Any]:
-    """`sim.engines.make_engine` (P/D replicas `bidirectional` when the history is pulled).
+    """`sim.engines.pd_replica` (P/D replicas `bidirectional` when the history is pulled).
     The AMPD queue policy gets the run's TTFT SLO from the cluster (`cluster_config` puts it in
     `router.ttft_slo_s`), as a served replica does. A prefill replica running the `ampd` policy
     runs one prefill at a time (Eq. 3 assumes so); `strategy` may turn its prefix cache off."""
@@ -231,11 +231,7 @@ def _engine_factory(config: Any, seed: int, history: str = "pull",
     cache = strategy.prefill_cache if strategy is not None else True
 
     def build(spec: Any) -> Any:
-        return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                           spec.offload_gib, spec, config,
-                           max_model_len=fitting_context(spec.profile, spec.num_gpu_blocks),
-                           **pd_options(spec.role, spec.policy, history=history,
-                                        prefill_cache=cache))
+        return pd_replica(spec, config, seed, history=history, prefill_cache=cache)
 
     return build
 

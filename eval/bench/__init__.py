@@ -10,11 +10,12 @@ row per policy and load), ``report.md``, ``jct_vs_load.png`` (mean and P95 JCT a
 the CPU-time figures (``common.metrics.MACHINE_DEPENDENT``).
 
 One module per job, so each can be read (and changed) alone: `specs` (what a run compares and
-the engines every policy shares), `runs` (the sweep as a value: workload, policies, runs),
-`traces` (the programs to replay), `isolated` (the lower bound, cached), `backends` (the protocol
-every back end answers: one replay of a policy at a load, the isolated JCTs), `virtual` (one
-in-process engine, a virtual-time cluster) and `served` (HTTP), `parallel` (this process or
-worker processes), `rows` (a replay's row and records), `sweep` (the one loop, `sweep.bench`),
-`summary` (what it returns and writes), `report` (markdown and the terminal table) and `plots`.
+the checks of the engine every policy shares, a `server.engine_spec.EngineSpec`), `runs` (the
+sweep as a value: workload, policies, runs), `traces` (the programs to replay), `isolated` (the
+lower bound, cached), `backends` (the protocol every back end answers: one replay of a policy
+at a load, the isolated JCTs), `virtual` (one in-process engine, a virtual-time cluster) and
+`served` (HTTP), `parallel` (this process or worker processes), `rows` (a replay's row and
+records), `sweep` (the one loop, `sweep.bench`), `summary` (what it returns and writes),
+`report` (markdown and the terminal table) and `plots`.
 The command line is `cli.bench`.
 """

@@ -20,7 +20,7 @@ from common.metrics import SLO
 from common.trace import Trace
 from eval.bench.isolated import IsolatedCost
 from eval.bench.runs import Run
-from eval.bench.specs import Engines
+from server.engine_spec import EngineSpec
 
 Progress = Callable[[int], None] | None  # programs finished so far, for a progress bar
 
@@ -39,8 +39,8 @@ class Backend(Protocol):
     """Where a sweep's replays run. Implementations are frozen dataclasses, so a worker
     process of `--jobs` gets the whole back end by pickling (`parallel`)."""
 
-    #: the engines the isolated JCTs are measured on: the summary's profile and settings
-    engines: Engines
+    #: the engine the isolated JCTs are measured on: the summary's profile and settings
+    engine: EngineSpec
     #: `summary.json`'s ``mode``: ``virtual`` or ``http URL``
     mode: str
     #: whether replays may run in worker processes (each alone on its engines)

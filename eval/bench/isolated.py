@@ -12,15 +12,16 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from common.trace import Trace
 from eval.bench.rows import write_json
-from eval.bench.specs import Engines, EngineSettings
+from server.engine_spec import EngineSpec
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.policies.spec import PolicySpec
+from sim.engines import make_engine
 from sim.replay import isolated_jcts
 
 
@@ -32,37 +33,42 @@ class IsolatedCost(NamedTuple):
     engine_steps: int
 
 
-def fingerprint(trace: Trace, profile: str, seed: int,
-                settings: EngineSettings | None = None) -> str:
+#: what a fingerprint names of an engine, where it differs from the default (the caches of
+#: runs made before the other fields existed stay valid)
+FINGERPRINTED = ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "offload_gib",
+                 "offload_copy_model")
+
+
+def fingerprint(trace: Trace, engine: EngineSpec) -> str:
     """Identifies the programs' contents (not their arrivals) and the engine."""
     body = [p.model_dump(exclude={"arrival_s"}) for p in trace.programs]
-    engine = None
-    if settings is not None and settings != EngineSettings():
-        engine = asdict(settings)
-        if engine["offload_copy_model"] == DEFAULT_OFFLOAD_COPY_MODEL:
-            del engine["offload_copy_model"]  # as before the option existed: caches stay valid
-    text = json.dumps({"programs": body, "profile": profile, "seed": seed,
-                       **({"engine": engine} if engine else {})}, sort_keys=True)
+    settings = {name: getattr(engine, name) for name in FINGERPRINTED}
+    named = None
+    if settings != {name: getattr(EngineSpec(), name) for name in FINGERPRINTED}:
+        named = settings
+        if named["offload_copy_model"] == DEFAULT_OFFLOAD_COPY_MODEL:
+            del named["offload_copy_model"]  # as before the option existed: caches stay valid
+    text = json.dumps({"programs": body, "profile": engine.profile_name, "seed": engine.seed,
+                       **({"engine": named} if named else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def isolated_timed(trace: Trace, engines: Engines, out: Path,
+def isolated_timed(trace: Trace, engine: EngineSpec, out: Path,
                    progress: Callable[[int], None] | None
                    ) -> tuple[dict[str, float], IsolatedCost | None]:
     """Each program's JCT alone on a `vllm` engine of the run's settings (no offloading:
     alone, nothing is evicted), cached in `out` by the programs' contents and the settings;
     and what measuring them cost, or None when they came from the cache."""
     # no copy to price either: the isolated bound is the same whatever the copy model
-    plain = replace(engines.settings, offload_gib=None,
-                    offload_copy_model=DEFAULT_OFFLOAD_COPY_MODEL)
-    profile = engines.profile
-    path = out / f"isolated-{profile}-{fingerprint(trace, profile, engines.seed, plain)}.json"
+    plain = replace(engine, offload_gib=None, offload_copy_model=DEFAULT_OFFLOAD_COPY_MODEL)
+    profile = plain.profile_name
+    path = out / f"isolated-{profile}-{fingerprint(trace, plain)}.json"
     if path.exists():
         cached = json.loads(path.read_text())
         if set(cached) == {p.id for p in trace.programs}:
             return {k: float(v) for k, v in cached.items()}, None
     wall, cpu = time.perf_counter(), time.process_time()
-    engine = replace(engines, settings=plain).make(PolicySpec.named("vllm"))
+    engine = make_engine(PolicySpec.named("vllm"), plain)
     try:
         isolated = isolated_jcts(trace, engine, progress=progress)
         steps = int(engine.scheduler.sched_steps)

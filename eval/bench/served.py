@@ -3,7 +3,7 @@
 
 Why its own: a served engine has its own settings and answers a too-long request itself, its
 replay cannot be split into processes (one server), it has no engine steps to count and no
-throughput bound, and its isolated JCTs are measured on the emulated profile (`engines`) unless
+throughput bound, and its isolated JCTs are measured on the emulated profile (`engine`) unless
 asked to measure them on the server (`HttpTarget.isolated_over_http`, costing their sum in
 wall time).
 """
@@ -19,22 +19,23 @@ from common.trace import Trace
 from eval.bench.backends import Progress, Replayed, timed, timing
 from eval.bench.isolated import IsolatedCost, isolated_timed
 from eval.bench.runs import Run
-from eval.bench.specs import BenchError, Engines, HttpTarget
+from eval.bench.specs import BenchError, HttpTarget
 from eval.replay.http_replay import (
     HttpReplayError,
     http_replay_metrics,
     isolated_jcts_over_http,
     replay_over_http,
 )
+from server.engine_spec import EngineSpec
 
 
 @dataclass(frozen=True)
 class Served:
-    """Each replay over HTTP against `target`; `engines`: where the isolated JCTs are measured
+    """Each replay over HTTP against `target`; `engine`: where the isolated JCTs are measured
     when not on the server."""
 
     target: HttpTarget
-    engines: Engines
+    engine: EngineSpec
     parallel: bool = False
     mode: str = field(init=False)
 
@@ -52,7 +53,7 @@ class Served:
         if self.target.isolated_over_http:
             return isolated_jcts_over_http(trace, self.target.url, model=self.target.model,
                                            progress=progress), None
-        return isolated_timed(trace, self.engines, out, progress)
+        return isolated_timed(trace, self.engine, out, progress)
 
     def replay(self, trace: Trace, run: Run, progress: Progress) -> Replayed:
         def one() -> Any:

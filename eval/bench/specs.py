@@ -1,9 +1,10 @@
-"""What a `harness bench` run compares, and what every engine of it shares.
+"""What a `harness bench` run compares (its policies, `PolicySpec`s, or a cluster file's runs),
+and the checks of what every engine of it shares (one `server.engine_spec.EngineSpec`).
 
-Why values of their own: a comparison between policies is only fair when every engine of the
-run gets the same settings, and a cluster comparison only when every router and policy runs on
-the same replicas; checking these once, before any engine starts, turns a user's mistake into
-one line naming the flag (`BenchError`) instead of a failure minutes into a sweep.
+Why here: a comparison between policies is only fair when every engine of the run gets the same
+settings, and a cluster comparison only when every router and policy runs on the same
+replicas; checking these once, before any engine starts, turns a user's mistake into one line
+naming the flag (`BenchError`) instead of a failure minutes into a sweep.
 """
 
 from __future__ import annotations
@@ -11,16 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cluster.config import ClusterConfig, ClusterConfigError, load_cluster, parse_cluster
-from common.trace import Trace
 from eval import ExperimentError
+from server.engine_spec import EngineSpec
 from server.max_model_len import context_limit
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL, check_offload_copy_model
 from server.perf.registry import load_profile
 from server.policies.spec import HINT_MODES, PolicySpec, UnknownHints
-from sim.engines import make_engine
 
 
 class BenchError(ExperimentError):
@@ -125,80 +124,47 @@ class ClusterRuns:
         return spec.profile, spec.num_gpu_blocks
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """What every engine of a run shares, whatever its policy, set in one place: a comparison
-    between policies is only fair when these are equal (the isolated bound uses them too)."""
-
-    num_gpu_blocks: int | None = None
-    max_model_len: int | None = None
-    #: vLLM's per-step token budget (chunked prefill); None: vLLM's default
-    max_num_batched_tokens: int | None = None
-    #: host memory for vLLM's CPU KV offloading, for every policy; None: only for the
-    #: policies that need it or are named NAME+offload
-    offload_gib: float | None = None
-    #: how the offloading connector's copies are priced (`server.perf.copy_model`
-    #: OFFLOAD_COPY_MODELS), by the emulated worker and the policies' cost model
-    offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
-
-    def check(self, *, cluster: bool = False, http: bool = False) -> None:
-        """Refuse values no engine takes, naming the flag."""
-        try:
-            check_offload_copy_model(self.offload_copy_model)
-        except ValueError as exc:
-            raise BenchError(f"--offload-copy-model: {exc}") from None
-        if http and self.offload_copy_model != DEFAULT_OFFLOAD_COPY_MODEL:
-            raise BenchError("--url: the running server has its own copy model; start "
-                             "`harness serve --offload-copy-model` instead")
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
-            raise BenchError(f"--num-gpu-blocks {self.num_gpu_blocks}: give at least 2")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 16:
-            raise BenchError(f"--max-num-batched-tokens {self.max_num_batched_tokens}: give at "
-                             "least 16 tokens (one block)")
-        if self.offload_gib is not None and not (self.offload_gib > 0
-                                                 and math.isfinite(self.offload_gib)):
-            raise BenchError(f"--offload-gib {self.offload_gib}: give a positive size in GiB")
-        if http and (self.max_num_batched_tokens is not None or self.offload_gib is not None):
-            raise BenchError("--url: the running server has its own engine settings; start "
-                             "`harness serve` with them instead")
-        if cluster and self.offload_gib is not None:
-            raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
+def check_engine(engine: EngineSpec, *, cluster: bool = False, http: bool = False) -> None:
+    """Refuse settings no engine of the run takes (`engine`: what every engine of it shares,
+    whatever its policy: a comparison between policies is only fair when these are equal, and
+    the isolated bound uses them too), naming the flag; `cluster`, `http`: the run replays a
+    cluster file, or over HTTP."""
+    try:
+        check_offload_copy_model(engine.offload_copy_model)
+    except ValueError as exc:
+        raise BenchError(f"--offload-copy-model: {exc}") from None
+    if http and engine.offload_copy_model != DEFAULT_OFFLOAD_COPY_MODEL:
+        raise BenchError("--url: the running server has its own copy model; start "
+                         "`harness serve --offload-copy-model` instead")
+    if engine.num_gpu_blocks is not None and engine.num_gpu_blocks < 2:
+        raise BenchError(f"--num-gpu-blocks {engine.num_gpu_blocks}: give at least 2")
+    if engine.max_num_batched_tokens is not None and engine.max_num_batched_tokens < 16:
+        raise BenchError(f"--max-num-batched-tokens {engine.max_num_batched_tokens}: give at "
+                         "least 16 tokens (one block)")
+    if engine.offload_gib is not None and not (engine.offload_gib > 0
+                                               and math.isfinite(engine.offload_gib)):
+        raise BenchError(f"--offload-gib {engine.offload_gib}: give a positive size in GiB")
+    if http and (engine.max_num_batched_tokens is not None or engine.offload_gib is not None):
+        raise BenchError("--url: the running server has its own engine settings; start "
+                         "`harness serve` with them instead")
+    if cluster and engine.offload_gib is not None:
+        raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
 
 
-@dataclass(frozen=True)
-class Engines:
-    """Every single engine of a run: the profile it emulates, its seed and the shared
-    `EngineSettings`. One value, so the isolated bound, the replays and the worker processes of
-    `--jobs` build their engines from the same three things, and nothing below the sweep reads
-    them from anywhere else."""
+def check_profile(engine: EngineSpec) -> None:
+    """Refuse a profile that does not load (a name or table path), naming the flag."""
+    try:
+        load_profile(engine.profile_name, offload_copy_model=engine.offload_copy_model)
+    except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
+        raise BenchError(f"--profile {engine.profile_name!r}: {exc}") from None
 
-    profile: str
-    seed: int = 0
-    settings: EngineSettings = EngineSettings()
 
-    def check(self) -> None:
-        """Refuse a profile that does not load (a name or table path), naming the flag."""
-        try:
-            load_profile(self.profile, offload_copy_model=self.settings.offload_copy_model)
-        except Exception as exc:  # noqa: BLE001 - any failure is a bad profile name here
-            raise BenchError(f"--profile {self.profile!r}: {exc}") from None
-
-    def make(self, policy: PolicySpec, trace: Trace | None = None) -> Any:
-        """`make_engine` for `policy` under the run's settings; `trace`: the programs it will
-        replay (only a clairvoyant policy, `oracle`, is told them)."""
-        settings = self.settings
-        return make_engine(policy, self.profile, self.seed, settings.num_gpu_blocks,
-                           settings.offload_gib, max_model_len=settings.max_model_len,
-                           max_num_batched_tokens=settings.max_num_batched_tokens,
-                           offload_copy_model=settings.offload_copy_model, trace=trace)
-
-    def context_limit(self) -> int:
-        """The longest conversation these engines take (`server.max_model_len`)."""
-        try:
-            return context_limit(self.profile, self.settings.num_gpu_blocks,
-                                 self.settings.max_model_len)
-        except ValueError as exc:
-            raise BenchError(str(exc)) from None
+def engine_context_limit(engine: EngineSpec) -> int:
+    """The longest conversation `engine` takes (`server.max_model_len`)."""
+    try:
+        return context_limit(engine.profile_name, engine.num_gpu_blocks, engine.max_model_len)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
 
 
 @dataclass(frozen=True)

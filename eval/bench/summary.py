@@ -22,7 +22,7 @@ class BenchSummary:
     programs: int  # replayed (after `skipped_too_long`)
     profile: str  # where the isolated JCTs were measured
     seed: int
-    # the `EngineSettings` every engine of the run shared
+    # the `EngineSpec` every engine of the run shared
     num_gpu_blocks: int | None
     max_model_len: int | None
     max_num_batched_tokens: int | None

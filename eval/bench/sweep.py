@@ -25,6 +25,7 @@ from eval.bench.plots import plot
 from eval.bench.report import report_markdown
 from eval.bench.rows import log_run, make_row, write_json
 from eval.bench.runs import BenchSpec
+from eval.bench.specs import check_profile
 from eval.bench.summary import BenchSummary
 from eval.bench.traces import fit_context, make_traces
 
@@ -33,7 +34,7 @@ def bench(spec: BenchSpec, backend: Backend, out: Path, console: Any = None) -> 
     """Replay every run of `spec` on `backend`, write ``summary.json``, ``report.md``, the plots
     and ``runs/`` to `out`, and return the summary. A user's mistake raises `BenchError`
     before any engine starts."""
-    backend.engines.check()
+    check_profile(backend.engine)
     workload = spec.workload
     traces = make_traces(workload)
     traces, skipped = fit_context(traces, backend.context_limit(), workload.too_long)
@@ -95,14 +96,13 @@ def _replay_all(spec: BenchSpec, backend: Backend, traces: dict[Any, Trace], out
 def _summary(spec: BenchSpec, backend: Backend, first: Trace, skipped: list[str],
              isolated_mean: float, floors: dict[Any, dict[str, float]],
              cost: IsolatedCost | None, rows: list[dict[str, Any]]) -> BenchSummary:
-    workload, engines = spec.workload, backend.engines
-    settings = engines.settings
+    workload, engine = spec.workload, backend.engine
     return BenchSummary(
         trace=workload.trace, trace_name=first.name, programs=len(first),
-        profile=engines.profile, seed=workload.seed,
-        num_gpu_blocks=settings.num_gpu_blocks, max_model_len=settings.max_model_len,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        offload_gib=settings.offload_gib, offload_copy_model=settings.offload_copy_model,
+        profile=engine.profile_name, seed=workload.seed,
+        num_gpu_blocks=engine.num_gpu_blocks, max_model_len=engine.max_model_len,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        offload_gib=engine.offload_gib, offload_copy_model=engine.offload_copy_model,
         trace_stats=summarize(first).model_dump(), skipped_too_long=skipped,
         time_scale=workload.time_scale,
         slo={"ttft_s": spec.slo.ttft_s, "tpot_s": spec.slo.tpot_s},

@@ -14,14 +14,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cluster.config import ReplicaSpec
 from common.metrics import SLO, cluster_metrics, replay_metrics
 from common.trace import Trace
 from eval.bench.backends import Progress, Replayed, timed, timing
 from eval.bench.floor import throughput_floor
 from eval.bench.isolated import IsolatedCost, isolated_timed
 from eval.bench.runs import Run
-from eval.bench.specs import BenchError, ClusterRuns, Engines
-from server.max_model_len import BLOCK_SIZE, context_limit
+from eval.bench.specs import ClusterRuns, engine_context_limit
+from server.engine_spec import EngineSpec
+from server.max_model_len import BLOCK_SIZE
 from server.policies.spec import PolicySpec
 from sim.engines import make_engine
 from sim.loop import replay_cluster
@@ -32,10 +34,10 @@ from sim.virtual_cluster import VirtualCluster
 
 @dataclass(frozen=True)
 class SingleEngine:
-    """Each replay on one fresh in-process engine of `engines` (`harness bench`), running the
-    one of `policies` its run names (a run's label is its policy's text)."""
+    """Each replay on one fresh in-process `engine` (`harness bench`), running the one of
+    `policies` its run names (a run's label is its policy's text)."""
 
-    engines: Engines
+    engine: EngineSpec
     policies: tuple[PolicySpec, ...] = ()
     mode: str = "virtual"
     parallel: bool = True
@@ -44,17 +46,17 @@ class SingleEngine:
         return None
 
     def context_limit(self) -> int | None:
-        return self.engines.context_limit()
+        return engine_context_limit(self.engine)
 
     def isolated(self, trace: Trace, out: Path,
                  progress: Progress) -> tuple[dict[str, float], IsolatedCost | None]:
-        return isolated_timed(trace, self.engines, out, progress)
+        return isolated_timed(trace, self.engine, out, progress)
 
     def replay(self, trace: Trace, run: Run, progress: Progress) -> Replayed:
         policy = next(p for p in self.policies if str(p) == run.policy)
 
         def one() -> Any:
-            engine = self.engines.make(policy, trace)
+            engine = make_engine(policy, self.engine, trace=trace)
             try:
                 result = replay(trace, engine, progress=progress, hints=policy.hint_mode,
                                 concurrency=run.concurrency)
@@ -70,59 +72,54 @@ class SingleEngine:
         return timing(replayed, replay_metrics(replayed.result, isolated, slo), steps=True)
 
     def floor(self, trace: Trace) -> dict[str, float] | None:
-        settings = self.engines.settings
-        blocks = settings.num_gpu_blocks
-        return throughput_floor(trace, self.engines.profile, settings.offload_copy_model,
-                                settings.max_num_batched_tokens,
+        engine = self.engine
+        blocks = engine.num_gpu_blocks
+        return throughput_floor(trace, engine.profile_name, engine.offload_copy_model,
+                                engine.max_num_batched_tokens,
                                 None if blocks is None else blocks * BLOCK_SIZE)
 
 
 @dataclass(frozen=True)
 class Cluster:
     """Each replay on the replicas of a cluster file behind its router, in virtual time
-    (`harness bench --cluster`): `runs` says which router and policy each label means."""
+    (`harness bench --cluster`): `runs` says which router and policy each label means;
+    `engine`, what every replica shares (the file says the rest of each, `engine_spec`)."""
 
     runs: ClusterRuns
-    engines: Engines
+    engine: EngineSpec
     mode: str = "virtual"
     parallel: bool = True
 
     @classmethod
-    def of(cls, runs: ClusterRuns, engines: Engines) -> Cluster:
-        """The cluster of `runs` with `engines`' seed and settings; the isolated JCTs are
+    def of(cls, runs: ClusterRuns, engine: EngineSpec) -> Cluster:
+        """The cluster of `runs` with `engine`'s seed and settings; the isolated JCTs are
         measured on its first decoding replica (`ClusterRuns.isolated_profile`)."""
         profile, blocks = runs.isolated_profile()
-        settings = replace(engines.settings, num_gpu_blocks=blocks)
-        return cls(runs, Engines(profile, engines.seed, settings))
+        return cls(runs, replace(engine, profile=profile, num_gpu_blocks=blocks))
 
     def cluster(self) -> dict[str, Any] | None:
         return self.runs.config.model_dump()
 
     def context_limit(self) -> int | None:
         """The smallest replica's: a program may land anywhere."""
-        try:
-            return min(context_limit(r.profile, r.num_gpu_blocks,
-                                     self.engines.settings.max_model_len)
-                       for r in self.runs.config.replicas)
-        except ValueError as exc:
-            raise BenchError(str(exc)) from None
+        config = self.runs.config
+        return min(engine_context_limit(config.engine_spec(r, self.engine))
+                   for r in config.replicas)
 
     def isolated(self, trace: Trace, out: Path,
                  progress: Progress) -> tuple[dict[str, float], IsolatedCost | None]:
-        return isolated_timed(trace, self.engines, out, progress)
+        return isolated_timed(trace, self.engine, out, progress)
 
     def replay(self, trace: Trace, run: Run, progress: Progress) -> Replayed:
         config = self.runs.config_for(run.policy)
-        seed, settings = self.engines.seed, self.engines.settings
+        base = self.engine
 
-        def engine(spec: Any) -> Any:
-            return make_engine(spec.policy, spec.profile, seed, spec.num_gpu_blocks,
-                               spec.offload_gib, spec, config, settings.max_model_len,
-                               settings.max_num_batched_tokens,
-                               offload_copy_model=settings.offload_copy_model, trace=trace)
+        def engine(spec: ReplicaSpec) -> Any:
+            return make_engine(spec.policy, config.engine_spec(spec, base), trace=trace,
+                               replica=spec, cluster=config)
 
         def one() -> Any:
-            engines = VirtualCluster(config, seed=seed, make_engine=engine)
+            engines = VirtualCluster(config, seed=base.seed, make_engine=engine)
             try:
                 result = replay_cluster(trace, engines, progress=progress,
                                         concurrency=run.concurrency)

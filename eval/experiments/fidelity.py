@@ -25,9 +25,9 @@ for each step's result, and a step ended late whenever they held its core. Other
 machine still lands in the wall-clock side: the command records the load average before and
 after each served replay.
 
-The served engine logs its steps (`harness serve --step-log`, `server.profilers.step_log`); the report
-sets the table's prediction for the batches it really ran beside the measured time, and the
-engine loop's time between steps, which tells a step model that misses from time it does not
+The served engine logs its steps (`harness serve --step-log`, `server.profilers.step_log`); the
+report sets the table's prediction for the batches it really ran beside the measured time, and
+the engine loop's time between steps, which tells a step model that misses from time it does not
 price. Use a table profiled as served (`harness profile --device cpu --served`): the in-process
 profile's engine neither streams nor samples as the replay's requests make it.
 
@@ -54,8 +54,9 @@ from eval.workloads.bfcl import bfcl_like
 from harness.server_process import ServerProcess
 from server.cpu_engine import CPU_BLOCK_SIZE
 from server.engine import VirtualEngine
+from server.engine_spec import EngineSpec
 from server.perf.table import load_table
-from server.settings import offload_gib
+from server.policies.spec import PolicySpec
 from server.profilers.step_log import read_step_log, relative_errors
 from sim.replay import replay
 
@@ -164,9 +165,9 @@ def emulated(trace: Any, policy: str, table_path: Path, options: FidelityOptions
     """The virtual-time replay; `path` (the table's measured `served_path`) adds the HTTP
     and API-server latency per request that the served side has (`--no-served-path`: none)."""
 
-    engine = VirtualEngine(policy=policy, profile=str(table_path), seed=options.seed,
-                           max_model_len=options.max_model_len,
-                           num_gpu_blocks=options.kv_tokens // 16 + 1)
+    engine = VirtualEngine(PolicySpec.named(policy), EngineSpec(
+        profile=str(table_path), seed=options.seed, max_model_len=options.max_model_len,
+        num_gpu_blocks=options.kv_tokens // 16 + 1))
     try:
         return replay(trace, engine, intake_s=(path or {}).get("intake_s", 0.0),
                       delivery_s=(path or {}).get("delivery_s", 0.0))
@@ -201,12 +202,12 @@ def quantiles(values: Sequence[float]) -> dict[str, float]:
 def check_policies(policies: Sequence[str]) -> None:
     """Before any server starts: every policy exists and runs on the CPU engine (vLLM's CPU
     platform has no KV offloading, so the policies that swap cannot: the rule `harness serve
-    --device cpu` applies, `server.settings.offload_gib`)."""
+    --device cpu` applies, `server.engine_spec.EngineSpec.offload_tier`)."""
     if not policies:
         raise FidelityError("--policies: name at least one policy")
     for policy in policies:
         try:
-            offload = offload_gib(policy)
+            offload = EngineSpec().offload_tier(PolicySpec.named(policy))
         except ValueError as exc:
             raise FidelityError(f"--policies: {exc}") from None
         if offload is not None:

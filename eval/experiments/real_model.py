@@ -40,7 +40,9 @@ from harness.server_process import model_server
 from harness.trajectory import token_ids
 from server.cpu_engine import CPU_BLOCK_SIZE
 from server.engine import VirtualEngine
+from server.engine_spec import EngineSpec
 from server.perf.table import load_table
+from server.policies.spec import PolicySpec
 from server.profilers.step_log import read_step_log
 from sim.replay import replay
 
@@ -141,9 +143,9 @@ def emulated_jct(run_dir: Path, policy: str, options: RealModelOptions) -> float
     """Mean JCT of the run's recorded programs replayed on the emulator with `options.table`
     and the same KV capacity in tokens (the emulator's blocks are 16 tokens)."""
     assert options.table is not None
-    engine = VirtualEngine(policy=policy, profile=str(options.table),
-                           max_model_len=options.max_model_len,
-                           num_gpu_blocks=options.kv_tokens // 16 + 1)
+    engine = VirtualEngine(PolicySpec.named(policy), EngineSpec(
+        profile=str(options.table), max_model_len=options.max_model_len,
+        num_gpu_blocks=options.kv_tokens // 16 + 1))
     try:
         table = load_table(options.table)
         path = table.get("served_path") or {}

@@ -25,8 +25,9 @@ from common.atomic import write_json_atomic
 from common.trace import Program, Trace, Turn
 from eval import ExperimentError
 from server.engine import VirtualEngine
+from server.engine_spec import EngineSpec
 from server.policies import POLICIES
-from server.settings import DEFAULT_OFFLOAD_GIB
+from server.policies.spec import PolicySpec
 from sim.replay import replay
 
 #: `vllm` and `vllm+offload` first: the baselines the ratios divide by
@@ -106,9 +107,7 @@ def measure(policy: str, trace: Trace, min_running: int, profile: str) -> dict[s
     """`policy` may be ``vllm+offload``: stock vLLM with the native KV offloading connector on,
     the fair baseline for the policies that need offloading (its scheduler side runs inside
     `schedule()` and is vLLM's cost, not the policy's)."""
-    name, _, offload = policy.partition("+")
-    engine = VirtualEngine(policy=name, profile=profile, seed=0,
-                           offload_gib=DEFAULT_OFFLOAD_GIB if offload else None)
+    engine = VirtualEngine(PolicySpec.parse(policy), EngineSpec(profile=profile, seed=0))
     try:
         counting = _Counting(engine, min_running)
         replay(trace, counting)

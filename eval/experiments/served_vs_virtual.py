@@ -33,9 +33,10 @@ from common.processes import stop_process_group
 from eval import ExperimentError
 from eval.bench.runs import BenchSpec, Workload
 from eval.bench.served import Served
-from eval.bench.specs import ClusterRuns, Engines, HttpTarget
+from eval.bench.specs import ClusterRuns, HttpTarget
 from eval.bench.sweep import bench
 from eval.bench.virtual import Cluster
+from server.engine_spec import EngineSpec
 
 KEYS = ("jct_mean_s", "jct_p95_s", "ttft_mean_s", "slo_attainment")
 
@@ -160,9 +161,9 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
     strategies = options.strategy_names()
     workload = Workload(options.trace, options.programs, (options.jps,), seed=options.seed,
                         time_scale=options.time_scale)
-    engines = Engines(config.replicas[0].profile, options.seed)
+    engine = EngineSpec(profile=config.replicas[0].profile, seed=options.seed)
     runs = ClusterRuns.load(options.cluster, strategies)
-    virtual = bench(BenchSpec(workload, tuple(runs.labels())), Cluster.of(runs, engines),
+    virtual = bench(BenchSpec(workload, tuple(runs.labels())), Cluster.of(runs, engine),
                     out / "virtual")
     rows_virtual = {r["policy"]: r for r in virtual.results}
     rows_served: dict[str, dict[str, Any]] = {}
@@ -175,7 +176,7 @@ def run_served_vs_virtual(options: ServedVsVirtualOptions) -> int:
         process = _serve(path, options.port, options.base_port, out / f"logs-{strategy}", ray)
         try:
             _wait(url, process, options.startup_timeout)
-            served = bench(BenchSpec(workload, (strategy,)), Served(HttpTarget(url), engines),
+            served = bench(BenchSpec(workload, (strategy,)), Served(HttpTarget(url), engine),
                            out / f"served-{strategy}")
             rows_served[strategy] = served.results[0]
             rows_served[strategy]["router"] = httpx.get(url + "/v1/cluster", timeout=10).json()
