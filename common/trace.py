@@ -368,9 +368,20 @@ class Trace(BaseModel):
             if p.id in seen:
                 raise ValueError(f"program id {p.id!r} appears twice; ids must be unique")
             seen.add(p.id)
+        self._check_parents()
         # stable: equal arrivals keep their order
         self.programs = sorted(self.programs, key=lambda p: p.arrival_s)
         return self
+
+    def _check_parents(self) -> None:
+        """No chain of parents cycles (a parent missing from the trace ends a chain)."""
+        parent = {p.id: p.parent.id for p in self.programs if p.parent is not None}
+        for start in parent:
+            pid, steps = start, 0
+            while pid in parent:
+                pid, steps = parent[pid], steps + 1
+                if steps > len(parent):
+                    raise ValueError(f"the parent links from program {start!r} form a cycle")
 
     def __len__(self) -> int:
         return len(self.programs)
@@ -379,6 +390,22 @@ class Trace(BaseModel):
     def version(self) -> int:
         """The lowest format version that says these programs (module docstring)."""
         return max((p.version for p in self.programs), default=1)
+
+    def top_level(self) -> list[Program]:
+        """The programs no other program of this trace started: those without a parent, or
+        whose parent is not in the trace (every program, in a trace without sub-agents)."""
+        ids = {p.id for p in self.programs}
+        return [p for p in self.programs if p.parent is None or p.parent.id not in ids]
+
+    def head(self, n: int) -> Trace:
+        """The first ``n`` top-level programs (by arrival) with the sub-agents they started,
+        and theirs (``programs[:n]`` in a trace without sub-agents)."""
+        keep = {p.id for p in self.top_level()[:n]}
+        size = 0
+        while size != len(keep):  # sub-agents, then theirs
+            size = len(keep)
+            keep |= {p.id for p in self.programs if p.parent is not None and p.parent.id in keep}
+        return self.model_copy(update={"programs": [p for p in self.programs if p.id in keep]})
 
     def header(self) -> dict[str, Any]:
         return {

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from common.trace import Trace
+from common.trace import Program, Trace
 
 __all__ = ["arrival_times", "gamma_arrivals", "poisson_arrivals", "retime", "round_time",
            "streams"]
@@ -56,13 +56,22 @@ def streams(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
 
 
 def retime(trace: Trace, jps: float, seed: int = 0, cv: float | None = None) -> Trace:
-    """The same programs, in the same order, with new arrivals at ``jps`` (Poisson or Gamma)."""
+    """The same programs, in the same order, with new arrivals at ``jps`` (Poisson or Gamma)
+    for the top-level ones; a sub-agent keeps its delay after its parent's arrival."""
     _, rng = streams(seed)
-    times = arrival_times(len(trace.programs), jps, rng, cv)
-    programs = [
-        p.model_copy(update={"arrival_s": round_time(t)})
-        for p, t in zip(trace.programs, times, strict=True)
-    ]
+    top = trace.top_level()
+    times = arrival_times(len(top), jps, rng, cv)
+    arrival = {p.id: round_time(t) for p, t in zip(top, times, strict=True)}
+    by_id = {p.id: p for p in trace.programs}
+
+    def placed(p: Program) -> float:  # a sub-agent: its parent's new arrival plus its delay
+        if p.id not in arrival:
+            assert p.parent is not None  # the top level has its arrivals
+            parent = by_id[p.parent.id]
+            arrival[p.id] = round_time(placed(parent) + p.arrival_s - parent.arrival_s)
+        return arrival[p.id]
+
+    programs = [p.model_copy(update={"arrival_s": placed(p)}) for p in trace.programs]
     params = {**trace.params, "retimed": {"jps": jps, "seed": seed, "cv": cv}}
     return Trace(
         name=trace.name,

@@ -13,10 +13,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from common.trace import Trace, load_trace
+from common.trace import Trace, TraceFormatError, load_trace
 from eval.workloads.ampd import AMPD_TABLE, ampd_like
 from eval.workloads.arrivals import retime
 from eval.workloads.bfcl import bfcl_like
+from eval.workloads.importers.files import trace_from_files
 from eval.workloads.infercept import infercept_mix
 from eval.workloads.shapes import check_n
 from eval.workloads.swe import swe_like, swe_long_like
@@ -74,10 +75,12 @@ def load_or_generate(
 ) -> Trace:
     """A generated trace by registry name (``swe``, ``bfcl``, ``mix``, and AMPD's ``toolbench``,
     ``gaia``, ``hotpotqa``, ``dureader``; ``n`` and ``jps`` needed, ``params`` go to the
-    generator, e.g. ``scale`` for ``bfcl``), or a trace file.
+    generator, e.g. ``scale`` for ``bfcl``), a trace file, or a folder of recorded runs (every
+    ``*.json`` / ``*.traj`` in it through `eval.workloads.importers`, e.g. Claude Code sessions).
 
-    For a file, ``n`` keeps the first ``n`` programs (by arrival) and ``jps`` re-draws the
-    arrivals as a Poisson process with ``seed`` (same programs, new load).
+    For a file or folder, ``n`` keeps the first ``n`` programs (by arrival; with the sub-agents
+    they start) and ``jps`` re-draws the arrivals as a Poisson process with ``seed`` (same
+    programs, new load).
     """
     key = str(name_or_path)
     if key in TRACES:
@@ -91,10 +94,18 @@ def load_or_generate(
         )
     if params:
         raise ValueError(f"generator options {sorted(params)} do not apply to a trace file")
-    trace = load_trace(path)
+    trace = _recorded(path) if path.is_dir() else load_trace(path)
     if n is not None:
         check_n(n)
-        trace = trace.model_copy(update={"programs": trace.programs[:n]})
+        trace = trace.head(n)
     if jps is not None:
         trace = retime(trace, jps, seed)
     return trace
+
+
+def _recorded(folder: Path) -> Trace:
+    """A folder of recorded runs as one trace, its files in name order."""
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".json", ".traj"))
+    if not files:
+        raise TraceFormatError(f"{folder}: no recorded runs (*.json, *.traj) in this folder")
+    return trace_from_files(files, name=folder.name)

@@ -1,15 +1,15 @@
-"""Trajectory files: one file as a program, many as a trace."""
+"""Trajectory files: one file as a program (or as the programs it holds), many as a trace."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from common.trace import Program, Trace, TraceFormatError
 from eval.workloads.arrivals import retime
-from eval.workloads.importers.formats import import_trajectory
+from eval.workloads.importers.formats import import_programs, import_trajectory
 from eval.workloads.importers.shared import seconds
 
 
@@ -24,7 +24,16 @@ def _stem(path: Path) -> str:
 def import_file(path: str | Path, fmt: str = "auto", **kwargs: Any) -> Program:
     """One trajectory file; the program id defaults to the file name without its suffix.
     Errors name the file."""
-    path = Path(path)
+    return _from_file(Path(path), import_trajectory, fmt, kwargs)
+
+
+def import_file_programs(path: str | Path, fmt: str = "auto", **kwargs: Any) -> list[Program]:
+    """Every program one file holds (a Claude Code session: the session, then its
+    sub-agents), else the one `import_file` gives. Errors name the file."""
+    return _from_file(Path(path), import_programs, fmt, kwargs)
+
+
+def _from_file(path: Path, read: Callable[..., Any], fmt: str, kwargs: dict[str, Any]) -> Any:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -33,7 +42,7 @@ def import_file(path: str | Path, fmt: str = "auto", **kwargs: Any) -> Program:
         raise TraceFormatError(f"{path}: not a JSON trajectory ({exc})") from None
     kwargs.setdefault("program_id", _stem(path))
     try:
-        return import_trajectory(data, fmt, **kwargs)
+        return read(data, fmt, **kwargs)
     except TraceFormatError as exc:
         raise TraceFormatError(f"{path}: {exc}") from None
     except ValueError as exc:  # pydantic validation of the built program
@@ -50,15 +59,17 @@ def trace_from_files(
     description: str = "",
     **kwargs: Any,
 ) -> Trace:
-    """A trace of recorded trajectories. Arrivals: a Poisson process at ``jps`` when given
-    (in the order of ``paths``); else harness trajectories arrive at their ``started_at``
-    relative to the earliest, and others all at 0."""
+    """A trace of recorded trajectories, every program each file holds. Arrivals: a Poisson
+    process at ``jps`` when given (in the order of ``paths``; a sub-agent keeps its place after
+    its parent's start); else harness trajectories arrive at their ``started_at`` relative to
+    the earliest, and others at 0 (a sub-agent at its recorded start in its session)."""
     files = [Path(p) for p in paths]
     if not files:
         raise ValueError("no trajectory files given")
-    programs = [import_file(p, fmt, **kwargs) for p in files]
+    groups = [import_file_programs(p, fmt, **kwargs) for p in files]
     if jps is None:
-        programs = _at_recorded_starts(programs, [_started_at(p) for p in files])
+        groups = _at_recorded_starts(groups, [_started_at(p) for p in files])
+    programs = [p for group in groups for p in group]
     trace = Trace(
         name=name,
         description=description or f"{len(programs)} recorded trajectories",
@@ -77,13 +88,15 @@ def _started_at(path: Path) -> float | None:
     return seconds(started)
 
 
-def _at_recorded_starts(programs: list[Program], starts: list[float | None]) -> list[Program]:
-    """The programs arriving at their recorded starts relative to the earliest, when every
-    one has a start; else unchanged."""
+def _at_recorded_starts(groups: list[list[Program]],
+                        starts: list[float | None]) -> list[list[Program]]:
+    """Each file's programs moved by its recorded start relative to the earliest, when every
+    file has a start; else unchanged."""
     if not all(s is not None for s in starts):
-        return programs
+        return groups
     t0 = min(s for s in starts if s is not None)
     return [
-        p.model_copy(update={"arrival_s": round((s or 0.0) - t0, 6)})
-        for p, s in zip(programs, starts, strict=True)
+        [p.model_copy(update={"arrival_s": round(p.arrival_s + (s or 0.0) - t0, 6)})
+         for p in group]
+        for group, s in zip(groups, starts, strict=True)
     ]

@@ -47,13 +47,16 @@ class Format:
     format in turn, so a format whose keys another's data also has comes after it);
     ``expects`` names what it looks for, in the error that lists every format; ``options``
     are the keyword options ``importer`` takes of `import_trajectory`'s, None for all of them
-    (an importer that needs no tokenizer takes only the program id and arrival)."""
+    (an importer that needs no tokenizer takes only the program id and arrival). A format
+    whose one file holds several programs (a session and its sub-agents) gives them all with
+    ``programs`` (same options); ``importer`` gives its main one."""
 
     name: str
     importer: Callable[..., Program]
     detect: Callable[[dict[str, Any]], bool]
     expects: str
     options: tuple[str, ...] | None = None
+    programs: Callable[..., list[Program]] | None = None
 
 
 @lru_cache(maxsize=1)
