@@ -7,8 +7,11 @@ random but seeded), then stand-in ids for the tool return and the new input. So 
 or still cached) KV cache covers the previous prompt *and* its output, as in an agent that
 appends the assistant message verbatim. Stand-in ids come from a generator seeded by the
 program id (and the shared-prefix id for the first ``shared_prefix_tokens``, so programs
-sharing a system prompt hit each other's cache). Same trace, policy, profile and seed:
-identical results.
+sharing a system prompt hit each other's cache). A turn that keeps only the first
+``kept_tokens`` of the conversation (`common.trace`, version 2: a compaction) cuts it there
+before its new tokens, and its first new id differs from the one it replaces, so a prefix cache
+matches exactly the kept tokens (rounded down to its block size, as vLLM's hashes of whole
+blocks do). Same trace, policy, profile and seed: identical results.
 """
 
 from __future__ import annotations
@@ -50,14 +53,21 @@ class ProgramState:
         self.computed = 0  # tokens of the conversation the engine computed in the last turn
 
     def extend(self, i: int, answered: list[int]) -> None:
-        """After turn ``i``: append its answer (padded/cut to the trace's count), the tool
-        return and turn ``i+1``'s input."""
+        """After turn ``i``: append its answer (padded/cut to the trace's count), keep what
+        turn ``i+1`` keeps of it all, then append the tool return and turn ``i+1``'s input."""
         want = self.program.turns[i].output_tokens
         answer = list(answered[:want]) + _ids(self.rng, want - len(answered))
         # the last sampled token is never fed back, so its KV was never computed
         self.computed = len(self.tokens) + want - 1
         self.tokens += answer
-        self.tokens += _ids(self.rng, self.program.new_tokens(i + 1))
+        new = _ids(self.rng, self.program.new_tokens(i + 1))
+        kept = self.program.turns[i + 1].kept_tokens
+        if kept is not None and kept < len(self.tokens):
+            if new and new[0] == self.tokens[kept]:  # the prefix ends exactly at `kept`
+                new[0] = FIRST_ID + (new[0] - FIRST_ID + 1) % (LAST_ID - FIRST_ID)
+            del self.tokens[kept:]
+            self.computed = min(self.computed, kept)
+        self.tokens += new
 
     def recomputed(self, prompt_tokens: int, cached_tokens: int) -> int:
         """Tokens of the previous turn's conversation that a later turn's request (with this
