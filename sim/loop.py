@@ -465,13 +465,13 @@ class Simulation:
         occupancy: list[Any] = []
         for replica in cluster.replicas:
             scheduler = replica.engine.scheduler
-            programs = getattr(scheduler.agent_policy, "programs", None)
+            programs = scheduler.agent_policy.programs
             if programs is not None:  # a program scheduler: time per state, pauses, resumes
                 for key, value in programs.stats().items():
                     program_stats[key] = program_stats.get(key, 0.0) + value
                 if not occupancy:
                     occupancy = [(t - self.start, held) for t, held in
-                                 getattr(scheduler.agent_policy, "occupancy", [])]
+                                 scheduler.agent_policy.occupancy]
             scheduler.account_pins(end)
             for key in counters:
                 pin_stats[key] += getattr(scheduler.pin_stats, key)

@@ -59,10 +59,20 @@ class SchedOverheadOptions:
             if getattr(self, name) < 1:
                 raise SchedOverheadError(f"--{name.replace('_', '-')} {getattr(self, name)}: "
                                          "give at least 1")
-        unknown = [p for p in self.policies if p.removesuffix("+offload") not in POLICIES]
+        unknown = [p for p in self.policies if not _parses(p)]
         if unknown or not self.policies:
             raise SchedOverheadError(f"--policies: unknown {', '.join(unknown) or '(none)'}; "
                                      f"choose from {', '.join(sorted(POLICIES))} (+offload)")
+
+
+def _parses(name: str) -> bool:
+    """Whether `name` is a policy this experiment runs (`PolicySpec.parse`: ``NAME[+offload]``
+    and the rest of a replay's grammar), so it refuses what every replay refuses."""
+    try:
+        PolicySpec.parse(name)
+    except ValueError:
+        return False
+    return True
 
 
 def burst_trace(programs: int, turns: int = 3) -> Trace:

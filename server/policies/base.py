@@ -12,11 +12,12 @@ blocks); a policy only answers questions about views of requests and programs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
 from server.costs import CostModel
+from server.programs import ProgramScheduler
 
 #: what an agent tells the server (`server.events` accepts exactly these); `program_moved` is
 #: a cluster router's, to the replica a program it moved left (`cluster.placement`)
@@ -127,6 +128,14 @@ class Policy:
     #: trace knows: the virtual-time engine tells it (`foresee`, given the trace's futures by
     #: `sim.engines.make_engine`) and `harness serve` refuses it.
     clairvoyant: ClassVar[bool] = False
+
+    #: The program scheduler a policy carries out in the engine (`server.policies.programs`),
+    #: whose time per state, pauses and resumes a replay reports; None for a policy that
+    #: schedules requests only.
+    programs: ProgramScheduler | None = None
+    #: What the programs held, by state, over time (sampled by a program policy for the bench's
+    #: occupancy plot); empty for the others.
+    occupancy: Sequence[tuple[float, dict[str, int]]] = ()
 
     @classmethod
     def parse_argument(cls, text: str) -> Any:

@@ -70,7 +70,8 @@ class OraclePolicy(Policy):
     name = "oracle"
     reorders_queue = True
     orders_running = True
-    #: `sim.engines.make_engine` calls `foresee` on policies that declare this
+    #: `server.engine.VirtualEngine` calls `foresee` on policies that declare this, with the
+    #: futures `sim.engines.make_engine` reads from the trace
     clairvoyant = True
 
     def __init__(self, cost_model: CostModel | None = None) -> None:
