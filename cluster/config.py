@@ -111,6 +111,13 @@ class RouterSpec(_Strict):
     #: stacked with the CPU tier's in vLLM's MultiConnector where a replica keeps one
     #: (`server.kv_connectors`)
     carry_kv: bool = False
+    #: The tenants' API keys of a shared cluster (besides `harness cluster serve --api-key`,
+    #: the cluster's own): a client sends one, and each program belongs to the key that opened
+    #: it (`server.ownership`; another key's events about it get a 403). Only the router sees
+    #: them; the replicas get the cluster's key (`cluster.router_auth`). Not shown in a
+    #: config's repr, nor dumped when empty.
+    api_keys: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, repr=False, exclude_if=lambda keys: not keys)
 
     @field_validator("strategy")
     @classmethod

@@ -17,9 +17,11 @@ Endpoints:
   by chunk as they arrive. Under P/D the request first goes to the prefill replica, and the
   returned `kv_transfer_params` go with the original request to the decode replica
   (`cluster.router_turns`).
-* `POST /v1/agent/events`: validated as the replicas validate (`server.events`), then fanned
-  out by `cluster.placement`'s rule to the replicas that hold the program
-  (`cluster.router_events`).
+* `POST /v1/agent/events`: read up to `server.events.MAX_BODY_BYTES` (413 beyond),
+  validated as the replicas validate (`server.events`), checked against who opened each
+  program where the router has tenants (403; `server.ownership`), then fanned out by
+  `cluster.placement`'s rule to the replicas that hold the program
+  (`cluster.router_events`); `GET /v1/agent/events`: the router's event counters.
 * `GET /v1/models` (from the first live replica), `GET /health` (200 while a replica lives),
   `GET /v1/cluster` (per-replica state and the routing counters).
 
@@ -40,11 +42,13 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from cluster.router_auth import RequireApiKey
+from cluster.router_auth import RequireApiKey, credential_of_scope
 from cluster.router_proxy import RouterProxy
 from cluster.router_state import ReplicaEndpoint
 from cluster.router_wire import Reply
 from cluster.routing import Router
+from server.events import EventError, read_body
+from server.ownership import ProgramOwners, several_keys
 
 
 def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
@@ -53,11 +57,15 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                connect_timeout_s: float = 5.0, cluster: Any = None,
                api_key: str | None = None) -> FastAPI:
     """The router app over a `RouterProxy` (see it for the arguments); `app.state.cluster` is
-    its `ClusterState`, `app.state.proxy` the proxy. `api_key`: clients must send it
-    (`cluster.router_auth`); either way a client's `Authorization` goes on to the replicas."""
+    its `ClusterState`, `app.state.proxy` the proxy. `api_key`: clients must send it, or one of
+    the tenants' keys of a `RouterSpec` `router` (`api_keys`; `cluster.router_auth`). With one
+    key a client's `Authorization` goes on to the replicas; with tenants the replicas get
+    `api_key` instead, and each program belongs to the key that opened it."""
+    keys = [*([api_key] if api_key else []), *getattr(router, "api_keys", ())]
+    owners = ProgramOwners() if several_keys(keys) else None
     proxy = RouterProxy(replicas, router, name=name, poll_interval_s=poll_interval_s,
                         transport=transport, connect_timeout_s=connect_timeout_s,
-                        cluster=cluster)
+                        cluster=cluster, owners=owners)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,12 +75,13 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
     app = FastAPI(title=f"harness cluster router ({name})", lifespan=lifespan)
     app.state.cluster = proxy.state
     app.state.proxy = proxy
-    if api_key:
-        app.add_middleware(RequireApiKey, api_key=api_key)
+    if keys:
+        app.add_middleware(RequireApiKey, api_keys=keys, upstream=api_key)
 
     async def completions(request: Request, path: str) -> Response:
         return render(await proxy.complete(path, await request.body(), request.headers,
-                                           client_gone=lambda: _disconnected(request)))
+                                           client_gone=lambda: _disconnected(request),
+                                           credential=credential_of_scope(request.scope)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -84,7 +93,16 @@ def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
 
     @app.post("/v1/agent/events")
     async def agent_events(request: Request) -> Response:
-        return render(await proxy.post_events(await request.body(), request.headers))
+        try:
+            raw = await read_body(request.stream(), request.headers.get("content-length"))
+        except EventError as exc:
+            return render(proxy.events.refuse(exc))
+        return render(await proxy.post_events(raw, request.headers,
+                                              credential_of_scope(request.scope)))
+
+    @app.get("/v1/agent/events")
+    async def agent_events_stats() -> Response:
+        return render(proxy.events_stats())
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

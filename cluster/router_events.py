@@ -12,6 +12,13 @@ the turn (sent by the turn forwarder: `tell_moved`). A
 program no turn of which was routed yet (events before its first request) falls back to its
 binding (`session`, `pd`: bound now) and, for strategies that do not bind, reaches nobody.
 The targets are `ClusterState.event_targets`; this class moves the lines and keeps count.
+
+A body is refused as a replica refuses it (`server.events`: 400 when it is not valid events,
+413 over `MAX_BODY_BYTES`), and, where the router has tenants (several API keys,
+`cluster.router_auth`), with a 403 when it names a program another tenant's key opened
+(`server.ownership`, the class the engines keep too: a completions request or an event opens
+a program for its key, `program_end` frees the id). Each refusal is counted
+(`events_refused_<reason>` in `GET /v1/cluster`, `refused` in `GET /v1/agent/events`).
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from typing import Any
 import httpx
 
 from cluster.router_state import ClusterState
-from cluster.router_wire import GONE, Reply, auth_of
-from server.events import EventError, parse_events
+from cluster.router_wire import GONE, Reply, auth_of, program_of
+from server.events import REFUSALS, EventError, parse_events
+from server.ownership import ProgramOwners, admit_events, events_done
 
 log = logging.getLogger("harness.cluster.router")
 
@@ -34,20 +42,40 @@ log = logging.getLogger("harness.cluster.router")
 class EventFanout:
     """Receives a batch of agent events and sends each to the replicas that must hear it."""
 
-    def __init__(self, state: ClusterState, client: Callable[[], httpx.AsyncClient]) -> None:
+    def __init__(self, state: ClusterState, client: Callable[[], httpx.AsyncClient],
+                 owners: ProgramOwners | None = None) -> None:
         self.state = state
         self.client = client  # the router's upstream client, opened when it starts
+        self.owners = owners  # who opened each program; None: one tenant, nothing to check
+        for reason in REFUSALS:
+            state.counters.setdefault(f"events_refused_{reason}", 0)
 
-    async def receive(self, raw: bytes, headers: Any = None) -> Reply:
+    def claim(self, raw: bytes, headers: Any, credential: str | None) -> None:
+        """A completions request (`raw`, its body) opens its program for `credential` when
+        nobody has (with tenants only; never refuses: the turn goes on)."""
+        if self.owners is None:
+            return
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return  # the turn forwarder answers it with a 400
+        program = program_of(body, headers) if isinstance(body, dict) else None
+        if program is not None:
+            self.owners.claim(program, credential)
+
+    async def receive(self, raw: bytes, headers: Any = None,
+                      credential: str | None = None) -> Reply:
         """`POST /v1/agent/events`: one JSON event, a JSON list or NDJSON lines in; per
         replica, how many of its events it forwarded to its scheduler. The client's
-        `Authorization` goes on to the replicas (`headers`, its request's)."""
+        `Authorization` goes on to the replicas (`headers`, its request's); `credential`: the
+        fingerprint of its key, where the router has tenants (`cluster.router_auth`)."""
         auth = auth_of(headers)
         state = self.state
         try:
             events = parse_events(raw)
+            admit_events(self.owners, events, credential)
         except EventError as exc:
-            return Reply(400, payload={"error": str(exc)})
+            return self.refuse(exc)
         per_target: dict[str, list[int]] = {}
         kept: set[int] = set()  # program_start events held for the program's first turn
         for index, event in enumerate(events):
@@ -77,12 +105,27 @@ class EventFanout:
                 state.book.end(event.program_id)
                 state.starts.pop(event.program_id, None)
                 state.counters["programs_ended"] += 1
+        events_done(self.owners, events)
         held = sum(1 for i, e in enumerate(events) if id(e) in kept and i not in reached)
         state.counters["events_received"] += len(events)
         state.counters["events_forwarded"] += len(reached)
         state.counters["events_dropped"] += len(events) - len(reached) - held
         return Reply(payload={"accepted": len(events), "forwarded": len(reached),
                               "held": held, "replicas": report})
+
+    def refuse(self, error: EventError) -> Reply:
+        """A body refused (`error.status`: 400, 403 or 413), counted under its reason."""
+        self.state.counters[f"events_refused_{error.reason}"] += 1
+        return Reply(error.status, payload={"error": str(error)})
+
+    def stats(self) -> dict[str, Any]:
+        """`GET /v1/agent/events` on the router: its event counters and who owns how much."""
+        counters = self.state.counters
+        return {"received": counters["events_received"],
+                "forwarded": counters["events_forwarded"],
+                "dropped": counters["events_dropped"],
+                "refused": {r: counters[f"events_refused_{r}"] for r in REFUSALS},
+                "owners": None if self.owners is None else self.owners.stats()}
 
     async def tell_moved(self, target: str, program_id: str,
                          auth: dict[str, str] | None = None) -> None:

@@ -32,6 +32,7 @@ from cluster.router_wire import (
 )
 from cluster.routers import make_router
 from cluster.routing import Router
+from server.ownership import ProgramOwners
 
 
 class ClusterInfo:
@@ -70,12 +71,14 @@ class RouterProxy:
     """The router in front of `replicas`. `router`: a `cluster.routing.Router`, or a
     `RouterSpec` to build one (`ampd` needs `cluster`, the `ClusterConfig`, whose profiles
     and links price its estimates). `transport`: an httpx transport for the upstream client
-    (tests use a mock one)."""
+    (tests use a mock one). `owners`: who opened each program, where the router has tenants
+    (`server.ownership`; None: one tenant, nothing checked)."""
 
     def __init__(self, replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                  name: str = "cluster", poll_interval_s: float | None = 0.5,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 connect_timeout_s: float = 5.0, cluster: Any = None) -> None:
+                 connect_timeout_s: float = 5.0, cluster: Any = None,
+                 owners: ProgramOwners | None = None) -> None:
         if not isinstance(router, Router):
             router = make_router(router, cluster)
         self.state = ClusterState(replicas, router, name=name)
@@ -84,7 +87,7 @@ class RouterProxy:
         self._connect_timeout_s = connect_timeout_s
         self._client: httpx.AsyncClient | None = None
         self._poll: asyncio.Task[None] | None = None
-        self.events = EventFanout(self.state, self.client)
+        self.events = EventFanout(self.state, self.client, owners)
         self.turns = TurnForwarder(self.state, self.client, self.events)
         self.info = ClusterInfo(self.state, self.client)
 
@@ -126,13 +129,21 @@ class RouterProxy:
 
     # -- the endpoints ------------------------------------------------------------------------
     async def complete(self, path: str, raw: bytes, headers: Any,
-                       client_gone: Callable[[], Awaitable[None]] | None = None) -> Reply:
-        """`POST /v1/chat/completions` or `POST /v1/completions` (`TurnForwarder.complete`)."""
+                       client_gone: Callable[[], Awaitable[None]] | None = None,
+                       credential: str | None = None) -> Reply:
+        """`POST /v1/chat/completions` or `POST /v1/completions` (`TurnForwarder.complete`);
+        its program is opened for `credential` (its key's fingerprint) if nobody has."""
+        self.events.claim(raw, headers, credential)
         return await self.turns.complete(path, raw, headers, client_gone)
 
-    async def post_events(self, raw: bytes, headers: Any = None) -> Reply:
+    async def post_events(self, raw: bytes, headers: Any = None,
+                          credential: str | None = None) -> Reply:
         """`POST /v1/agent/events` (`EventFanout.receive`)."""
-        return await self.events.receive(raw, headers)
+        return await self.events.receive(raw, headers, credential)
+
+    def events_stats(self) -> Reply:
+        """`GET /v1/agent/events`: the router's event counters (`EventFanout.stats`)."""
+        return Reply(payload=self.events.stats())
 
     async def models(self, headers: Any = None) -> Reply:
         return await self.info.models(headers)

@@ -11,6 +11,12 @@ step.
 The socket path travels in `HARNESS_EVENTS_IPC`, set by `harness serve` before vLLM starts so
 both processes inherit it.
 
+What the endpoint refuses, and with which status, is decided here once for the engine's
+endpoint and the router's: a body over `MAX_BODY_BYTES` (`EventsTooLarge`, 413; `read_body`
+stops reading at the limit), and anything that is not valid events (`EventError`, 400: not
+JSON, nested deeper than JSON parsing allows, not an object, an unknown `type`, a missing,
+ill-typed, negative or non-finite field, an unknown field).
+
 The way back (scheduler -> API server) is a status file beside the socket (`StatusFile`): the
 scheduler rewrites it whenever its event or pin counters change, and the API server reads it
 when asked (`GET /v1/agent/events`, `/metrics`), so the pins a policy makes are visible on the
@@ -23,6 +29,7 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import AsyncIterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,7 +39,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.policies.base import AgentEvent, EventKind
 
 ENV_EVENTS_IPC = "HARNESS_EVENTS_IPC"
-NonNegative = Annotated[float, Field(ge=0)]
+#: Why `POST /v1/agent/events` refused a body (the endpoints count each: `EventError.reason`).
+REFUSALS = ("invalid", "too_large", "not_owner")
+#: The largest body `POST /v1/agent/events` takes (1 MiB: some 10,000 events; the harness
+#: sends at most 512 a batch, `harness.events_client`). A larger one is refused with a 413.
+MAX_BODY_BYTES = 1 << 20
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class EventIn(BaseModel):
@@ -47,7 +59,7 @@ class EventIn(BaseModel):
     seconds: NonNegative | None = None
     return_tokens: Annotated[int, Field(ge=0)] | None = None
     summary: Annotated[str, Field(max_length=512)] | None = None
-    ts: float | None = None  # client timestamp, informational
+    ts: Annotated[float, Field(allow_inf_nan=False)] | None = None  # client's, informational
 
     def to_event(self) -> AgentEvent:
         return AgentEvent(kind=self.type, program_id=self.program_id, tool=self.tool,
@@ -56,23 +68,60 @@ class EventIn(BaseModel):
 
 
 class EventError(ValueError):
-    """A malformed event; the message says which line and what was wrong."""
+    """A malformed event; the message says which line and what was wrong (HTTP 400).
+    `reason`: the refusal's name in the endpoint's counters."""
+
+    status = 400
+    reason = "invalid"
 
 
-def parse_events(body: bytes) -> list[EventIn]:
+class EventsTooLarge(EventError):
+    """A body over `MAX_BODY_BYTES` (HTTP 413)."""
+
+    status = 413
+    reason = "too_large"
+
+    def __init__(self, limit: int = MAX_BODY_BYTES) -> None:
+        super().__init__(f"the body is over {limit:,} bytes: send fewer events per request")
+
+
+async def read_body(chunks: AsyncIterable[bytes], declared: str | None = None,
+                    limit: int = MAX_BODY_BYTES) -> bytes:
+    """A request body read up to `limit` bytes: raises `EventsTooLarge` as soon as its
+    `Content-Length` (`declared`) or what has arrived says it is larger, without reading on."""
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise EventsTooLarge(limit)
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise EventsTooLarge(limit)
+    return bytes(body)
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise EventError("the JSON is nested too deeply") from None
+
+
+def parse_events(body: bytes, limit: int = MAX_BODY_BYTES) -> list[EventIn]:
     """Parse one JSON event (possibly pretty-printed), a JSON list, or NDJSON lines."""
+    if len(body) > limit:
+        raise EventsTooLarge(limit)
     text = body.decode("utf-8", errors="replace").strip()
     if not text:
         raise EventError("empty body: send one JSON event or NDJSON lines")
     try:
-        whole = json.loads(text)
+        whole = _json(text)
         items = whole if isinstance(whole, list) else [whole]
     except json.JSONDecodeError:
         items = []
         for number, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 try:
-                    items.append(json.loads(line))
+                    items.append(_json(line))
                 except json.JSONDecodeError as exc:
                     raise EventError(f"line {number} is not JSON: {exc.msg}") from None
     events = []
