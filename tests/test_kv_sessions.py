@@ -33,7 +33,7 @@ def _request(t: float, tokens: int, out: int, hashes: list[int], stop: str = "to
 def _session(sid: str = "s") -> dict:
     """Blocks of 4 tokens. r0 -> [sub-agent A, waited for] -> r1 (appended) -end_turn-> r2
     (a person's text) -> [sub-agent B, launched apart] -> r3 (keeps 2 blocks: a compaction)
-    -tool_use-> r4 (appended)."""
+    -tool_use-> r4 (appended) -tool_use-> r5 (keeps r4's prompt, not all of its answer)."""
     agent_a = {"t": 5.0, "type": "subagent", "agent_id": "agent_001", "subagent_type": "Explore",
                "duration_ms": 3000, "status": "completed", "models": ["claude-haiku"],
                "requests": [_request(0.0, 8, 1, [100, 101], api_time=0.5, think_time=0.0),
@@ -51,23 +51,26 @@ def _session(sid: str = "s") -> dict:
                          think_time=21.0),
                 agent_b,
                 _request(40.0, 16, 1, [1, 2, 9, 10], new="text", api_time=2.0),
-                _request(45.0, 18, 1, [1, 2, 9, 10], think_time=4.0),
+                _request(45.0, 18, 3, [1, 2, 9, 10], think_time=4.0),
+                _request(50.0, 20, 1, [1, 2, 9, 10, 11], think_time=2.0),
             ], "totals": {}}
 
 
 def test_a_session_and_its_subagents():
     session, a, b = programs_from_claude_code(_session())
-    assert [t.input_tokens for t in session.turns] == [10, 0, 7, 8, 0]
-    assert [t.output_tokens for t in session.turns] == [2, 3, 2, 1, 1]
-    assert [t.kept_tokens for t in session.turns] == [None, None, None, 8, None]
-    assert [t.gap_kind for t in session.turns[:-1]] == ["subagent", "person", "person", "tool"]
-    assert [t.tool for t in session.turns] == ["subagent", "person", "person", "tool", None]
+    assert [t.input_tokens for t in session.turns] == [10, 0, 7, 8, 0, 0]
+    assert [t.output_tokens for t in session.turns] == [2, 3, 2, 1, 3, 1]
+    assert [t.kept_tokens for t in session.turns] == [None, None, None, 8, None, 18]
+    assert [t.gap_kind for t in session.turns[:-1]] == ["subagent", "person", "person", "tool",
+                                                         "tool"]
+    assert [t.tool for t in session.turns] == ["subagent", "person", "person", "tool", "tool",
+                                               None]
     # think_time, else the starts' difference less api_time (r2 has none: 40 - 30)
-    assert [t.tool_seconds for t in session.turns] == [7.0, 21.0, 10.0, 4.0, 0.0]
+    assert [t.tool_seconds for t in session.turns] == [7.0, 21.0, 10.0, 4.0, 2.0, 0.0]
     # new tokens after a tool or sub-agent gap are its return, after a person's the input
-    assert [t.tool_return_tokens for t in session.turns] == [8, 0, 0, 1, 0]
-    assert [before for before, _ in session.contexts()] == [10, 20, 30, 16, 18]
-    assert session.reused_tokens(3) == 8
+    assert [t.tool_return_tokens for t in session.turns] == [8, 0, 0, 1, 2, 0]
+    assert [before for before, _ in session.contexts()] == [10, 20, 30, 16, 18, 20]
+    assert session.reused_tokens(3) == 8 and session.reused_tokens(5) == 18
     assert session.meta["session"] == "s" and session.benchmark == "claude-code"
     # A ended at 5 after 3 s: it started at 2, 1 s after r0's answer (t 0 + api 1)
     assert (a.id, a.arrival_s, a.parent) == ("s/agent_001", 2.0,
@@ -82,7 +85,7 @@ def test_round_trip_names_what_differs():
     programs = programs_from_claude_code(_session())
     wrong = programs[0].turns[3].model_copy(update={"kept_tokens": 4, "input_tokens": 12})
     tampered = programs[0].model_copy(update={"turns": [*programs[0].turns[:3], wrong,
-                                                        programs[0].turns[4]]})
+                                                        *programs[0].turns[4:]]})
     assert check_round_trip(_session(), [tampered, *programs[1:]]) == [
         "s turn 3: shares 4 tokens with the previous prompt, the hashes say 8"]
     source = _session()

@@ -17,9 +17,11 @@ Request ``j`` is turn ``j`` of its conversation (the session's or a sub-agent's)
   The block hashes say what it keeps: ``B`` = the blocks this request's ``hash_ids`` share,
   from the start, with the previous request's. When they share all of the previous prompt's
   blocks and the prompt holds at least the previous prompt and answer, the turn keeps it all
-  (the accounting's default: an appended conversation); otherwise it keeps ``B x block_size``
-  tokens (``kept_tokens``: a compaction, a dropped reminder, any rewrite) and the rest of the
-  prompt is new;
+  (the accounting's default: an appended conversation); when they share all of them but the
+  prompt is shorter than that, it keeps the previous prompt (``kept_tokens = in`` of the
+  previous request: hashes cover prompts only, so how much of the answer stays is not known;
+  thinking is not sent back); otherwise it keeps ``B x block_size`` tokens (a compaction, a
+  dropped reminder, any rewrite). The rest of the prompt is new;
 - the gap after turn ``j`` is the next request's ``think_time`` (else its start less this
   request's start and ``api_time``), of kind ``subagent`` when sub-agents the parent waited for
   ended in it, else ``tool`` for ``stop = tool_use`` and ``person`` for ``end_turn`` (any other
@@ -191,11 +193,9 @@ def _program(conv: Conversation, block: int) -> Program:
         turn: dict[str, Any] = {"output_tokens": out, "input_tokens": r["in"]}
         if j > 0:
             prev = reqs[j - 1]
-            shared = common_blocks(prev["hash_ids"], r["hash_ids"])
-            appended = shared == len(prev["hash_ids"]) and r["in"] >= after
-            kept = after if appended else shared * block
-            new = r["in"] - kept
-            if not appended:
+            kept = _kept(prev, r, after, block)
+            new = r["in"] - (after if kept is None else kept)
+            if kept is not None:
                 turn["kept_tokens"] = kept
             if kinds[j - 1] == "person":
                 turn["input_tokens"] = new
@@ -222,6 +222,18 @@ def _program(conv: Conversation, block: int) -> Program:
                 "duration_s": _duration(entry)} if entry else {}),
         },
     )
+
+
+def _kept(prev: Entry, r: Entry, after: int, block: int) -> int | None:
+    """What request ``r`` keeps of the conversation ``prev`` left (``after`` tokens): None for
+    all of it, else a prefix (module docstring)."""
+    shared = common_blocks(prev["hash_ids"], r["hash_ids"])
+    if shared == len(prev["hash_ids"]):  # every whole block of the previous prompt
+        if r["in"] >= after:
+            return None
+        if r["in"] >= prev["in"]:
+            return prev["in"]
+    return shared * block
 
 
 def _duration(entry: Entry) -> float | None:
