@@ -5,6 +5,7 @@ version 1, byte for byte."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from common.trace import (
     TraceFormatError,
     Turn,
     load_trace,
+    parse_trace,
     save_trace,
     summarize,
 )
@@ -97,3 +99,14 @@ def test_a_version_1_file_may_not_use_version_2_fields(tmp_path):
     with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: program 'p' uses fields of format "
                                                r"version 2"):
         load_trace(path)
+
+
+def test_readme_version_2_example_says_what_the_readme_states():
+    text = (ROOT / "datasets" / "traces" / "README.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, re.S)
+    trace = parse_trace(blocks[1].splitlines(), origin="README")
+    session, child = trace.programs
+    assert trace.version == 2 and child.parent == ParentLink(id="s", after_turn=0, delay_s=0.5)
+    assert [before for before, _ in session.contexts()] == [100, 130, 100]
+    assert [session.new_tokens(i) for i in range(3)] == [100, 20, 36]
+    assert [t.gap_kind for t in session.turns[:2]] == ["subagent", "person"]
