@@ -283,3 +283,32 @@ def test_router_with_one_key_is_one_tenant():
             "type": "program_end", "program_id": "p"}).status_code == 200
         assert client.get(ROUTE, headers=bearer(A)).json()["owners"] is None
     assert {auth for _, auth, _ in replicas.seen} == {f"Bearer {A}"}  # passed on as it came
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_real_engine_with_two_keys_keeps_each_tenants_programs():
+    """`harness serve -- --api-key A B` (vLLM's own list of keys): A's chat request opens its
+    program; B's `program_end` for it gets a 403 and is counted in `/metrics`; A's is taken."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from harness.server_process import ServerProcess
+
+    with ServerProcess(policy="continuum", vllm_args=["--api-key", A, B]) as server:
+        url = server.base_url
+        answer = httpx.post(url + "/v1/chat/completions", headers=bearer(A), timeout=60, json={
+            **chat_body("pa"), "model": "llama-3.1-8b", "max_tokens": 2})
+        assert answer.status_code == 200, answer.text
+        end = {"type": "program_end", "program_id": "pa"}
+        refused = httpx.post(url + ROUTE, headers=bearer(B), json=end)
+        assert refused.status_code == 403 and "'pa'" in refused.json()["error"]
+        assert httpx.post(url + ROUTE, json=end).status_code == 401
+        taken = httpx.post(url + ROUTE, headers=bearer(A), json=end)
+        assert taken.status_code == 200 and taken.json()["accepted"] == 1
+        samples = {(s.name, s.labels.get("reason")): s.value for family in
+                   text_string_to_metric_families(httpx.get(url + "/metrics").text)
+                   for s in family.samples if s.name.startswith("harness:agent_event")}
+        stats = httpx.get(url + ROUTE, headers=bearer(B)).json()
+    assert samples[("harness:agent_event_requests_refused_total", "not_owner")] == 1
+    assert stats["refused"]["not_owner"] == 1 and stats["owners"]["ended"] == 1
