@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cli.options import add_offload_copy_model_argument, parse_loads
+from cli.paths import CLUSTER_FILE, PROFILE, TRACE, add_path_argument, output_folder
 from common.metrics import SLO
 from eval.bench.backends import Backend
 from eval.bench.report import print_table
@@ -47,17 +48,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True,
-                   help=f"{', '.join(TRACE_NAMES)} (generated) or a trace file (JSONL)")
+    add_path_argument(p, "--trace", spec=TRACE, required=True,
+                      help=f"{', '.join(TRACE_NAMES)} (generated), a trace file (JSONL) or a "
+                      "folder of recorded runs")
     p.add_argument("--policies", default=None,
                    help="comma-separated policies (default: vllm,continuum; with --cluster: each "
                    "replica's own from the file); NAME+offload turns "
                    "vLLM's CPU KV offloading on for a policy that does not need it, "
                    "NAME@online|oracle replays client tool-duration predictions; "
                    "lookahead-oracle:E is told program lengths with a lognormal error E")
-    p.add_argument("--cluster", default=None, metavar="FILE",
-                   help="replay on the replicas of this cluster file (cluster/examples/) behind "
-                   "its router, in virtual time; --policies then replaces every replica's policy")
+    add_path_argument(p, "--cluster", spec=CLUSTER_FILE, default=None, metavar="FILE",
+                      help="replay on the replicas of this cluster file (cluster/examples/) "
+                      "behind its router, in virtual time; --policies then replaces every "
+                      "replica's policy")
     p.add_argument("--routers", default=None,
                    help="with --cluster: comma-separated routing strategies to compare "
                    "(default: the file's)")
@@ -72,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steady", type=float, default=0.0, metavar="FRAC",
                    help="leave the first and the last FRAC of programs (by start) out of the "
                    "metrics: warm-up and cool-down (e.g. 0.1; default 0, all)")
-    p.add_argument("--profile", default="h100-llama-3.1-8b", help="emulated GPU-MODEL profile")
+    add_path_argument(p, "--profile", spec=PROFILE, default="h100-llama-3.1-8b",
+                      help="emulated GPU-MODEL profile, or a step-time table (.json)")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
     p.add_argument("--num-gpu-blocks", type=int, default=None,
                    help="override the KV cache size in 16-token blocks (default: the profile's)")
@@ -96,7 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--too-long", choices=("error", "skip"), default="error",
                    help="a program with a turn longer than that: stop before replaying, naming "
                    "it (error, the default), or leave it out and say so (skip)")
-    p.add_argument("--out", default=None, help="output folder (default runs/bench-TRACE)")
+    add_path_argument(p, "--out", spec=output_folder("the bench's results"), default=None,
+                      help="output folder (default runs/bench-TRACE)")
     p.add_argument("--url", default=None,
                    help="replay in wall-clock time over HTTP against this running `harness "
                    "serve` (emulated or a GPU) instead of in virtual time; --policies then "

@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cli import options
+from cli.paths import CLUSTER_FILE, PROFILE, add_path_argument, output_folder
 from cluster.config import EXAMPLES_DIR, ClusterConfig, ClusterConfigError, load_cluster
 from cluster.launcher import (
     DEFAULT_BASE_PORT,
@@ -55,8 +56,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run)
     sub = parser.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     serve = sub.add_parser("serve", help="start every replica of a cluster file and the router")
-    serve.add_argument("file", help="cluster file (YAML), or the name of a shipped example "
-                       f"({EXAMPLES_DIR})")
+    add_path_argument(serve, "file", spec=CLUSTER_FILE, metavar="FILE",
+                      help="cluster file (YAML), or the name of a shipped example "
+                      f"({EXAMPLES_DIR})")
     serve.add_argument("--host", default="127.0.0.1",
                        help="router bind address (default loopback; local replicas always "
                        "bind loopback, Ray replicas their node's address)")
@@ -66,9 +68,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                        help="replica i (in file order) listens on BASE_PORT + i unless the file "
                        f"gives its `port:` (default {DEFAULT_BASE_PORT})")
-    serve.add_argument("--log-dir", default=None,
-                       help="folder for the replicas' logs (default "
-                       "runs/cluster/NAME-TIMESTAMP)")
+    add_path_argument(serve, "--log-dir", spec=output_folder("the replicas' logs"), default=None,
+                      help="folder for the replicas' logs (default "
+                      "runs/cluster/NAME-TIMESTAMP)")
     serve.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
                        help="seconds to wait for every replica to answer (default "
                        f"{DEFAULT_STARTUP_TIMEOUT_S:.0f})")
@@ -97,7 +99,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                        "none is open beside the router (default: $HARNESS_CLUSTER_API_KEY; "
                        "none: open, a client's key is passed on to the replicas)")
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
-    check.add_argument("file", help="cluster file (YAML), or a shipped example's name")
+    add_path_argument(check, "file", spec=CLUSTER_FILE, metavar="FILE",
+                      help="cluster file (YAML), or a shipped example's name")
     check.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                        help="as for `serve`, to show the ports")
     add_bench_arguments(sub.add_parser(
@@ -120,9 +123,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    f"{DEFAULT_LAYOUTS})")
     p.add_argument("--replicas", type=int, default=4,
                    help="replicas per strategy, co-located or P/D (default 4)")
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help=f"emulated GPU-MODEL profile of every replica (default {DEFAULT_PROFILE}"
-                   ": AMPD's H20 and Llama-3.1-70B at TP4)")
+    add_path_argument(p, "--profile", spec=PROFILE, default=DEFAULT_PROFILE,
+                      help="emulated GPU-MODEL profile of every replica (default "
+                      f"{DEFAULT_PROFILE}: AMPD's H20 and Llama-3.1-70B at TP4)")
     p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
                    help=f"TTFT SLO per turn, seconds (default {SLO.ttft_s:g})")
     p.add_argument("--slo-ttft-x", type=float, default=None, metavar="K",
@@ -152,7 +155,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --gpus: comma-separated ITL SLOs, seconds (default "
                    f"{ampd_regime.DEFAULT_ITL_SLOS})")
     p.add_argument("--seed", type=int, default=0, help="trace and router seed (default 0)")
-    p.add_argument("--out", default="runs/ampd-bench", help="output folder")
+    add_path_argument(p, "--out", spec=output_folder("the sweep's results"),
+                      default="runs/ampd-bench", help="output folder")
     p.add_argument("--no-plot", action="store_true", help="skip slo_vs_load.png")
 
 

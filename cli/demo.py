@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from cli.paths import PROFILE, add_path_argument
 from harness.demo import run_demo
 
 
@@ -15,7 +16,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="continuum")
-    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL (see harness serve)")
+    add_path_argument(parser, "--profile", spec=PROFILE, default=None,
+                      help="emulated GPU-MODEL or a step-time table (see harness serve)")
     parser.add_argument("--programs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server", default=None,

@@ -20,6 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from cli.options import add_options, options_of
+from cli.paths import (
+    CLUSTER_FILE,
+    MODEL,
+    PROFILE,
+    STEP_TABLE,
+    TRACE,
+    PathSpec,
+    output_file,
+    output_folder,
+)
 from eval.experiments import (
     bash_overhead,
     event_overhead,
@@ -79,7 +89,8 @@ def _first(doc: str | None) -> str | None:
 class Experiment:
     """One `harness eval NAME`: its options dataclass and the function that runs it (taking
     the options; its exit status where it returns an int, else 0). `description`: the
-    module's docstring, whole and as written (`raw`), or its first paragraph."""
+    module's docstring, whole and as written (`raw`), or its first paragraph. `paths`: the
+    option fields that name a file or a folder, and their rule (`cli.paths`)."""
 
     name: str
     help: str
@@ -87,22 +98,29 @@ class Experiment:
     run: Callable[[Any], int | None]
     description: str | None
     raw: bool = False
+    paths: dict[str, PathSpec] = field(default_factory=dict)
+
+
+_RESULTS = output_folder("the experiment's results")
 
 
 #: Every experiment, in the order `harness eval --help` lists them.
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("load", "many agent programs at once against one `harness serve`, real tools",
                load_bench.LoadOptions, load_bench.run_load_bench,
-               _first(load_bench.__doc__)),
+               _first(load_bench.__doc__), paths={"profile": PROFILE, "out": _RESULTS}),
     Experiment("fidelity", "the emulated GPU against the real CPU engine on one small trace",
-               fidelity.FidelityOptions, fidelity.run_fidelity, fidelity.__doc__),
+               fidelity.FidelityOptions, fidelity.run_fidelity, fidelity.__doc__,
+               paths={"table": STEP_TABLE, "out": _RESULTS}),
     Experiment("served-vs-virtual", "does a served cluster rank routing strategies as the "
                "virtual-time cluster does?", served_vs_virtual.ServedVsVirtualOptions,
-               served_vs_virtual.run_served_vs_virtual, _first(served_vs_virtual.__doc__)),
+               served_vs_virtual.run_served_vs_virtual, _first(served_vs_virtual.__doc__),
+               paths={"cluster": CLUSTER_FILE, "trace": TRACE, "out": _RESULTS}),
     Experiment("sched-overhead",
                "the scheduler's CPU time per step, per policy, at large batches",
                sched_overhead.SchedOverheadOptions, sched_overhead.run_sched_overhead,
-               sched_overhead.__doc__, raw=True),
+               sched_overhead.__doc__, raw=True,
+               paths={"profile": PROFILE, "out": output_file("a JSON file for the rows")}),
     Experiment("event-overhead", "what interception events cost an agent per tool call",
                event_overhead.EventOverheadOptions, event_overhead.run_event_overhead,
                event_overhead.__doc__),
@@ -112,11 +130,13 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("router-baseline",
                "vllm-router in front of emulated replicas, per routing mode",
                router_baseline.RouterBaselineOptions, router_baseline.run_router_baseline,
-               _first(router_baseline.__doc__)),
+               _first(router_baseline.__doc__),
+               paths={"trace": TRACE, "profile": PROFILE, "out": _RESULTS}),
     Experiment("served-comparison",
                "vllm-router program scheduling vs session-routed vllm vs our policies, served",
                served_comparison.ServedComparisonOptions,
-               served_comparison.run_served_comparison, _first(served_comparison.__doc__)),
+               served_comparison.run_served_comparison, _first(served_comparison.__doc__),
+               paths={"trace": TRACE, "profile": PROFILE, "out": _RESULTS}),
     Experiment("router-overhead", "what a served cluster's router adds per request",
                router_overhead.RouterOverheadOptions, router_overhead.run_router_overhead,
                router_overhead.__doc__, raw=True),
@@ -127,15 +147,16 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("perf-table",
                "the emulated GPU's step times for standard batch shapes, markdown",
                perf_table.PerfTableOptions, perf_table.run_perf_table, perf_table.__doc__,
-               raw=True),
+               raw=True, paths={"profiles": PROFILE}),
     Experiment("real-model", "a real model on the CPU engine under each policy: identical "
                "replies turn by turn, JCT, and the emulator replaying the same runs",
                real_model.RealModelOptions, real_model.run_real_model, real_model.__doc__,
-               raw=True),
+               raw=True, paths={"model": MODEL, "table": STEP_TABLE, "out": _RESULTS}),
     Experiment("step-interference",
                "a prefill chunk's inflation of a decode step, emulated beside published figures",
                step_interference.StepInterferenceOptions,
-               step_interference.run_step_interference, step_interference.__doc__, raw=True),
+               step_interference.run_step_interference, step_interference.__doc__, raw=True,
+               paths={"profiles": PROFILE}),
 )
 
 
@@ -149,7 +170,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         p = experiments.add_parser(experiment.name, help=experiment.help,
                                    description=experiment.description,
                                    formatter_class=formatter)
-        add_options(p, experiment.options)
+        add_options(p, experiment.options, experiment.paths)
         p.set_defaults(func=lambda args, e=experiment: _run(e, args))
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cli.errors import exit_status
+from cli.paths import naming_path_options
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,17 @@ def _pin_hash_seed(args: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse and run one command. Its user mistakes (`common.errors.UserError`, whatever the
-    layer that found them) are one line on stderr and status 2, Ctrl-C is 130 (`cli.errors`);
-    any other exception keeps its traceback."""
+    layer that found them, a bad path option's value among them) are one line on stderr and
+    status 2, Ctrl-C is 130 (`cli.errors`); any other exception keeps its traceback."""
     args_given = sys.argv[1:] if argv is None else list(argv)
     if argv is None:
         _pin_hash_seed(args_given)
-    command = command_of(args_given)
+    return exit_status(lambda: _parse_and_run(args_given))
+
+
+def _parse_and_run(argv: Sequence[str]) -> int:
+    """Parse (a path option's bad value raises a `UserError` here, `cli.paths`) and run."""
+    command = command_of(argv)
     parser = build_parser([command] if command in COMMANDS else [])
     # a command that passes its options on unparsed (`profile`) names the argument that holds
     # them (`passthrough`); argparse's REMAINDER does not take options that come first
@@ -108,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if passthrough is not None:
         setattr(args, passthrough, unknown + getattr(args, passthrough))
-    return exit_status(lambda: int(args.func(args) or 0))
+    with naming_path_options(args):
+        return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

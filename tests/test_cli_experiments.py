@@ -138,7 +138,7 @@ def test_the_langchain_options_have_run_examples_defaults():
 @pytest.mark.parametrize("argv, message", [
     (["fidelity", "--real-runs", "0"], "--real-runs 0: give 1 or more"),
     (["fidelity", "--tool-scale", "0"], "--tool-scale 0.0: give a positive factor"),
-    (["served-vs-virtual", "--cluster", "x.yaml", "--strategies", "pd"],
+    (["served-vs-virtual", "--cluster", "1p3d", "--strategies", "pd"],
      "--strategies: give at least two to rank"),
     (["load", "--programs", "0"], "--programs must be at least 1"),
     (["load", "--mix", "gsm8k=-1"], "--mix: 'gsm8k=-1': the weight must be positive"),
