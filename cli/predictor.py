@@ -1,20 +1,25 @@
-"""`harness predictor train | eval | predict`: the output-length and tool-duration predictor.
+"""`harness predictor train | eval | predict | gaps`: the output-length and tool-duration
+predictor, and the gap model's calibration.
 
     harness predictor train [--data FILE] --out DIR [--epochs N] [--seed N] [--init CKPT]
     harness predictor eval --model DIR [--data FILE] [--split auto|held-out|all]
     harness predictor predict --model DIR TEXT...
+    harness predictor gaps --trace FILE_OR_FOLDER [--elapsed 0,300] [--json FILE]
 
 `train` splits the data by program with the seed (`predictor.data.split`), trains the TF-IDF
 ridge baseline and the BERT model on the training part and prints the held-out figures of the
 model, the baseline and the constant predictor. `eval` recomputes them; when `--data` is the
 file the model was trained on (same sha256) it evaluates the same held-out part, otherwise all
-of the file, and says which. Bad input (`DataError`, `PredictorError`, `CheckpointError`)
+of the file, and says which. `gaps` runs the gap model (`predictor.gaps`) and its two baselines
+online over a trace's gaps and prints the calibration (`predictor.gaps.calibration`). Bad input
+(`DataError`, `PredictorError`, `CheckpointError`, a trace that cannot be read or has no gaps)
 ends with `harness: error: ...` and exit status 2 (`cli.errors`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -35,9 +40,12 @@ from cli.paths import (
 )
 from common.atomic import write_json_atomic
 from common.errors import UserError
+from common.trace import GAP_KINDS, Trace, TraceFormatError
+from eval.workloads.registry import load_or_generate
 from predictor import lengths
 from predictor.buckets import bucket_label
 from predictor.data import DEFAULT_DATA, DataError, file_digest, load_examples, split
+from predictor.gaps import CalibrationReport, GapModel, calibrate, default_models, trace_gaps
 
 HELD_OUT = 0.2
 
@@ -95,6 +103,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="model directory")
     p.add_argument("texts", nargs="+", metavar="TEXT")
     p.set_defaults(predictor_func=_predict)
+
+    g = sub.add_parser(
+        "gaps", help="calibration of the gap model (when a program will be back) on a trace",
+        description="Forecast every gap of a trace before learning it (the gap model, the "
+                    "pooled empirical CDF per kind, and the mean tool duration read as an "
+                    "exponential); print per model and gap kind the mean predicted P(back "
+                    "within t) against the observed share, pinball losses and the CRPS on "
+                    "ln(1 + gap). Model: predictor/gaps/; figures: docs/predictors.md.")
+    g.add_argument("--trace", type=Path, required=True, metavar="FILE_OR_FOLDER",
+                   help="a harness trace (JSONL; version 1: every gap a tool call) or a folder "
+                        "of recorded runs, e.g. Claude Code sessions (kv-cache-tester's "
+                        "traces/ files), imported with their gap kinds")
+    g.add_argument("--elapsed", default="0,300", metavar="S,S",
+                   help="seconds a program has been gone when forecast, one table each, over "
+                        "the gaps longer than that (default: %(default)s)")
+    g.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    g.set_defaults(predictor_func=_gaps)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,3 +256,67 @@ def _predict(args: argparse.Namespace) -> int:
                           "predicted_output_tokens": p.predicted_output_tokens,
                           "predicted_seconds": round(p.predicted_seconds, 4)}))
     return 0
+
+
+# -- gaps ----------------------------------------------------------------------------------
+
+
+def _gaps(args: argparse.Namespace) -> int:
+    elapsed = _elapsed(args.elapsed)
+    trace = _gap_trace(args.trace)
+    gaps = trace_gaps(trace)
+    if not gaps:
+        raise UserError(f"{args.trace}: no gaps to forecast (no program has two turns)")
+    models = default_models()
+    report = calibrate(gaps, models, elapsed_s=elapsed)
+    model = models["gap model"]
+    assert isinstance(model, GapModel)
+    _print_gaps(report, str(args.trace))
+    print("session shrinkage (kappa: a session's gaps weigh as much as its kind's pool after "
+          "this many): " + ", ".join(f"{k} {model.kappa(k):.1f}" for k in GAP_KINDS
+                                      if model.count(k)))
+    if args.json is not None:
+        write_json_atomic(args.json, dataclasses.asdict(report))
+    return 0
+
+
+def _elapsed(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"--elapsed {text!r}: give seconds separated by commas, e.g. 0,300") \
+            from None
+    if any(not 0 <= v < float("inf") for v in values):
+        raise UserError(f"--elapsed {text!r}: seconds must be finite and >= 0")
+    return values
+
+
+def _gap_trace(path: Path) -> Trace:
+    if not path.exists():
+        raise UserError(f"--trace {path}: no such file or folder")
+    try:
+        return load_or_generate(path)
+    except (TraceFormatError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def _print_gaps(report: CalibrationReport, origin: str) -> None:
+    kinds = {r.kind: r.n for r in report.rows if r.elapsed_s == report.elapsed_s[0]}
+    counts = ", ".join(f"{k} {kinds[k]:,}" for k in GAP_KINDS if k in kinds)
+    print(f"gap forecasts on {origin}: {report.n_gaps:,} gaps ({counts}) in "
+          f"{report.n_sessions:,} sessions, each forecast before its gap is learnt")
+    horizons = "".join(f"{f'{t:g} s':>11}" for t in report.grid_s)
+    levels = "".join(f"{f'p{round(q * 100)}':>7}" for q in report.levels)
+    for e in report.elapsed_s:
+        title = "at the gap's start" if e == 0 else f"gone {e:g} s (gaps longer than that)"
+        print(f"\n{title}: P(back within t more), predicted/observed; losses on ln(1 + gap)")
+        print(f"{'model':<12}{'kind':<10}{'gaps':>7}{horizons}{'|err|':>7}  pinball{levels}"
+              f"{'CRPS':>7}")
+        for r in report.rows:
+            if r.elapsed_s != e:
+                continue
+            cells = "".join(f"{f'{p:.2f}/{o:.2f}':>11}"
+                            for p, o in zip(r.predicted, r.observed, strict=True))
+            losses = "".join(f"{x:7.3f}" for x in r.pinball)
+            print(f"{r.model:<12}{r.kind:<10}{r.n:>7,}{cells}{r.reliability_error:7.3f}  "
+                  f"       {losses}{r.crps:7.3f}")

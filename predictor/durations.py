@@ -114,6 +114,10 @@ class EmpiricalDistribution:
         n = len(self._sorted)
         return self._sorted[max(0, math.ceil(q * n) - 1)]
 
+    def samples(self) -> list[float]:
+        """The samples in the window, ascending (a copy: what a model fitted to them keeps)."""
+        return list(self._sorted)
+
     def support(self) -> list[float]:
         """The sorted distinct observed values."""
         return [x for x, _ in self.steps()]
