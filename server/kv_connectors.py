@@ -79,6 +79,20 @@ def has_host_tier(kv_transfer_config: Any) -> bool:
     return part(kv_transfer_config, OFFLOADING) is not None
 
 
+def host_tier_tokens(kv_transfer_config: Any, kv_cache_config: Any) -> int | None:
+    """What the engine's CPU KV tier holds, in tokens: its bytes (`cpu_bytes_to_use`) in whole
+    GPU blocks (a block's bytes over every layer of `kv_cache_config`), as vLLM's CPU
+    offloading spec sizes it; None without a tier. A program scheduler that drops what does
+    not fit there (MORI) needs it."""
+    tier = part(kv_transfer_config, OFFLOADING)
+    size = (tier.kv_connector_extra_config or {}).get("cpu_bytes_to_use") if tier else None
+    groups = kv_cache_config.kv_cache_groups
+    block_bytes = sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+    if not size or block_bytes <= 0:
+        return None
+    return int(size) // block_bytes * groups[0].kv_cache_spec.block_size
+
+
 def sub_connector(connector: Any, class_names: str | tuple[str, ...]) -> Any | None:
     """The scheduler-side connector object whose class is (one of) `class_names`: `connector`
     itself, or one of a `MultiConnector`'s; None when the engine runs none such."""

@@ -40,14 +40,14 @@ from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
 from server.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
-from server.kv_connectors import OFFLOADING, has_host_tier, sub_connector
+from server.kv_connectors import OFFLOADING, has_host_tier, host_tier_tokens, sub_connector
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.policies.base import UnpinReason
 from server.prefetch import PREFETCH_PREFIX, PrefetchBook
-from server.settings import ServeOptionsError, ServeSettings
 from server.profilers.step_log import StepRecord, StepTimer, sink_from_env
+from server.settings import ServeOptionsError, ServeSettings
 
 logger = logging.getLogger("harness.scheduler")
 
@@ -136,7 +136,9 @@ class PolicyScheduler(Scheduler):
             max_batch_tokens=self.max_num_scheduled_tokens,
             total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks,
             block_size=self.block_size,
-            host_tier=has_host_tier(self.vllm_config.kv_transfer_config))
+            host_tier=has_host_tier(self.vllm_config.kv_transfer_config),
+            host_tier_tokens=host_tier_tokens(self.vllm_config.kv_transfer_config,
+                                              self.kv_cache_config))
         self._allocate_slots = self.kv_cache_manager.allocate_slots
         self.kv_cache_manager.allocate_slots = self._allocate_or_unpin  # type: ignore[method-assign]
         self._gate_offload_reloads()

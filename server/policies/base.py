@@ -151,14 +151,17 @@ class Policy:
         self.block_size = 16
         #: Whether the engine keeps a host-memory copy of computed KV (vLLM's native offloading)
         self.host_tier = False
+        #: What that tier holds, in tokens (None: no tier, or its size not told)
+        self.host_tier_tokens: int | None = None
 
     def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int,
-                  host_tier: bool = False) -> None:
+                  host_tier: bool = False, host_tier_tokens: int | None = None) -> None:
         """The engine's shape, known only once vLLM has sized its KV cache."""
         self.max_batch_tokens = max_batch_tokens
         self.total_blocks = total_blocks
         self.block_size = block_size
         self.host_tier = host_tier
+        self.host_tier_tokens = host_tier_tokens
 
     # -- lifecycle notifications -------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:

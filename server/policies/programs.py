@@ -11,9 +11,13 @@ replicas. Inside one engine they are carried out with the scheduler's mechanisms
   step (`pin_expired`): with the host tier its KV stays there (vLLM's write-through copy), so
   its next turn reloads it; without, the prefix cache keeps it until evicted;
 * the waiting turns of active programs are ordered by the program scheduler (`queue_key`);
-* prefetch of an offloaded context ahead of the predicted return (`prefetch_due`).
+* prefetch of an offloaded context ahead of the predicted return (`prefetch_due`);
+* a context the program scheduler dropped is recomputed rather than reloaded from the host
+  tier (`reload_from_cpu`).
 
-The engine's capacity in tokens is its KV blocks times the block size (`configure`).
+The engine's capacity in tokens is its KV blocks times the block size, and its host tier's the
+tier's bytes over a token's (`configure`); its count of what it holds reaches the program
+scheduler at every step that decides (`observe_kv`).
 """
 
 from __future__ import annotations
@@ -46,10 +50,11 @@ class ProgramPolicy(Policy):
         self._blocks_in_use = 0
 
     def configure(self, *, max_batch_tokens: int, total_blocks: int, block_size: int,
-                  host_tier: bool = False) -> None:
+                  host_tier: bool = False, host_tier_tokens: int | None = None) -> None:
         super().configure(max_batch_tokens=max_batch_tokens, total_blocks=total_blocks,
-                          block_size=block_size, host_tier=host_tier)
-        self.programs.configure(total_blocks * block_size, host_tier)
+                          block_size=block_size, host_tier=host_tier,
+                          host_tier_tokens=host_tier_tokens)
+        self.programs.configure(total_blocks * block_size, host_tier, host_tier_tokens)
         # prefetch brings an offloaded context back: only with a host tier to load from
         self.prefetches = host_tier and self.programs.prefetches
 
@@ -129,3 +134,8 @@ class ProgramPolicy(Policy):
 
     def on_prefetched(self, program_id: str, context_tokens: int, now: float) -> bool:
         return self.programs.may_run(program_id)
+
+    def reload_from_cpu(self, req: RequestView) -> bool:
+        """A context the program scheduler dropped is recomputed (MORI's last rung), though
+        the tier's own LRU may still hold a copy."""
+        return self.programs.reloads(req.program_id)

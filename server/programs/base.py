@@ -3,17 +3,18 @@ to a paused program's KV cache.
 
 Why a layer above the policies: a policy (`server.policies`) decides per request — which
 waiting turn goes first, whether a finished turn's KV is pinned. That is measured to be at its
-limit (docs/results-programs.md): on a burst of long programs, admitting fewer programs at once beats
-every per-request order, the clairvoyant one included. A program scheduler decides per program:
-a program is *active* (its turns may run) or *paused* (its next turn waits even while memory is
-free), and when it is paused its KV is kept, offloaded to the host tier or dropped.
+limit (docs/results-programs.md): on a burst of long programs, admitting fewer programs at once
+beats every per-request order, the clairvoyant one included. A program scheduler decides per
+program: a program is *active* (its turns may run) or *paused* (its next turn waits even while
+memory is free), and when it is paused its KV is kept, offloaded to the host tier or dropped.
 
 One decision layer, carried out in two places: the engine (`server.policies.programs`: the
 scheduler holds back a paused program's turns and keeps, offloads or drops its KV) and the
 router (`cluster`: a program queue over the replicas, placement at start and resume). Neither
 imports vLLM; the engine and the router only tell a scheduler facts (a turn arrived, was
 admitted, finished; a tool started with its predicted duration; a tool ended; a program
-ended) and ask it what to do.
+ended; the engine's shape, its KV capacity and host tier in tokens (`configure`), and its count
+of what it holds (`observe_engine`)) and ask it what to do.
 
 Time is the caller's clock (seconds): the engine's virtual or real clock, the router's.
 
@@ -71,13 +72,19 @@ class ProgramScheduler:
         self.capacity_tokens = capacity_tokens
         self.cost_model = cost_model
         self.host_tier = host_tier
+        #: what the host tier holds, in tokens (None: not told; taken as unbounded)
+        self.host_tier_tokens: int | None = None
         self._next_tick = 0.0
         self._dirty = True
 
     # -- facts -------------------------------------------------------------------------
-    def configure(self, capacity_tokens: int, host_tier: bool) -> None:
+    def configure(self, capacity_tokens: int, host_tier: bool,
+                  host_tier_tokens: int | None = None) -> None:
+        """The engine's shape: its KV capacity, whether it keeps a host tier and, when it
+        does, the tier's size in tokens (MORI drops a demoted context that does not fit)."""
         self.capacity_tokens = capacity_tokens
         self.host_tier = host_tier
+        self.host_tier_tokens = host_tier_tokens if host_tier else None
 
     def turn_arrived(self, program_id: str, prompt_tokens: int, now: float,
                      turn: int | None = None) -> None:
@@ -138,7 +145,9 @@ class ProgramScheduler:
         """The engine's own count of memory, at each step: the tokens it holds that cannot
         be evicted (running turns, pins), and `ahead()`, per program, the tokens its turns
         have still to take blocks for (computed when called: ask it only when deciding, in
-        the same step). The baselines keep their papers' accounts and ignore it."""
+        the same step). A router tells its replica's KV usage times its capacity and an
+        empty `ahead`. ThunderAgent's books take the count for their shared-token term
+        (`server.programs.capacity`); the default ignores it."""
 
     # -- decisions -----------------------------------------------------------------------
     def may_run(self, program_id: str | None) -> bool:
@@ -187,6 +196,11 @@ class ProgramScheduler:
     def prefetch_due(self, now: float) -> list[str]:
         """Programs whose offloaded KV should start coming back now."""
         return []
+
+    def reloads(self, program_id: str | None) -> bool:
+        """Whether a waiting turn's context found in the host tier is loaded (True) or
+        recomputed: False for a program whose KV the scheduler dropped (MORI's last rung)."""
+        return True
 
     def order_key(self, program_id: str | None, now: float) -> tuple[float, ...]:
         """Order of the waiting turns of active programs, smallest first."""
