@@ -23,12 +23,14 @@ What it does, per turn and on a tick:
   or has paused, waits in the router (`holds` counts such turns). The caller asks again at the
   router's next tick (`TICK_S` of the scheduler, 5 s for ThunderAgent; every held turn at the
   same instant, so one decision serves them all): at a tick every replica's scheduler decides
-  (pauses acting programs above capacity, resumes under it, smallest first), then each held
-  turn whose program was resumed goes home; one still paused goes to the replica with the
-  most free room if its context fits there (`moves`; re-prefilled there, as the paper resumes
-  a paused program "on the backend with the most free room", its KV assumed lost); else it
-  waits for the next tick. Between ticks a replica with nothing to run decides at once (a
-  tick would only idle it), as the paper's scheduler does.
+  (pauses acting programs above capacity, resumes under it, smallest first; its usage less the
+  tokens the programs share, from the replica's reported KV usage, and no new program admitted
+  ahead of one its books have queued, as ThunderAgent's released code decides over its one
+  queue), then each held turn whose program was resumed goes home; one still paused goes to
+  the replica with the most free room if its context fits there (`moves`; re-prefilled there,
+  as the paper resumes a paused program "on the backend with the most free room", its KV
+  assumed lost); else it waits for the next tick. Between ticks a replica with nothing to
+  run decides at once (a tick would only idle it), as the paper's scheduler does.
 
 Until every live replica has reported its KV capacity (a served replica's first metrics
 poll), no turn is held: there are no books to hold it by.
@@ -178,12 +180,15 @@ class ProgramQueueRouter(Router):
         return [self.backends[r.name].room(r.name) for r in live]
 
     def _decide(self, live: Sequence[ReplicaLoad], now: float) -> None:
-        """On the tick every replica's books decide; between ticks an idle replica's do."""
+        """On the tick every replica's books decide; between ticks an idle replica's do. Each
+        decides on its replica's KV usage as last reported (the shared-token term)."""
         tick = self._tick_index(now)
         on_tick = self._last_tick is None or tick > self._last_tick
         for r in live:
             if on_tick or (r.running == 0 and r.waiting == 0):
-                self.backends[r.name].decide(now, idle=True)
+                books = self.backends[r.name]
+                books.observe_engine(int(r.kv_usage * r.kv_capacity_tokens), dict)
+                books.decide(now, idle=True)
         if on_tick:
             self._last_tick = tick
             self._forget_reaped()

@@ -20,8 +20,10 @@ from sim.virtual_cluster import VirtualCluster
 
 def _busy(*replicas: tuple[str, int], alive: tuple[str, ...] | None = None) -> list[ReplicaLoad]:
     """Replicas of these capacities, each running something (an idle replica's books decide
-    at once, between ticks: a case of its own below)."""
-    return [ReplicaLoad(name, "colocated", kv_capacity_tokens=cap, running=1,
+    at once, between ticks: a case of its own below), their KV cache reported full: the
+    engine holds at least what the books count, so no tokens are shared (a case of its own
+    below)."""
+    return [ReplicaLoad(name, "colocated", kv_usage=1.0, kv_capacity_tokens=cap, running=1,
                         alive=alive is None or name in alive) for name, cap in replicas]
 
 
@@ -82,14 +84,20 @@ def test_an_idle_replica_decides_at_once_and_a_lost_one_gives_its_programs_up():
     router.turn_finished("a", 950, 1.0)  # 1,050 > 1,000 on r0, until its books decide
     # r0 reported idle (nothing running or waiting): its books decide now, not at the tick:
     # a, acting and over capacity, is paused
+    # c, new, waits behind the queued a (no admission ahead of the queue) and r1 has no
+    # room for it; asked again while r0 is still idle, its books decide at once: new before
+    # paused acting, c fits (200) and a (1,050) does not
     idle = [ReplicaLoad("r0", "colocated", kv_capacity_tokens=1000),
             ReplicaLoad("r1", "colocated", kv_capacity_tokens=1000, running=1)]
-    assert _turn(router, "c", 0, idle, 2.0, 100) == (None, "r0")
+    assert _turn(router, "c", 0, idle, 2.0, 100) == (5.0, None)
     assert router.program_stats()["pauses"] == 1
-    # r1 is lost: b's next turn is placed afresh on r0, where it fits (c's 200 + 800)
+    assert _turn(router, "c", 0, idle, 2.5, 100) == (None, "r0")
+    # r1 is lost: b's next turn is placed afresh on r0, new there, so behind a again; at the
+    # tick it fits beside c (200 + 800) and goes
     survivors = _busy(("r0", 1000), ("r1", 1000), alive=("r0",))
-    assert _turn(router, "b", 1, survivors, 3.0, 700) == (None, "r0")
+    assert _turn(router, "b", 1, survivors, 3.0, 700) == (5.0, None)
     assert "r1" not in router.backends and router.bound("b") == "r0"
+    assert _turn(router, "b", 1, survivors, 5.0, 700) == (None, "r0")
 
 
 def test_without_every_replicas_capacity_nothing_is_held():

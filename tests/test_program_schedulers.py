@@ -116,7 +116,7 @@ def test_mori_demotes_the_most_idle_acting_program_to_the_host_tier():
 
 
 def test_mori_drops_when_the_host_tier_is_full():
-    s = Mori(capacity_tokens=1000, host_tier=True, host_capacity_tokens=100)
+    s = Mori(capacity_tokens=1000, host_tier=True, host_tier_tokens=100)
     for pid in "ab":
         _start(s, pid, 100, 0.0)
     _act(s, "a", 600, 1.0)
