@@ -48,6 +48,9 @@ from predictor.data import DEFAULT_DATA, DataError, file_digest, load_examples, 
 from predictor.gaps import CalibrationReport, GapModel, calibrate, default_models, trace_gaps
 
 HELD_OUT = 0.2
+#: `harness predictor gaps --trace`: a trace file or a folder of recorded runs (no generated
+#: trace: their gaps are drawn, not recorded).
+GAP_TRACE = PathSpec(Kind.FILE_OR_FOLDER, "a trace file (.jsonl) or a folder of recorded runs")
 
 #: `--data`: examples, one JSON object per line (predictor/data.py).
 EXAMPLES = PathSpec(Kind.FILE, "a JSONL file of examples (predictor/data.py)")
@@ -111,14 +114,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "exponential); print per model and gap kind the mean predicted P(back "
                     "within t) against the observed share, pinball losses and the CRPS on "
                     "ln(1 + gap). Model: predictor/gaps/; figures: docs/predictors.md.")
-    g.add_argument("--trace", type=Path, required=True, metavar="FILE_OR_FOLDER",
-                   help="a harness trace (JSONL; version 1: every gap a tool call) or a folder "
-                        "of recorded runs, e.g. Claude Code sessions (kv-cache-tester's "
-                        "traces/ files), imported with their gap kinds")
+    add_path_argument(g, "--trace", spec=GAP_TRACE, type=Path, required=True,
+                      metavar="FILE_OR_FOLDER",
+                      help="a harness trace (JSONL; version 1: every gap a tool call) or a "
+                           "folder of recorded runs, e.g. Claude Code sessions "
+                           "(kv-cache-tester's traces/ files), imported with their gap kinds")
     g.add_argument("--elapsed", default="0,300", metavar="S,S",
                    help="seconds a program has been gone when forecast, one table each, over "
                         "the gaps longer than that (default: %(default)s)")
-    g.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    add_path_argument(g, "--json", spec=output_file("a file for the figures (JSON)"), type=Path,
+                      default=None, help="also write the figures here")
     g.set_defaults(predictor_func=_gaps)
 
 
@@ -292,8 +297,6 @@ def _elapsed(text: str) -> tuple[float, ...]:
 
 
 def _gap_trace(path: Path) -> Trace:
-    if not path.exists():
-        raise UserError(f"--trace {path}: no such file or folder")
     try:
         return load_or_generate(path)
     except (TraceFormatError, ValueError) as exc:

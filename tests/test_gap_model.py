@@ -273,13 +273,20 @@ def test_cli_gaps_bad_input_is_one_line(tmp_path: Path,
     empty.write_text("")
     assert main(["predictor", "gaps", "--trace", str(empty)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("harness: error:") and "empty file" in err and err.count("\n") == 1
+    assert err.startswith("harness: error: --trace") and "is empty" in err
+    assert err.count("\n") == 1
+    header_only = save_trace(Trace(name="none", programs=[]), tmp_path / "none.jsonl")
+    assert main(["predictor", "gaps", "--trace", str(header_only)]) == 2
+    assert "no gaps to forecast" in capsys.readouterr().err
+    (tmp_path / "runs").mkdir()
+    assert main(["predictor", "gaps", "--trace", str(tmp_path / "runs")]) == 2
+    assert "no recorded runs" in capsys.readouterr().err
     single = save_trace(Trace(name="one", programs=[Program(id="x", arrival_s=0.0, turns=[
         Turn(input_tokens=5, output_tokens=1)])]), tmp_path / "one.jsonl")
     assert main(["predictor", "gaps", "--trace", str(single)]) == 2
     assert "no gaps to forecast" in capsys.readouterr().err
     assert main(["predictor", "gaps", "--trace", str(tmp_path / "nope")]) == 2
-    assert "no such file or folder" in capsys.readouterr().err
+    assert "--trace" in (err := capsys.readouterr().err) and "no such file or folder" in err
     assert main(["predictor", "gaps", "--trace", str(single), "--elapsed", "-1"]) == 2
     assert ">= 0" in capsys.readouterr().err
 
