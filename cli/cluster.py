@@ -188,7 +188,7 @@ def describe(config: ClusterConfig, base_port: int) -> str:
         profile = load_profile(r.profile)
         kv = (r.num_gpu_blocks * 16 if r.num_gpu_blocks is not None
               else profile.kv_capacity_tokens(0.9))
-        rows.append((r.name, r.role, r.profile, r.policy, str(r.node), str(profile.tp),
+        rows.append((r.name, r.role, r.profile, str(r.policy), str(r.node), str(profile.tp),
                      str(ports[r.name]), f"{kv:,}" + ("" if r.num_gpu_blocks is None
                                                        else " (set)"),
                      "-" if r.offload_gib is None else f"{r.offload_gib:g} GiB"))

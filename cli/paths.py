@@ -60,10 +60,11 @@ class PathSpec:
     """One path option's rule. `what` completes "give ..." in its messages (e.g. "a trace
     file (.jsonl)"). With `names`, a value that does not look like a path (it does not exist,
     has no slash and none of `suffixes`) is a name the command resolves (a generated trace, a
-    profile), not checked here; `hub_ids`: ORG/NAME is a Hugging Face hub id, a path only when
-    it starts with /, . or ~. `text`: an input file must be UTF-8 text; `magic`: its first bytes
-    (a GGUF file's). `prefixed`: a value starting with the prefix is checked by that rule,
-    after it (``replay:DIR``)."""
+    profile), not checked here; with `hub_ids`, so is ORG/NAME (a Hugging Face hub id or
+    dataset) unless it starts with /, . or ~. `text`: an input file must be UTF-8 text, unless
+    it ends with one of `binary_suffixes` (a task file may be Parquet); `magic`: its first
+    bytes (a GGUF file's). `prefixed`: a value starting with the prefix is checked by that
+    rule, after it (``replay:DIR``)."""
 
     kind: Kind
     what: str
@@ -71,6 +72,7 @@ class PathSpec:
     suffixes: tuple[str, ...] = ()
     hub_ids: bool = False
     text: bool = True
+    binary_suffixes: tuple[str, ...] = ()
     magic: bytes | None = None
     prefixed: tuple[tuple[str, PathSpec], ...] = ()
 
@@ -82,19 +84,21 @@ def check_path(label: str, value: str, spec: PathSpec) -> str | None:
         if value.startswith(prefix):
             _raise_if(label, value, _problem(value[len(prefix):], inner))
             return value[len(prefix):]
-    if spec.names and not looks_like_path(value, spec):
+    if not looks_like_path(value, spec):
         return None
     _raise_if(label, value, _problem(value, spec))
     return value
 
 
 def looks_like_path(value: str, spec: PathSpec) -> bool:
-    """Whether a value of an option that also takes names is meant as a path."""
+    """Whether `value` is meant as a path: what exists or ends with one of the spec's suffixes
+    is; else, for an option that takes them, a hub id (ORG/NAME, not starting with /, . or ~)
+    and a bare name (no slash) are not."""
     if os.path.lexists(value) or value.endswith(spec.suffixes or ("\0",)):
         return True
-    if spec.hub_ids:
-        return value.startswith(("/", ".", "~"))
-    return os.sep in value or "/" in value
+    if spec.hub_ids and value.count("/") == 1 and not value.startswith(("/", ".", "~")):
+        return False
+    return not (spec.names and "/" not in value and os.sep not in value)
 
 
 def _raise_if(label: str, value: str, problem: str | None) -> None:
@@ -151,7 +155,7 @@ def _file_problem(path: Path, spec: PathSpec) -> str | None:
         return f"is empty; give {spec.what}"
     if spec.magic is not None and not head.startswith(spec.magic):
         return f"does not start with {spec.magic!r}; give {spec.what}"
-    if not spec.text:
+    if not spec.text or path.name.endswith(spec.binary_suffixes or ("\0",)):
         return None
     nul = head.find(b"\0")
     if nul >= 0:
@@ -246,15 +250,30 @@ def naming_path_options(args: argparse.Namespace) -> Iterator[None]:
     except PathError:
         raise
     except UserError as exc:
-        message = str(exc)
         given = getattr(args, GIVEN, [])
-        if any(re.search(rf"(^|\W){re.escape(label)}\b", message) for label, _ in given):
+        if any(_names_option(str(exc), label) for label, _ in given):
             raise
-        named = [(label, value) for label, value in given if _mentions(message, value)]
+        named = [(label, value) for label, value in given if _mentions(str(exc), value)]
         if len(named) != 1:
             raise
-        label, value = named[0]
-        raise PathError(f"{label} {value}: {message}") from exc
+        raise PathError(f"{named[0][0]} {named[0][1]}: {exc}") from exc
+
+
+@contextmanager
+def about(label: str, value: object) -> Iterator[None]:
+    """Around the load of what option `label` named: a `UserError` that does not name the
+    option gets it in front (for a loader whose message names neither the file nor the
+    option)."""
+    try:
+        yield
+    except UserError as exc:
+        if _names_option(str(exc), label):
+            raise
+        raise PathError(f"{label} {value}: {exc}") from exc
+
+
+def _names_option(message: str, label: str) -> bool:
+    return re.search(rf"(^|\W){re.escape(label)}\b", message) is not None
 
 
 def _mentions(message: str, value: str) -> bool:

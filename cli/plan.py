@@ -27,7 +27,7 @@ import time
 from functools import partial
 from typing import Any
 
-from cli.paths import TRACE, Kind, PathSpec, add_path_argument, output_file
+from cli.paths import TRACE, Kind, PathSpec, about, add_path_argument, output_file
 from cluster import plan_verify
 from cluster.planner import (
     OBJECTIVES,
@@ -151,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     sim = None
     if args.table:
-        provider = TableTau.load(args.table)
+        with about("--table", args.table):
+            provider = TableTau.load(args.table)
     else:
         def say(line: str) -> None:
             if not args.quiet:

@@ -20,8 +20,10 @@ from cli.paths import (
 from harness.run import RunSpec, run_benchmark
 from server.launch import DEVICES
 
-#: `--tasks`: one JSON object per line, each with an "id".
-TASKS = PathSpec(Kind.FILE, "a task file (JSONL, one task per line)")
+#: `--tasks`: a task file (JSON Lines; SWE-bench's also JSON or Parquet, or a hub dataset
+#: ORG/NAME[:SPLIT]).
+TASKS = PathSpec(Kind.FILE, "a task file (JSONL, one task per line)", hub_ids=True,
+                 suffixes=(".jsonl", ".json", ".parquet"), binary_suffixes=(".parquet",))
 
 
 def register(parser: argparse.ArgumentParser) -> None:

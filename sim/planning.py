@@ -563,7 +563,7 @@ class SimulatedTau:
             return {}
         try:
             data = json.loads(self.cache_path.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):  # not a cache: made again
             return {}
         if not isinstance(data, dict) or data.get("identity") != self._identity():
             return {}  # made for other inputs

@@ -80,11 +80,12 @@ class Benchmark:
     use_exemplars = True  # `harness run --no-exemplars` leaves them out (zero-shot)
 
     def load_tasks(self, path: Path | None = None) -> list[Task]:
-        rows = load_jsonl(Path(path) if path else self.tasks_file)
+        file = Path(path) if path else self.tasks_file
+        rows = load_jsonl(file)
         tasks = []
         for number, row in enumerate(rows, start=1):
             if "id" not in row:
-                raise BenchmarkError(f"task {number} has no 'id' field")
+                raise BenchmarkError(f"{file}: task {number} has no 'id' field")
             tasks.append(Task(str(row["id"]), row))
         return tasks
 

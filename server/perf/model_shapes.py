@@ -45,9 +45,14 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from common.errors import UserError
 from server.perf.copy_model import OFFLOAD_BLOCK_TOKENS
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+class ModelConfigError(UserError):
+    """A config.json the user named cannot be read as a model's shapes."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,11 @@ class ModelSpec:
         try:
             cfg = json.loads(p.read_text())
         except FileNotFoundError:
-            raise ValueError(f"model config not found: {p}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"model config {p} is not valid JSON: {e}") from None
+            raise ModelConfigError(f"model config not found: {p}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelConfigError(f"model config {p} is not valid JSON: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ModelConfigError(f"model config {p}: expected a JSON object")
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -100,7 +107,9 @@ class ModelSpec:
             if "num_experts" in cfg:  # Qwen-MoE names its experts and their width apart
                 spec = replace(spec, **_qwen_moe_experts(cfg, p))
         except KeyError as e:
-            raise ValueError(f"model config {p} lacks {e.args[0]!r}") from None
+            raise ModelConfigError(f"model config {p} lacks {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise ModelConfigError(f"model config {p} is malformed ({e})") from None
         spec.validate()
         return spec
 

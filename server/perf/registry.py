@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.hardware import DEFAULT_EFFICIENCY, GPUS, Efficiency
 from server.perf.model_shapes import DEFAULT_TP, available_models, model_spec
@@ -31,6 +32,10 @@ def profile_names() -> list[str]:
     return names
 
 
+class UnknownProfileError(UserError):
+    """A profile name that names no GPU and model (a `ValueError` too)."""
+
+
 def load_profile(name_or_path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                  offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> Profile:
     """``{gpu}[xN]-{model}`` (e.g. ``h100-llama-3.1-8b``, ``h100x8-llama-3.1-70b``) or the
@@ -46,11 +51,11 @@ def load_profile(name_or_path: str | Path, efficiency: Efficiency = DEFAULT_EFFI
         "(.json)"
     )
     if not m or m["gpu"] not in GPUS or m["model"] not in available_models():
-        raise ValueError(f"unknown profile {s!r}; {help_}")
+        raise UnknownProfileError(f"unknown profile {s!r}; {help_}")
     model_name = m["model"]
     tp = int(m["n"]) if m["n"] else DEFAULT_TP.get(model_name, 1)
     if tp < 1:
-        raise ValueError(f"unknown profile {s!r}: the GPU count must be >= 1; {help_}")
+        raise UnknownProfileError(f"unknown profile {s!r}: the GPU count must be >= 1; {help_}")
     model = model_spec(model_name, tp)
     return RooflineProfile(name=s.lower(), gpu_key=m["gpu"], model=model, efficiency=efficiency,
                            offload_copy_model=offload_copy_model)

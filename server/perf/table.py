@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from common.atomic import write_text_atomic
+from common.errors import UserError
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.fit import Fit, fit_coefficients
 from server.perf.hardware import DEFAULT_EFFICIENCY, GPUS, Efficiency
 from server.perf.model_shapes import ModelSpec, model_spec
 from server.perf.profile import Profile
 from server.perf.step_form import Coefficients, StepFeatures, step_features
+
+
+class ProfileTableError(UserError):
+    """A step-time table the user named cannot be read as one (a `ValueError` too)."""
 
 
 class TableProfile(Profile):
@@ -82,26 +87,30 @@ class TableProfile(Profile):
 def load_table(path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL) -> TableProfile:
     """The table at `path` as a profile: its GPU and model from the spec, its step time from
-    a fit to its measurements; a ValueError says what is wrong with a bad table."""
+    a fit to its measurements; a `ProfileTableError` says what is wrong with a bad table."""
     p = Path(path)
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ValueError(f"profile table not found: {p}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"profile table {p} is not valid JSON: {e}") from None
+        raise ProfileTableError(f"profile table not found: {p}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileTableError(f"profile table {p} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"profile table {p}: expected a JSON object")
+        raise ProfileTableError(f"profile table {p}: expected a JSON object")
     for key in ("gpu", "model", "measurements"):
         if key not in data:
-            raise ValueError(f"profile table {p} lacks {key!r}")
+            raise ProfileTableError(f"profile table {p} lacks {key!r}")
     gpu = str(data["gpu"]).lower()
     if gpu not in GPUS:
-        raise ValueError(
+        raise ProfileTableError(
             f"profile table {p}: gpu {data['gpu']!r} unknown; use one of {', '.join(GPUS)}"
         )
-    tp = int(data.get("tp", 1))
-    model = model_spec(str(data["model"]), tp)
+    try:
+        model = model_spec(str(data["model"]), int(data.get("tp", 1)))
+    except (TypeError, ValueError) as e:
+        raise ProfileTableError(f"profile table {p}: {e}") from None
+    if not isinstance(data["measurements"], list):
+        raise ProfileTableError(f"profile table {p}: 'measurements' must be a list")
     features: list[StepFeatures] = []
     seconds: list[float] = []
     for i, row in enumerate(data["measurements"]):
@@ -110,13 +119,17 @@ def load_table(path: str | Path, efficiency: Efficiency = DEFAULT_EFFICIENCY,
             decode = [int(x) for x in row.get("decode", [])]
             s = float(row["seconds"])
             f = step_features(prefill, decode)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"profile table {p}: measurement {i} is malformed ({e})") from None
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ProfileTableError(
+                f"profile table {p}: measurement {i} is malformed ({e})") from None
         if f.seqs == 0:
-            raise ValueError(f"profile table {p}: measurement {i} has an empty batch")
+            raise ProfileTableError(f"profile table {p}: measurement {i} has an empty batch")
         features.append(f)
         seconds.append(s)
-    fit = fit_coefficients(features, seconds)
+    try:
+        fit = fit_coefficients(features, seconds)
+    except ValueError as e:  # too few measurements, or none that tell the terms apart
+        raise ProfileTableError(f"profile table {p}: {e}") from None
     meta = {k: v for k, v in data.items() if k != "measurements"}
     meta["path"] = str(p)
     return TableProfile(
