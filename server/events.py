@@ -31,11 +31,12 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import zmq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.trace import GapKind
 from server.policies.base import AgentEvent, EventKind
 
 ENV_EVENTS_IPC = "HARNESS_EVENTS_IPC"
@@ -45,10 +46,17 @@ REFUSALS = ("invalid", "too_large", "not_owner")
 #: sends at most 512 a batch, `harness.events_client`). A larger one is refused with a 413.
 MAX_BODY_BYTES = 1 << 20
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+#: The quantile levels `tool_start`'s `predicted_q` may name (``p50``: the median gap, s).
+QuantileLevel = Literal["p10", "p25", "p50", "p75", "p90", "p95", "p99"]
 
 
 class EventIn(BaseModel):
-    """One event as sent by a client. Unknown fields are rejected so typos surface as 400s."""
+    """One event as sent by a client. Unknown fields are rejected so typos surface as 400s.
+
+    On `tool_start`, besides the point estimate `predicted_s`, a client may say what the gap
+    is (`gap_kind`: a tool call, a person's answer, sub-agents; `common.trace`) and how long
+    it expects it in quantiles (`predicted_q`, seconds from the gap's start, non-decreasing
+    in the level: `predictor.gaps.GapForecast.hint`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -56,15 +64,28 @@ class EventIn(BaseModel):
     program_id: Annotated[str, Field(min_length=1, max_length=256)]
     tool: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     predicted_s: NonNegative | None = None
+    gap_kind: GapKind | None = None
+    predicted_q: dict[QuantileLevel, NonNegative] | None = None
     seconds: NonNegative | None = None
     return_tokens: Annotated[int, Field(ge=0)] | None = None
     summary: Annotated[str, Field(max_length=512)] | None = None
     ts: Annotated[float, Field(allow_inf_nan=False)] | None = None  # client's, informational
 
+    @field_validator("predicted_q")
+    @classmethod
+    def _ordered(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        ordered = sorted(value.items(), key=lambda item: int(item[0][1:]))
+        if any(a[1] > b[1] for a, b in zip(ordered, ordered[1:], strict=False)):
+            raise ValueError("quantiles must not decrease with their level")
+        return dict(ordered)
+
     def to_event(self) -> AgentEvent:
         return AgentEvent(kind=self.type, program_id=self.program_id, tool=self.tool,
                           predicted_s=self.predicted_s, seconds=self.seconds,
-                          return_tokens=self.return_tokens, summary=self.summary)
+                          return_tokens=self.return_tokens, summary=self.summary,
+                          gap_kind=self.gap_kind, predicted_q=self.predicted_q)
 
 
 class EventError(ValueError):

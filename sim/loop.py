@@ -204,7 +204,7 @@ class Simulation:
         sent = self.held.get(pid)  # when the client sent it, if the router held it
         if sent is None and i > 0:  # the tool call's end, told once, as the client does
             prev = program.turns[i - 1]
-            self.client.observe(prev.tool, prev.tool_seconds)
+            self.client.observe(program, i - 1)
             self.tell(self.placement.current(pid), "tool_end", pid, tool=prev.tool,
                       seconds=prev.tool_seconds, return_tokens=prev.tool_return_tokens)
         if again is not None:  # waits in the router's queue: asked again then
@@ -447,7 +447,7 @@ class Simulation:
         call = program.turns[i]
         state.extend(i, answered)
         self.tell(self.placement.current(program.id), "tool_start", program.id, tool=call.tool,
-                  predicted_s=self.client.predict(call.tool, call.tool_seconds))
+                  **self.client.tool_start(program, i))
         self.agenda.push(seen + call.tool_seconds, TurnDue(program.id, i + 1))
 
     # the result

@@ -3,6 +3,7 @@ conditioned on how long a program has been gone; its calibration and `harness pr
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from predictor.gaps import (
     trace_gaps,
 )
 from predictor.gaps.calibration import pinball
+from server.events import EventError, parse_events
+from server.policies.spec import HINT_MODES
+from sim.client import ClientPredictions
 
 
 def _fed(samples: np.ndarray, kind: str = "tool", sessions: int = 50) -> GapModel:
@@ -294,3 +298,45 @@ def test_cli_gaps_bad_input_is_one_line(tmp_path: Path,
 def test_config_needs_every_prior() -> None:
     with pytest.raises(ValueError, match="priors lack"):
         GapModelConfig(priors={"tool": Exponential(1.0)})
+
+
+# -- what a client sends ---------------------------------------------------------------------
+
+
+def test_tool_start_carries_the_gap_only_when_asked() -> None:
+    """`@gaps` sends `online`'s predicted_s plus the gap's kind and quantiles; the other modes
+    send what they always did (a replay under them is unchanged)."""
+    program = _trace().programs[0]
+    clients = {mode: ClientPredictions(mode) for mode in HINT_MODES}
+    for i in range(program.n_turns - 1):
+        sent = {mode: c.tool_start(program, i) for mode, c in clients.items()}
+        for mode in ("none", "online", "oracle"):
+            assert list(sent[mode]) == ["predicted_s"]
+        assert sent["none"]["predicted_s"] is None
+        assert sent["oracle"]["predicted_s"] == program.turns[i].tool_seconds
+        assert sent["gaps"]["predicted_s"] == sent["online"]["predicted_s"]
+        assert sent["gaps"]["gap_kind"] == program.turns[i].gap_kind
+        assert set(sent["gaps"]["predicted_q"]) == {"p50", "p90", "p99"}
+        for c in clients.values():
+            c.observe(program, i)
+    assert clients["online"].durations.counts() == clients["gaps"].durations.counts()
+    assert clients["gaps"].gaps is not None and clients["gaps"].gaps.count("person") == 4
+
+
+def test_events_take_the_gap_fields() -> None:
+    body = json.dumps({"type": "tool_start", "program_id": "p", "tool": "person",
+                       "gap_kind": "person", "predicted_q": {"p90": 1500.0, "p50": 120}})
+    (event,) = parse_events(body.encode())
+    agent_event = event.to_event()
+    assert agent_event.gap_kind == "person"
+    assert agent_event.predicted_q == {"p50": 120.0, "p90": 1500.0}
+    plain = parse_events(b'{"type": "tool_start", "program_id": "p", "predicted_s": 2}')[0]
+    assert plain.model_dump(exclude_none=True) == {"type": "tool_start", "program_id": "p",
+                                                   "predicted_s": 2.0}
+    for bad, field in (({"predicted_q": {"p50": 10, "p90": 5}}, "must not decrease"),
+                       ({"predicted_q": {"p42": 1}}, "predicted_q.p42"),
+                       ({"predicted_q": {"p50": -1}}, "greater than or equal to 0"),
+                       ({"gap_kind": "nap"}, "gap_kind")):
+        line = json.dumps({"type": "tool_start", "program_id": "p", **bad})
+        with pytest.raises(EventError, match=field):
+            parse_events(line.encode())

@@ -78,6 +78,10 @@ class AgentEvent:
     seconds: float | None = None
     return_tokens: int | None = None
     summary: str | None = None
+    #: on `tool_start`, optional: what the gap is (tool, person, subagent) and its predicted
+    #: quantiles in seconds ({"p50": .., "p90": ..}), docs/events.md
+    gap_kind: str | None = None
+    predicted_q: dict[str, float] | None = None
 
 
 class Policy:

@@ -29,8 +29,10 @@ from server.policies.registry import registered
 #: ``predicted_s``, `sim.client`): ``none``, as a trace has no predictor; ``online``, the
 #: harness's own rule (the mean of the tool's durations seen so far by this client, once it has
 #: enough of them: ``ToolDurationModel.client_prediction``); ``oracle``, the call's true
-#: duration, the bound on what any predictor can give.
-HINT_MODES = ("none", "online", "oracle")
+#: duration, the bound on what any predictor can give; ``gaps``, ``online``'s ``predicted_s``
+#: plus the gap's kind and its predicted quantiles (``gap_kind``, ``predicted_q``: the gap
+#: model's, `predictor.gaps`), so a policy that reads none of them runs as under ``online``.
+HINT_MODES = ("none", "online", "oracle", "gaps")
 #: the one suffix a replayed policy's name may carry after ``+``
 OFFLOAD_SUFFIX = "offload"
 
