@@ -303,9 +303,11 @@ TRACE = PathSpec(Kind.FILE_OR_FOLDER, "a trace file (.jsonl), a folder of record
 PROFILE = PathSpec(Kind.FILE, "a profile name (GPU-MODEL) or a step-time table (.json)",
                    names=True, suffixes=(".json",))
 #: A measured step-time table (`harness profile`'s output).
-STEP_TABLE = PathSpec(Kind.FILE, "a step-time table (.json) from `harness profile`")
+STEP_TABLE = PathSpec(Kind.FILE, "a step-time table (.json; `harness profile --device cpu "
+                      "--served --out FILE` measures one)")
 #: A cluster file, or a shipped example's name.
-CLUSTER_FILE = PathSpec(Kind.FILE, "a cluster file (YAML) or a shipped example's name",
+CLUSTER_FILE = PathSpec(Kind.FILE, "a cluster file (YAML) or the name of one in "
+                        "cluster/examples/",
                         names=True, suffixes=(".yaml", ".yml", ".json"))
 #: A real model: a folder, a GGUF file, an added or shipped model's name, or a hub id.
 MODEL = PathSpec(Kind.FILE_OR_FOLDER, "a model folder, a GGUF file (.gguf), a model's name or "

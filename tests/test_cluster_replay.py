@@ -84,7 +84,7 @@ def test_same_seed_same_numbers(trace, two):
     (["--cluster", "CLUSTER", "--routers", "pd"], "needs at least one `role: prefill`"),
     (["--cluster", "CLUSTER", "--policies", "vllm+offload"], "plain policy names"),
     (["--cluster", "CLUSTER", "--url", "http://127.0.0.1:9"], "router of `harness cluster"),
-    (["--cluster", "missing.yaml"], "no cluster file"),
+    (["--cluster", "missing.yaml"], "--cluster missing.yaml: no such file"),
 ])
 def test_bench_cluster_mistakes_are_clear(tmp_path, capsys, argv, words):
     from cli.main import main

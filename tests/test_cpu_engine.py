@@ -277,7 +277,7 @@ def test_fidelity_without_a_table_says_how_to_make_one(tmp_path, capsys):
     assert main(["eval", "fidelity", "--table", str(tmp_path / "none.json"),
                  "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("harness: error: no step-time table")
+    assert err.startswith("harness: error: --table ") and "none.json: no such file" in err
     assert "harness profile --device cpu" in err
 
 
