@@ -289,3 +289,9 @@ def test_the_installed_command_answers_a_folder_for_a_file_in_one_line(tmp_path)
     assert done.returncode == 2
     assert done.stderr == (f"harness: error: --table {tmp_path}: is a folder; give a JSON tau "
                            "table {role: {degree: {load: tau_seconds}}}\n")
+
+
+def test_a_shipped_cluster_example_is_a_name_and_is_described(capsys):
+    assert main(["cluster", "check", "1p3d"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("cluster ") and " vllm " in out  # a replica's policy, as text
