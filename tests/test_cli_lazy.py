@@ -26,14 +26,14 @@ def test_the_top_level_help_imports_no_command_module():
     loaded = _cli_modules_after(
         "from cli.main import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass")
-    assert loaded == ["cli.errors", "cli.main"]
+    assert loaded == ["cli.errors", "cli.main", "cli.paths"]  # cli.paths: the stdlib only
 
 
 def test_a_command_imports_only_its_own_module():
     loaded = _cli_modules_after(
         "from cli.main import main\n"
         "try:\n    main(['model', '--help'])\nexcept SystemExit:\n    pass")
-    assert set(loaded) == {"cli.errors", "cli.main", "cli.model"}
+    assert set(loaded) == {"cli.errors", "cli.main", "cli.paths", "cli.model"}
 
 
 def test_the_help_lists_every_command_with_its_line(capsys):
