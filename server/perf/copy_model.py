@@ -13,6 +13,8 @@ The command-line option that picks it is data here (`OFFLOAD_COPY_MODELS`,
 
 from __future__ import annotations
 
+from server.perf.hardware import Storage
+
 #: How a copy of the offloading connector is priced (`Profile.offload_copy_model`).
 #: ``peak80``: bytes over one PCIe direction at `Efficiency.pcie` (0.8) of the datasheet peak,
 #: per GPU, the same for loads and stores (the default; every published table used it).
@@ -102,3 +104,21 @@ def sourced_copy_seconds(tokens: int, layers: int, page_bytes: int, *, load: boo
         return TRITON_LAUNCH_S + nbytes / TRITON_BPS
     t0 = DMA_SUBMIT_S * min(n, DMA_STARTUP_COPIES)
     return t0 + max(n * DMA_SUBMIT_S, nbytes / dma_bytes_per_second(page_bytes))
+
+
+def disk_seconds(blocks: int, block_bytes: int, storage: Storage, *, read: bool) -> float:
+    """One job of vLLM 0.32's file-system tier (`vllm.v1.kv_offload.tiering.fs`): `blocks`
+    blocks of `block_bytes` each read from (`read`) or written to `storage`.
+
+    The tier hands a job's blocks to one thread of its pool as one task, which does them one
+    after another, one file per block (write to a temp file and rename; read with readv), so a
+    job costs one I/O per block back to back: ``blocks * (latency + block_bytes /
+    bandwidth)``. Jobs of the same direction share the drive, one after another
+    (`server.emulated.disk`)."""
+    if blocks <= 0:
+        return 0.0
+    if read:
+        latency, bandwidth = storage.read_latency_s, storage.read_bandwidth
+    else:
+        latency, bandwidth = storage.write_latency_s, storage.write_bandwidth
+    return blocks * (latency + block_bytes / bandwidth)

@@ -173,3 +173,43 @@ class Link:
 #: Latencies are typical one-way figures for a GPU-direct RDMA read (a few microseconds).
 NVLINK = Link(latency_s=5e-6, bandwidth=900e9)
 INFINIBAND = Link(latency_s=10e-6, bandwidth=200e9)
+
+
+# --------------------------------------------------------------------------------------------
+# Storage behind the host tier
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """Published figures of the drive behind the host KV tier (vLLM's file-system tier):
+    sequential rates in bytes/s, and a latency per I/O in seconds (device level: what the file
+    system adds to create and rename a block's file is not in it)."""
+
+    name: str
+    read_bandwidth: float
+    write_bandwidth: float
+    read_latency_s: float
+    write_latency_s: float
+    source: str
+
+
+#: A data-center PCIe Gen4 NVMe SSD: the Micron 7450 (U.3, the larger capacities), sequential
+#: read ~6.8 GB/s and write up to 5.6 GB/s (ServeTheHome, "Micron 7450 SSDs Launched with
+#: 176-Layer NAND", https://servethehome.com/?p=59563; writes are slower on drives under 1 TB).
+#: Latency per I/O: local NVMe serves a random read in ~20-70 us and a write in ~30-100 us at
+#: the device (simplyblock, "NVMe Latency", https://simplyblock.io/glossary/nvme-latency/;
+#: Pure Storage, "What is NVMe?", https://www.purestorage.com/knowledge/what-is-nvme.html, says
+#: 20-100 us); the upper ends are taken, so a disk reload is not flattered.
+NVME_GEN4 = Storage(
+    name="PCIe Gen4 NVMe SSD (Micron 7450 class)",
+    read_bandwidth=6.8e9,
+    write_bandwidth=5.6e9,
+    read_latency_s=70e-6,
+    write_latency_s=100e-6,
+    source="Micron 7450 (ServeTheHome launch article): 6.8 GB/s sequential read, up to "
+    "5.6 GB/s write; NVMe device latency 20-70 us read, 30-100 us write (simplyblock, Pure "
+    "Storage), upper ends taken",
+)
+#: The drive the emulated disk tier prices its reads and writes with.
+DEFAULT_STORAGE = NVME_GEN4
