@@ -74,7 +74,8 @@ def test_bad_input_is_a_clear_error(tmp_path):
     with ThreadPoolExecutor() as pool:  # at once: each spends about a second starting up
         bad, missing, no_replay = pool.map(lambda args: harness_run(*args), runs)
     assert bad.returncode == 2 and "choose one of" in bad.stderr
-    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert missing.returncode == 2 and "--tasks" in missing.stderr \
+        and "none.jsonl: no such file" in missing.stderr
     # a missing recording is found before any server is started
     assert no_replay.returncode == 2 and "no recorded trajectory" in no_replay.stderr
     assert "starting harness serve" not in no_replay.stdout
