@@ -24,12 +24,12 @@ from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
 from server.engine_spec import EngineSpec
-from server.kv_connectors import NIXL, stacked, sub_connector
+from server.kv_connectors import NIXL, offload_options, stacked, sub_connector
 from server.perf.copy_model import check_offload_copy_model
 from server.policies import AgentEvent
 from server.policies.oracle import TurnFuture
 from server.policies.spec import PolicySpec
-from server.settings import OFFLOAD_CONNECTOR_OPTIONS, emulated_model_dir
+from server.settings import emulated_model_dir
 
 _ENV_DEFAULTS = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -206,6 +206,7 @@ class VirtualEngine:
 
         #: GiB of host memory for vLLM's KV offloading, or None (`EngineSpec.offload_tier`)
         self.offload_gib = spec.offload_tier(self.policy)
+        disk = spec.disk_tier(self.policy)  # behind the CPU tier (`EngineSpec.disk_tier`)
         kv_transfer = spec.kv_transfer
         connector = None  # our connector options; vLLM names the connector itself
         tier_gib = self.offload_gib  # vLLM's own option, unless the tier is stacked with NIXL
@@ -213,12 +214,12 @@ class VirtualEngine:
             # a P/D replica, or one whose router carries moved programs' KV, with a CPU tier:
             # both connectors in vLLM's MultiConnector (`server.kv_connectors`)
             connector = KVTransferConfig(**stacked(_copy_config(dict(kv_transfer)),
-                                                   self.offload_gib))
+                                                   self.offload_gib, disk))
             tier_gib = None
         elif kv_transfer is not None:
             connector = KVTransferConfig(**_copy_config(dict(kv_transfer)))
         elif self.offload_gib is not None:
-            connector = KVTransferConfig(kv_connector_extra_config=dict(OFFLOAD_CONNECTOR_OPTIONS))
+            connector = KVTransferConfig(kv_connector_extra_config=offload_options(disk))
         args = EngineArgs(model=str(emulated_model_dir(spec.profile_name)), seed=spec.seed,
                           max_model_len=spec.max_model_len,
                           enable_prefix_caching=spec.enable_prefix_caching,
@@ -339,6 +340,11 @@ class VirtualEngine:
         if self.nixl is None:
             return 0, 0.0
         return int(self.nixl.bytes_in), float(self.nixl.seconds_in)
+
+    def tier_traffic(self) -> dict[str, Any]:
+        """What moved to and from each KV tier so far (`server.emulated.offload.TierTraffic`):
+        ``host`` with a CPU tier, ``disk`` with a disk tier behind it; empty without tiers."""
+        return self.core.model_executor.tier_traffic()
 
     @_on_own_clock
     def release_export(self, params: dict[str, Any] | None) -> None:

@@ -17,10 +17,14 @@ it only as the policies' cost model). No vLLM import here.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from server.kv_connectors import DiskTier
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
@@ -50,6 +54,12 @@ class EngineSpec:
     #: host memory (GiB) for vLLM's CPU KV offloading; None: only for the policies that need it
     #: or are named ``NAME+offload`` (`offload_tier`)
     offload_gib: float | None = None
+    #: disk (GiB) behind the CPU tier for vLLM's file-system KV tier (`server.kv_connectors`
+    #: `DiskTier`); None: no disk tier. Only an engine with a CPU tier gets one (`disk_tier`)
+    disk_gib: float | None = None
+    #: the folder of the disk tier's block files; None: `default_disk_path()` (a folder of this
+    #: process under $TMPDIR). The emulated GPU writes nothing there
+    disk_path: str | None = None
     #: how the offloading connector's copies are priced (`server.perf.copy_model`
     #: OFFLOAD_COPY_MODELS): by the emulated worker and by the policies' cost model
     offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
@@ -87,9 +97,28 @@ class EngineSpec:
             return float(self.offload_gib)
         return DEFAULT_OFFLOAD_GIB if policy.offload or policy.cls.needs_offload else None
 
+    def disk_tier(self, policy: PolicySpec) -> DiskTier | None:
+        """The disk tier behind the CPU tier under `policy`, or None: none without `disk_gib`,
+        and none where `policy` runs without a CPU tier (`offload_tier`), since vLLM's tiers
+        reach the GPU only through it."""
+        if self.disk_gib is None:
+            return None
+        if not self.disk_gib > 0:
+            raise ServeOptionsError(f"--disk-gib {self.disk_gib}: give a positive size in GiB")
+        if self.offload_tier(policy) is None:
+            return None
+        return DiskTier(float(self.disk_gib), self.disk_path or default_disk_path())
+
     def serve_settings(self, policy: PolicySpec, *, events: bool = True) -> ServeSettings:
         """What reaches the engine core through vLLM's config (`server.settings`) to run
         `policy` here; `events` False: an in-process engine's events come in by method."""
         return ServeSettings(policy=policy.engine_name, profile=self.profile_name,
                              seed=self.seed, offload_copy_model=self.offload_copy_model,
                              ttft_slo_s=self.ttft_slo_s, events=events)
+
+
+def default_disk_path() -> str:
+    """Where a disk tier keeps its block files when no folder is given: a folder of this
+    process under the temporary directory ($TMPDIR, else /tmp), which vLLM's file-system tier
+    creates on first use."""
+    return str(Path(tempfile.gettempdir()) / f"harness-kv-disk-{os.getpid()}")

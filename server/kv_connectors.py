@@ -9,12 +9,20 @@ engine's lease bookkeeping) must find its own inside the stack. NIXL goes first:
 `MultiConnector` lets the first connector that offers tokens load a request, and a request
 with `kv_transfer_params` is a move (or a P/D decode) whose context is on the other replica;
 any other request finds the tier's copy, if there is one, through the second.
+
+A disk tier (`DiskTier`) goes behind the CPU tier through vLLM's own tiering layer
+(`vllm.v1.kv_offload.tiering`): the offloading connector's spec becomes its
+`TieringOffloadingSpec`, with its file-system tier (``fs``: one file per block under a folder)
+as the one secondary tier. Without a disk tier the config is exactly the CPU tier's, key for
+key. The emulated GPU swaps the tiers' byte-moving parts for timed ones
+(`server.emulated.disk`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from server.settings import OFFLOAD_CONNECTOR_OPTIONS
@@ -23,19 +31,49 @@ from server.settings import OFFLOAD_CONNECTOR_OPTIONS
 OFFLOADING = "OffloadingConnector"
 MULTI = "MultiConnector"
 NIXL = ("NixlConnector", "NixlPullConnector")
+#: vLLM's offloading spec with tiers behind the CPU tier (its `OffloadingSpecFactory` name)
+TIERING_SPEC = "TieringOffloadingSpec"
+#: vLLM's file-system tier (its `SecondaryTierFactory` name)
+FS_TIER = "fs"
+#: the disk tier's size in the offloading connector's options, beside vLLM's
+#: ``cpu_bytes_to_use``: vLLM 0.32's fs tier never removes a file, so vLLM ignores it; the
+#: emulated tier holds that much and drops its least recently used blocks past it
+DISK_BYTES_KEY = "disk_bytes_to_use"
 
 
-def offloading_config(gib: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DiskTier:
+    """A disk KV tier behind the CPU tier: `gib` GiB of block files under the folder `path`."""
+
+    gib: float
+    path: str
+
+    def options(self) -> dict[str, Any]:
+        """The offloading connector's options that put it behind the CPU tier."""
+        return {"spec_name": TIERING_SPEC, DISK_BYTES_KEY: int(self.gib * (1 << 30)),
+                "secondary_tiers": [{"type": FS_TIER, "root_dir": self.path}]}
+
+
+def offload_options(disk: DiskTier | None = None) -> dict[str, Any]:
+    """The offloading connector's options (`kv_connector_extra_config`) we give: ours
+    (`OFFLOAD_CONNECTOR_OPTIONS`), and vLLM's tiering spec with `disk` behind the CPU tier
+    when there is one (vLLM adds ``cpu_bytes_to_use`` from `--kv-offloading-size`)."""
+    return {**OFFLOAD_CONNECTOR_OPTIONS, **(disk.options() if disk is not None else {})}
+
+
+def offloading_config(gib: float, disk: DiskTier | None = None) -> dict[str, Any]:
     """The CPU tier as a connector config: what vLLM builds from `--kv-offloading-size GiB
-    --kv-offloading-backend native`, with our connector options."""
+    --kv-offloading-backend native`, with our connector options (and `disk` behind it)."""
     return {"kv_connector": OFFLOADING, "kv_role": "kv_both",
-            "kv_connector_extra_config": {**OFFLOAD_CONNECTOR_OPTIONS,
+            "kv_connector_extra_config": {**offload_options(disk),
                                           "cpu_bytes_to_use": int(gib * (1 << 30))}}
 
 
-def stacked(transfer: Mapping[str, Any], gib: float) -> dict[str, Any]:
-    """A NIXL connector config (`cluster.pd.kv_transfer_config`) and a CPU tier of `gib` GiB,
-    as one `MultiConnector` config, NIXL first (see the module docstring)."""
+def stacked(transfer: Mapping[str, Any], gib: float,
+            disk: DiskTier | None = None) -> dict[str, Any]:
+    """A NIXL connector config (`cluster.pd.kv_transfer_config`) and a CPU tier of `gib` GiB
+    (with `disk` behind it), as one `MultiConnector` config, NIXL first (see the module
+    docstring)."""
     nixl = dict(transfer)
     if nixl.get("kv_connector") not in NIXL:
         raise ValueError(f"only a NIXL connector stacks with the CPU tier here, not "
@@ -45,7 +83,7 @@ def stacked(transfer: Mapping[str, Any], gib: float) -> dict[str, Any]:
     engine_id = nixl.pop("engine_id", None)
     return {"kv_connector": MULTI, "kv_role": "kv_both",
             **({} if engine_id is None else {"engine_id": engine_id}),
-            "kv_connector_extra_config": {"connectors": [nixl, offloading_config(gib)]}}
+            "kv_connector_extra_config": {"connectors": [nixl, offloading_config(gib, disk)]}}
 
 
 def transfer_args(config: Mapping[str, Any]) -> list[str]:
@@ -91,6 +129,21 @@ def host_tier_tokens(kv_transfer_config: Any, kv_cache_config: Any) -> int | Non
     if not size or block_bytes <= 0:
         return None
     return int(size) // block_bytes * groups[0].kv_cache_spec.block_size
+
+
+def has_disk_tier(kv_transfer_config: Any) -> bool:
+    """Whether the engine keeps a disk KV tier behind its CPU tier (`DiskTier`)."""
+    return disk_tier_bytes(kv_transfer_config) is not None
+
+
+def disk_tier_bytes(kv_transfer_config: Any) -> int | None:
+    """The engine's disk tier's size in bytes (`DISK_BYTES_KEY`), or None without one."""
+    tier = part(kv_transfer_config, OFFLOADING)
+    extra = (tier.kv_connector_extra_config or {}) if tier is not None else {}
+    if not any(t.get("type") == FS_TIER for t in extra.get("secondary_tiers") or []):
+        return None
+    size = extra.get(DISK_BYTES_KEY)
+    return int(size) if size else None
 
 
 def sub_connector(connector: Any, class_names: str | tuple[str, ...]) -> Any | None:

@@ -30,7 +30,7 @@ from server.cpu_engine import (
 from server.cpu_memory import folder_kv_budget
 from server.engine_spec import EngineSpec
 from server.events import ENV_EVENTS_IPC, default_ipc_path
-from server.kv_connectors import stacked, transfer_args
+from server.kv_connectors import DiskTier, offload_options, stacked, transfer_args
 from server.max_model_len import served_max_model_len
 from server.models.hub import OFFLINE_VARS
 from server.models.store import (
@@ -44,7 +44,6 @@ from server.perf.copy_model import check_offload_copy_model
 from server.perf.registry import load_profile
 from server.policies.spec import PolicySpec
 from server.settings import (
-    OFFLOAD_CONNECTOR_OPTIONS,
     ServeOptionsError,
     ServeSettings,
     emulated_model_dir,
@@ -92,22 +91,24 @@ def cpu_python() -> str:
     return str(python)
 
 
-def offload_args(gib: float | None, extra: list[str] | None = None) -> tuple[list[str], list[str]]:
-    """`vllm serve` options that turn on the native offloading connector, and the options
-    after `--` without the one they take in. Alone, vLLM's own `--kv-offloading-size`; with
-    a NIXL `--kv-transfer-config` among `extra` (a replica that carries KV), both connectors
-    stacked in one `MultiConnector` config (`server.kv_connectors`), as vLLM takes one."""
+def offload_args(gib: float | None, extra: list[str] | None = None,
+                 disk: DiskTier | None = None) -> tuple[list[str], list[str]]:
+    """`vllm serve` options that turn on the native offloading connector (with `disk` behind
+    its CPU tier), and the options after `--` without the one they take in. Alone, vLLM's own
+    `--kv-offloading-size`; with a NIXL `--kv-transfer-config` among `extra` (a replica that
+    carries KV), both connectors stacked in one `MultiConnector` config
+    (`server.kv_connectors`), as vLLM takes one."""
     if gib is None:
         return [], list(extra or [])
     given, rest = _take_option(extra or [], "--kv-transfer-config",
                                "--kv-transfer-config needs a value")
     if not given:
-        options = json.dumps({"kv_connector_extra_config": OFFLOAD_CONNECTOR_OPTIONS})
+        options = json.dumps({"kv_connector_extra_config": offload_options(disk)})
         return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
                 "--kv-transfer-config", options], rest
     transfer = given[-1]  # the last one given, as vLLM reads it
     try:
-        config = stacked(json.loads(transfer), gib)
+        config = stacked(json.loads(transfer), gib, disk)
     except (json.JSONDecodeError, TypeError, AttributeError, ValueError) as exc:
         raise ServeError(f"--kv-transfer-config {transfer} with a CPU KV tier (a policy that "
                          f"swaps, or --offload-gib): {exc}; only vLLM's NixlConnector stacks "
@@ -228,7 +229,8 @@ def build_command(policy: PolicySpec, engine: EngineSpec, *,
             "--max-model-len", str(max_model_len), "--seed", str(engine.seed),
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
             "--middleware", MIDDLEWARE]
-    connector_args, extra = offload_args(engine.offload_tier(policy), extra)
+    connector_args, extra = offload_args(engine.offload_tier(policy), extra,
+                                         engine.disk_tier(policy))
     argv += connector_args
     settings_args, extra = carry_settings(settings, extra)
     argv += settings_args

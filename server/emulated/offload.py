@@ -52,6 +52,30 @@ from server.kv_connectors import NIXL, OFFLOADING, parts
 NATIVE_CONNECTOR = OFFLOADING
 
 
+@dataclass(frozen=True, slots=True)
+class TierTraffic:
+    """What moved into (stored) and out of (loaded) one KV tier, in blocks and bytes, and the
+    blocks it dropped to make room: None where the tier does not count them (the CPU tier:
+    vLLM evicts there without telling its worker side, which counts here)."""
+
+    stored_blocks: int = 0
+    stored_bytes: int = 0
+    loaded_blocks: int = 0
+    loaded_bytes: int = 0
+    dropped_blocks: int | None = None
+
+    def plus(self, blocks: int, nbytes: int, *, load: bool,
+             dropped: int | None = None) -> TierTraffic:
+        """These figures with one more finished job (a load, else a store) added, and the
+        blocks dropped for it (None: not counted)."""
+        drops = self.dropped_blocks if dropped is None else (self.dropped_blocks or 0) + dropped
+        if load:
+            return TierTraffic(self.stored_blocks, self.stored_bytes,
+                               self.loaded_blocks + blocks, self.loaded_bytes + nbytes, drops)
+        return TierTraffic(self.stored_blocks + blocks, self.stored_bytes + nbytes,
+                           self.loaded_blocks, self.loaded_bytes, drops)
+
+
 @dataclass(slots=True)
 class _Copy:
     job_id: int
@@ -95,6 +119,8 @@ class EmulatedOffloadWorker:
         self._deferred: list[tuple[int, TransferJob]] = []  # step N's stores, sent at N+1
         self._in_flight: dict[int, _Copy] = {}
         self._flushed: set[int] = set()  # this step's stores already sent by a flush
+        #: what the finished copies moved between the GPU and the CPU tier
+        self.traffic = TierTraffic()
 
     # -- the three points of a step where the real worker acts ---------------------------------
     def begin_step(self, metadata: OffloadingConnectorMetadata | None) -> None:
@@ -138,6 +164,9 @@ class EmulatedOffloadWorker:
             meta.mark_completed(copy.job_id)
             stats = meta.transfer_stats.load if copy.is_load else meta.transfer_stats.store
             stats.record(copy.tokens * self._kv_bytes_per_token, copy.seconds)
+            self.traffic = self.traffic.plus(copy.tokens // self._block_size,
+                                             copy.tokens * self._kv_bytes_per_token,
+                                             load=copy.is_load)
             if copy.is_load:
                 recving.add(copy.req_id)
         return KVConnectorOutput(finished_sending=set(), finished_recving=recving,
