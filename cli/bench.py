@@ -92,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
                    "one policy only (at this size, or the default)")
+    p.add_argument("--disk-gib", type=float, default=None, metavar="GIB",
+                   help="give every policy that has a host KV tier (--offload-gib, NAME+offload "
+                   "or one that swaps) a disk tier of this many GiB behind it (vLLM's "
+                   "file-system tier, its reads and writes timed from NVMe figures; nothing "
+                   "is written); the report then counts what went to and came from disk")
     add_offload_copy_model_argument(p, "vLLM's CPU KV offloading copies, for every engine "
                                     "of the run")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
@@ -154,7 +159,7 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
     engine = EngineSpec(profile=args.profile, seed=args.seed,
                         num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len,
                         max_num_batched_tokens=args.max_num_batched_tokens,
-                        offload_gib=args.offload_gib,
+                        offload_gib=args.offload_gib, disk_gib=args.disk_gib,
                         offload_copy_model=args.offload_copy_model)
     check_engine(engine, cluster=args.cluster is not None, http=args.url is not None)
     policies, backend = _backend(args, engine)

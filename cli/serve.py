@@ -8,16 +8,18 @@ shutdown directly.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
 from cli.options import add_offload_copy_model_argument
-from cli.paths import MODEL, PROFILE, add_path_argument, output_file
+from cli.paths import MODEL, PROFILE, add_path_argument, output_file, output_folder
 from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.engine_spec import EngineSpec
-from server.launch import DEVICES, ENV_API_KEY, build_command, serve_policy
+from server.launch import DEVICES, ENV_API_KEY, ServeError, build_command, serve_policy
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
+from server.policies.spec import PolicySpec
 from server.profilers.step_log import ENV_STEP_LOG
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 
@@ -57,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="host memory for vLLM's native KV offloading, GiB (default: "
                         f"{DEFAULT_OFFLOAD_GIB:g} for policies that swap, e.g. swap; off for "
                         "the others unless given)")
+    parser.add_argument("--disk-gib", type=float, default=None, metavar="GIB",
+                        help="a disk KV tier of this many GiB behind the host tier (vLLM's "
+                        "file-system tier: one file per block; needs a host tier, from "
+                        "--offload-gib or a policy that swaps); timed, not written, on the "
+                        "emulated GPU (default: none)")
+    add_path_argument(parser, "--disk-path", spec=output_folder("the disk tier's block files"),
+                      default=None, metavar="DIR",
+                      help="the disk tier's folder (default: harness-kv-disk-PID under $TMPDIR)")
     add_offload_copy_model_argument(parser, "the offloading connector's copies")
     parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S, metavar="S",
                         help="the deployment's TTFT SLO in seconds, for policies that aim at "
@@ -86,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
     policy = serve_policy(args.policy)
     engine = EngineSpec(profile=args.profile, model=args.model, device=args.device,
                         seed=args.seed, offload_gib=args.offload_gib,
+                        disk_gib=args.disk_gib, disk_path=args.disk_path,
                         offload_copy_model=args.offload_copy_model,
                         max_model_len=args.max_model_len, ttft_slo_s=args.ttft_slo)
+    check_disk_tier(policy, engine)
     command = build_command(policy, engine, host=args.host, port=args.port, extra=extra,
                             batch_invariant=args.batch_invariant)
     env = {**os.environ, **command.env}
@@ -101,3 +113,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"harness serve: {note}", flush=True)
     os.execvpe(command.argv[0], command.argv, env)
     return 0  # not reached
+
+
+def check_disk_tier(policy: PolicySpec, engine: EngineSpec) -> None:
+    """Refuse a disk tier the engine would not get: its size, a folder without a size, and
+    a disk tier without the host tier it sits behind."""
+    if engine.disk_gib is None:
+        if engine.disk_path is not None:
+            raise ServeError("--disk-path names the disk tier's folder: give --disk-gib too")
+        return
+    if not (engine.disk_gib > 0 and math.isfinite(engine.disk_gib)):
+        raise ServeError(f"--disk-gib {engine.disk_gib}: give a positive size in GiB")
+    if engine.offload_tier(policy) is None:
+        raise ServeError(f"--disk-gib: the disk tier sits behind the host tier, and policy "
+                         f"{str(policy)!r} runs without one; give --offload-gib too, or a "
+                         "policy that swaps (e.g. swap)")

@@ -38,7 +38,7 @@ turn prefilled locally leaves the prefill replica behind).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cluster.pd import decode_params, prefill_params
@@ -463,6 +463,7 @@ class Simulation:
         total_blocks = 0
         program_stats: dict[str, float] = {}
         occupancy: list[Any] = []
+        tier_traffic: dict[str, dict[str, int]] = {}
         for replica in cluster.replicas:
             scheduler = replica.engine.scheduler
             programs = scheduler.agent_policy.programs
@@ -481,6 +482,7 @@ class Simulation:
             moved = getattr(replica.engine, "kv_transfer_stats", None)
             if moved is not None:
                 replica.stats.kv_bytes_in, replica.stats.kv_seconds_in = moved()
+            add_tier_traffic(tier_traffic, replica.engine)
         router_books = getattr(self.router, "program_stats", None)
         if router_books is not None:  # the router's program scheduler (`program-queue`)
             for key, value in router_books().items():
@@ -505,7 +507,19 @@ class Simulation:
             program_stats=program_stats,
             program_occupancy=occupancy,
             migrations=int(getattr(self.router, "moves", 0)),
+            tier_traffic=tier_traffic if "disk" in tier_traffic else {},
         )
+
+
+def add_tier_traffic(totals: dict[str, dict[str, int]], engine: Any) -> None:
+    """Add what moved to and from each of `engine`'s KV tiers (`VirtualEngine.tier_traffic`)
+    to `totals` (tier -> figure -> sum over the engines)."""
+    traffic = getattr(engine, "tier_traffic", None)
+    for tier, moved in (traffic() if traffic is not None else {}).items():
+        sums = totals.setdefault(tier, {})
+        for name, value in asdict(moved).items():
+            if value is not None:  # None: a figure the tier does not count
+                sums[name] = sums.get(name, 0) + int(value)
 
 
 def refuse_too_long_turns(trace: Trace, cluster: VirtualCluster) -> None:

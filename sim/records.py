@@ -80,6 +80,10 @@ class ReplayResult:
     #: programs a router moved to another replica mid-run (`cluster.program_router` counts
     #: them; 0 for routers that do not move programs)
     migrations: int = 0
+    #: what moved to and from each KV tier (``host``, ``disk``: blocks and bytes stored and
+    #: loaded, blocks dropped; `server.emulated.offload.TierTraffic`), summed over the engines,
+    #: only when one has a disk tier: empty otherwise, so a run without one reports as before
+    tier_traffic: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def steady_programs(result: ReplayResult, trim: float) -> set[str] | None:

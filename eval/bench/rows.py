@@ -22,7 +22,8 @@ def make_row(run: Run, result: Any, metrics: dict[str, Any], isolated: dict[str,
     """A replay's row: which run, then the back end's `metrics` of its `result`
     (`eval.bench.backends.Backend.metrics`); its per-program records go to ``out/runs/``."""
     row: dict[str, Any] = {"policy": run.policy, "jps": run.jps,
-                           "concurrency": run.concurrency, **metrics}
+                           "concurrency": run.concurrency, **metrics,
+                           **tier_columns(getattr(result, "tier_traffic", None) or {})}
     measured = getattr(result, "measured", None)
     records = {
         "policy": run.policy, "jps": run.jps, "concurrency": run.concurrency,
@@ -40,6 +41,14 @@ def make_row(run: Run, result: Any, metrics: dict[str, Any], isolated: dict[str,
     write_json(out / "runs" / f"{run.policy}-jps{jps_label(run.jps, run.concurrency)}.json",
                records)
     return row
+
+
+def tier_columns(traffic: dict[str, dict[str, int]]) -> dict[str, int]:
+    """A run's KV tier traffic as row columns (``host_stored_blocks``, ``disk_loaded_bytes``,
+    ...: `sim.records.ReplayResult.tier_traffic`), only for a run with a disk tier (the
+    replay leaves it empty otherwise), so other rows keep their columns."""
+    return {f"{tier}_{name}": value for tier, figures in traffic.items()
+            for name, value in figures.items()}
 
 
 def log_run(console: Any, label: str, row: dict[str, Any], n: int) -> None:

@@ -144,11 +144,18 @@ def check_engine(engine: EngineSpec, *, cluster: bool = False, http: bool = Fals
     if engine.offload_gib is not None and not (engine.offload_gib > 0
                                                and math.isfinite(engine.offload_gib)):
         raise BenchError(f"--offload-gib {engine.offload_gib}: give a positive size in GiB")
-    if http and (engine.max_num_batched_tokens is not None or engine.offload_gib is not None):
+    if engine.disk_gib is not None and not (engine.disk_gib > 0
+                                            and math.isfinite(engine.disk_gib)):
+        raise BenchError(f"--disk-gib {engine.disk_gib}: give a positive size in GiB")
+    if http and (engine.max_num_batched_tokens is not None or engine.offload_gib is not None
+                 or engine.disk_gib is not None):
         raise BenchError("--url: the running server has its own engine settings; start "
                          "`harness serve` with them instead")
     if cluster and engine.offload_gib is not None:
         raise BenchError("--cluster: set `offload_gib` per replica in the cluster file")
+    if cluster and engine.disk_gib is not None:
+        raise BenchError("--disk-gib: the cluster file's replicas have no disk tier yet; "
+                         "replay one engine (without --cluster)")
 
 
 def check_profile(engine: EngineSpec) -> None:

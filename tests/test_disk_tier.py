@@ -1,0 +1,257 @@
+"""The disk KV tier behind the host tier (issue 41), through vLLM's tiering layer: its connector
+config (and none of it without a disk tier), the NVMe pricing, the emulated file-system tier's
+timing on a virtual clock, and a virtual-time replay whose host tier is too small, so blocks
+spill to disk and come back as prefix hits. The real CPU engine writing and reading real block
+files: tests/test_disk_tier_cpu.py."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from common.trace import Program, Trace, Turn
+from eval.bench.rows import tier_columns
+from server.engine_spec import EngineSpec, default_disk_path
+from server.kv_connectors import (
+    DISK_BYTES_KEY,
+    DiskTier,
+    disk_tier_bytes,
+    has_disk_tier,
+    offload_options,
+    offloading_config,
+    stacked,
+)
+from server.launch import build_command
+from server.perf.copy_model import disk_seconds
+from server.perf.hardware import NVME_GEN4
+from server.policies.spec import PolicySpec
+from server.settings import DEFAULT_OFFLOAD_GIB, ServeOptionsError
+
+GiB = 1 << 30
+DISK = DiskTier(8.0, "/data/kv")
+#: one 16-token block of Llama-3.1-8B's KV (32 layers x 8 KV heads x 128 x 2 x bf16)
+BLOCK_BYTES = 16 * 32 * 8 * 128 * 2 * 2
+
+
+def _config(extra: dict) -> SimpleNamespace:
+    return SimpleNamespace(kv_connector="OffloadingConnector", kv_connector_extra_config=extra)
+
+
+# -- the connector config -------------------------------------------------------------------
+def test_without_a_disk_tier_the_config_is_the_host_tiers_key_for_key():
+    assert offload_options() == {"offload_prompt_only": False}
+    assert offloading_config(4.0) == {
+        "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"offload_prompt_only": False, "cpu_bytes_to_use": 4 * GiB}}
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": "e"}
+    assert stacked(nixl, 4.0) == {
+        "kv_connector": "MultiConnector", "kv_role": "kv_both", "engine_id": "e",
+        "kv_connector_extra_config": {"connectors": [
+            {"kv_connector": "NixlConnector", "kv_role": "kv_both"}, offloading_config(4.0)]}}
+    assert not has_disk_tier(_config(offloading_config(4.0)["kv_connector_extra_config"]))
+    assert not has_disk_tier(None)
+
+
+def test_a_disk_tier_is_vllms_tiering_spec_with_the_fs_tier_behind_the_cpu_tier():
+    extra = offloading_config(4.0, DISK)["kv_connector_extra_config"]
+    assert extra == {"offload_prompt_only": False, "spec_name": "TieringOffloadingSpec",
+                     DISK_BYTES_KEY: 8 * GiB,
+                     "secondary_tiers": [{"type": "fs", "root_dir": "/data/kv"}],
+                     "cpu_bytes_to_use": 4 * GiB}
+    assert has_disk_tier(_config(extra)) and disk_tier_bytes(_config(extra)) == 8 * GiB
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert stacked(nixl, 4.0, DISK)["kv_connector_extra_config"]["connectors"][1] == \
+        offloading_config(4.0, DISK)
+
+
+def test_the_engine_spec_gives_a_disk_tier_only_behind_a_host_tier():
+    swap, vllm = PolicySpec.named("swap"), PolicySpec.named("vllm")
+    assert EngineSpec().disk_tier(swap) is None
+    assert EngineSpec(disk_gib=100).disk_tier(swap) == DiskTier(100.0, default_disk_path())
+    assert EngineSpec(disk_gib=100).disk_tier(vllm) is None  # no host tier, no disk tier
+    assert EngineSpec(disk_gib=1, offload_gib=2, disk_path="/d").disk_tier(vllm) == \
+        DiskTier(1.0, "/d")
+    with pytest.raises(ServeOptionsError, match="--disk-gib 0"):
+        EngineSpec(disk_gib=0).disk_tier(swap)
+    assert default_disk_path().rsplit("/", 1)[-1].startswith("harness-kv-disk-")
+
+
+def test_serve_carries_the_disk_tier_in_vllms_connector_options():
+    swap = PolicySpec.named("swap")
+    argv = build_command(swap, EngineSpec(profile="h100-llama-3.1-8b", disk_gib=50,
+                                          disk_path="/data/kv")).argv
+    assert argv[argv.index("--kv-offloading-size") + 1] == f"{DEFAULT_OFFLOAD_GIB:g}"
+    options = argv[argv.index("--kv-transfer-config") + 1]
+    assert '"secondary_tiers": [{"type": "fs", "root_dir": "/data/kv"}]' in options
+    plain = build_command(swap, EngineSpec(profile="h100-llama-3.1-8b")).argv
+    assert plain[plain.index("--kv-transfer-config") + 1] == \
+        '{"kv_connector_extra_config": {"offload_prompt_only": false}}'
+
+
+def test_serve_refuses_a_disk_tier_it_would_not_get(capsys):
+    from cli.main import main
+
+    for args, message in ((["--disk-gib", "10"], "runs without one"),
+                          (["--disk-gib", "-1", "--policy", "swap"], "--disk-gib -1"),
+                          (["--disk-path", "/tmp/x", "--policy", "swap"], "give --disk-gib")):
+        assert main(["serve", *args]) == 2
+        assert message in capsys.readouterr().err
+
+
+# -- pricing --------------------------------------------------------------------------------
+def test_a_disk_job_is_one_io_per_block_back_to_back_at_the_drives_rates():
+    assert NVME_GEN4.read_bandwidth == 6.8e9 and NVME_GEN4.write_bandwidth == 5.6e9
+    read = disk_seconds(10, BLOCK_BYTES, NVME_GEN4, read=True)
+    assert read == pytest.approx(10 * (70e-6 + BLOCK_BYTES / 6.8e9))
+    write = disk_seconds(10, BLOCK_BYTES, NVME_GEN4, read=False)
+    assert write == pytest.approx(10 * (100e-6 + BLOCK_BYTES / 5.6e9))
+    assert disk_seconds(0, BLOCK_BYTES, NVME_GEN4, read=True) == 0.0
+    # a 100k-token context of Llama-3.1-8B (12.2 GiB) comes back from disk in about 2 s
+    blocks = 100_000 // 16
+    assert 1.8 < disk_seconds(blocks, BLOCK_BYTES, NVME_GEN4, read=True) < 2.5
+
+
+def test_the_report_gets_tier_columns_only_with_a_disk_tier():
+    assert tier_columns({}) == {}
+    columns = tier_columns({"host": {"stored_blocks": 3}, "disk": {"loaded_bytes": 5}})
+    assert columns == {"host_stored_blocks": 3, "disk_loaded_bytes": 5}
+
+
+# -- the emulated file-system tier ----------------------------------------------------------
+class _Job(SimpleNamespace):
+    pass
+
+
+@pytest.fixture()
+def tier():
+    """An emulated disk tier on a virtual clock, 4 blocks of Llama-3.1-8B's KV at most."""
+    from server.clock import VirtualClock, use_clock
+    from server.emulated.disk import EmulatedDisk, EmulatedDiskTier, _ShapeOnly
+
+    clock = VirtualClock()
+    previous = use_clock(clock)
+    disk = EmulatedDisk(NVME_GEN4)
+    made = EmulatedDiskTier(SimpleNamespace(), _ShapeOnly(64, BLOCK_BYTES), "fs", disk=disk,
+                            capacity_blocks=4)
+    yield SimpleNamespace(tier=made, disk=disk, clock=clock)
+    use_clock(previous)
+
+
+def _store(tier, job_id: int, keys: list[bytes]) -> None:
+    tier.submit_store(_Job(job_id=job_id, keys=keys))
+
+
+def _finished(tier) -> list[int]:
+    return [r.job_id for r in tier.get_finished_jobs()]
+
+
+@pytest.mark.engine
+def test_a_load_of_n_blocks_ends_after_the_modelled_time_on_the_virtual_clock(tier):
+    from vllm.v1.kv_offload.base import LookupResult
+
+    t, clock = tier.tier, tier.clock
+    _store(t, 0, [b"a", b"b", b"c"])
+    assert t.lookup(b"a", None) is LookupResult.MISS  # not on disk until the write ends
+    write = disk_seconds(3, BLOCK_BYTES, NVME_GEN4, read=False)
+    clock.advance_to(write * 0.99)
+    assert _finished(t) == [] and t.has_pending_work()
+    clock.advance_to(write)
+    assert _finished(t) == [0] and not t.has_pending_work()
+    assert t.lookup(b"a", None) is LookupResult.HIT
+    start = clock.now()
+    t.submit_load(_Job(job_id=1, keys=[b"a", b"b", b"c"]))
+    t.submit_load(_Job(job_id=2, keys=[b"a"]))  # queued behind the first on the drive
+    read3 = disk_seconds(3, BLOCK_BYTES, NVME_GEN4, read=True)
+    read1 = disk_seconds(1, BLOCK_BYTES, NVME_GEN4, read=True)
+    assert tier.disk.idle_seconds() == pytest.approx(read3)
+    clock.advance_to(start + read3)
+    [result] = t.get_finished_jobs()
+    assert (result.job_id, result.success, result.transfer_bytes) == (1, True, 3 * BLOCK_BYTES)
+    assert result.transfer_time == pytest.approx(read3)
+    t.drain_jobs()  # the clock runs to the end of what is in flight
+    assert clock.now() == pytest.approx(start + read3 + read1) and _finished(t) == [2]
+    traffic = tier.disk.traffic
+    assert (traffic.stored_blocks, traffic.loaded_blocks, traffic.loaded_bytes) == \
+        (3, 4, 4 * BLOCK_BYTES)
+
+
+@pytest.mark.engine
+def test_stores_do_not_hold_up_loads_and_past_its_size_the_tier_drops_the_oldest(tier):
+    from vllm.v1.kv_offload.base import LookupResult
+
+    t, clock = tier.tier, tier.clock
+    _store(t, 0, [b"a", b"b"])
+    clock.advance_to(1.0)
+    assert _finished(t) == [0]
+    _store(t, 1, [b"c", b"d", b"e"])  # a long write ...
+    t.submit_load(_Job(job_id=2, keys=[b"a"]))  # ... and a read beside it
+    clock.advance_to(1.0 + disk_seconds(1, BLOCK_BYTES, NVME_GEN4, read=True))
+    assert _finished(t) == [2]
+    t.touch([b"a"], None)  # a was read: b is the least recently used now
+    clock.advance_to(2.0)
+    assert _finished(t) == [1]
+    assert t.lookup(b"b", None) is LookupResult.MISS and t.lookup(b"a", None) is LookupResult.HIT
+    assert tier.disk.traffic.dropped_blocks == 1  # 5 blocks on a 4-block disk
+    stored = tier.disk.traffic.stored_blocks
+    _store(t, 3, [b"a", b"e"])  # already on disk: nothing written, done at once
+    assert _finished(t) == [3] and tier.disk.traffic.stored_blocks == stored
+
+
+@pytest.mark.engine
+def test_the_emulated_gpu_points_a_tiering_config_at_its_own_spec():
+    from server.emulated.disk import EMULATED_SPEC, emulate_disk_tier, forget_disk
+
+    host_only = _config(offloading_config(4.0)["kv_connector_extra_config"])
+    host_only.engine_id = "e0"
+    assert emulate_disk_tier(host_only) is None
+    assert "spec_name" not in host_only.kv_connector_extra_config
+    extra = offloading_config(4.0, DISK)["kv_connector_extra_config"]
+    multi = SimpleNamespace(kv_connector="MultiConnector", engine_id="e1",
+                            kv_connector_extra_config={"connectors": [
+                                {"kv_connector": "NixlConnector"},
+                                {"kv_connector": "OffloadingConnector",
+                                 "kv_connector_extra_config": extra}]})
+    assert emulate_disk_tier(multi) is not None
+    assert extra["spec_name"] == EMULATED_SPEC
+    assert extra["spec_module_path"] == "server.emulated.disk"
+    assert has_disk_tier(_config(extra))  # still a disk tier to whoever asks
+    forget_disk(multi)
+
+
+# -- a replay that spills to disk -----------------------------------------------------------
+def _spilling_trace() -> Trace:
+    """Six programs of 1,500-token contexts whose tool calls outlast the GPU cache's memory of
+    them (3,200 tokens: two contexts), then one more turn each."""
+    return Trace(name="spill", programs=[Program(id=f"p{i}", arrival_s=0.2 * i, turns=[
+        Turn(input_tokens=1500, output_tokens=20, tool="bash", tool_seconds=3.0,
+             tool_return_tokens=30),
+        Turn(input_tokens=10, output_tokens=5)]) for i in range(6)])
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_blocks_spill_to_disk_and_come_back_as_prefix_hits(autoclose):
+    from server.engine import VirtualEngine
+    from sim.replay import replay
+
+    def run(disk_gib: float | None):
+        spec = EngineSpec(profile="h100-llama-3.1-8b", num_gpu_blocks=200, max_model_len=2048,
+                          offload_gib=0.25, disk_gib=disk_gib)  # host: 128 blocks, < 1 context
+        engine = autoclose(VirtualEngine(PolicySpec.parse("vllm+offload"), spec))
+        result = replay(_spilling_trace(), engine)
+        turns = [t for p in result.programs.values() for t in p.turns if t.turn == 1]
+        return result, turns
+
+    host_only, host_turns = run(None)
+    with_disk, disk_turns = run(4.0)
+    assert host_only.tier_traffic == {}  # no disk tier: the report is as before
+    recomputed = [sum(t.recomputed_tokens for t in turns) for turns in (host_turns, disk_turns)]
+    reloaded = [sum(t.reloaded_tokens for t in turns) for turns in (host_turns, disk_turns)]
+    assert recomputed[1] < recomputed[0] and reloaded[1] > reloaded[0]
+    disk = with_disk.tier_traffic["disk"]
+    assert disk["stored_blocks"] > 0 and disk["loaded_blocks"] > 0
+    # what came back from disk went on to the GPU through the host tier
+    assert with_disk.tier_traffic["host"]["loaded_blocks"] >= disk["loaded_blocks"]
+    assert math.isclose(disk["loaded_bytes"], disk["loaded_blocks"] * BLOCK_BYTES)
