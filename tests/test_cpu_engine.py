@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from harness.server_process import ServerProcess
+from server import launch
 from server.cpu_engine import CPU_BLOCK_SIZE, SETUP_COMMAND, model_folder
 from server.engine_spec import EngineSpec
 from server.launch import CPU_VENV, ServeError, build_command
@@ -45,12 +46,24 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
         build_command(CONTINUUM, EngineSpec(device="cpu", model=str(tmp_path / "missing")))
 
 
-def test_offloading_policies_are_refused_on_cpu():
-    # vLLM's native KV offloading worker raises on its CPU platform; say so up front
-    with pytest.raises(ServeError, match="cannot offload KV"):
-        build_command(PolicySpec.named("swap"), EngineSpec(device="cpu", model=MODEL))
-    with pytest.raises(ServeError, match="cannot offload KV"):
-        build_command(CONTINUUM, EngineSpec(device="cpu", model=MODEL, offload_gib=4.0))
+def test_offloading_on_cpu_runs_the_host_copy_spec_in_shared_memory(monkeypatch, tmp_path):
+    # vLLM's own offloading worker raises on its CPU platform: the CPU engine runs vLLM's
+    # tiering spec with a worker side of host copies (server.cpu_offload), disk tier or not
+    if not CPU_PYTHON.is_file():
+        monkeypatch.setattr(launch, "cpu_python", lambda: sys.executable)
+    argv = build_command(CONTINUUM, EngineSpec(device="cpu", model=MODEL, offload_gib=0.01,
+                                               disk_gib=1.0, disk_path=str(tmp_path))).argv
+    assert argv[argv.index("--kv-offloading-size") + 1] == "0.01"
+    options = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    extra = options["kv_connector_extra_config"]
+    assert (extra["spec_name"], extra["spec_module_path"]) == ("HostTieringSpec",
+                                                               "server.cpu_offload")
+    assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": str(tmp_path)}]
+    # the tier lives in /dev/shm, which vLLM fills at start-up: too big is said up front
+    monkeypatch.setattr(launch, "SHM", tmp_path)
+    with pytest.raises(ServeError, match="keeps the host KV tier"):
+        build_command(PolicySpec.named("swap"),
+                      EngineSpec(device="cpu", model=MODEL, offload_gib=1e6))
 
 
 @pytest.mark.server

@@ -255,3 +255,40 @@ def test_blocks_spill_to_disk_and_come_back_as_prefix_hits(autoclose):
     # what came back from disk went on to the GPU through the host tier
     assert with_disk.tier_traffic["host"]["loaded_blocks"] >= disk["loaded_blocks"]
     assert math.isclose(disk["loaded_bytes"], disk["loaded_blocks"] * BLOCK_BYTES)
+
+
+# -- the CPU engine's worker side -----------------------------------------------------------
+@pytest.mark.engine
+def test_the_cpu_engines_worker_side_copies_blocks_to_the_host_tier_and_back():
+    import torch
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+        GPULoadStoreSpec,
+    )
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+    from server.cpu_offload import HostCopyWorker, HostTieringSpec
+    from server.kv_connectors import CPU_ENGINE_SPEC
+
+    assert CPU_ENGINE_SPEC == {"spec_name": HostTieringSpec.__name__,
+                               "spec_module_path": HostTieringSpec.__module__}
+    layers = [torch.randn(6, 2, 8, dtype=torch.bfloat16) for _ in range(2)]  # 6 blocks each
+    page = 2 * 8 * 2
+    region = SimpleNamespace(create_next_worker_view=lambda size: torch.zeros(4, size,
+                                                                             dtype=torch.int8),
+                             mmap_path="/dev/shm/no-such-buffer", cleanup=lambda: None)
+    worker = HostCopyWorker(CanonicalKVCaches(
+        tensors=[CanonicalKVCacheTensor(t, page) for t in layers],
+        group_data_refs=[[CanonicalKVCacheRef(0, page), CanonicalKVCacheRef(1, page)]]), region)
+    kept = [t[[1, 4]].clone() for t in layers]
+    assert worker.submit_store(7, GPULoadStoreSpec([1, 4], [2], [0]), CPULoadStoreSpec([3, 0]))
+    for t in layers:
+        t.zero_()
+    assert worker.submit_load(8, CPULoadStoreSpec([3, 0]), GPULoadStoreSpec([5, 2], [2], [0]))
+    assert [(r.job_id, r.success, r.transfer_size) for r in worker.get_finished()] == \
+        [(7, True, 2 * 2 * page), (8, True, 2 * 2 * page)]
+    for t, before in zip(layers, kept, strict=True):
+        assert torch.equal(t[[5, 2]], before) and not t[[0, 1, 3, 4]].any()
+    assert worker.get_finished() == []
