@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from server.clock import VirtualClock, use_clock
 from server.engine_spec import EngineSpec
-from server.kv_connectors import NIXL, offload_options, stacked, sub_connector
+from server.kv_connectors import NIXL, has_disk_tier, offload_options, stacked, sub_connector
 from server.perf.copy_model import check_offload_copy_model
 from server.policies import AgentEvent
 from server.policies.oracle import TurnFuture
@@ -243,6 +243,8 @@ class VirtualEngine:
         self._idle_at = 0.0  # the clock at the latest of them
         self._still_steps = 0  # of them, those in a row at which the clock stood still
         self.nixl = getattr(self.core.model_executor, "_nixl", None)  # P/D worker side, or None
+        #: a disk tier: a turn may wait seconds for its blocks to be read (`_check_progress`)
+        self._disk = has_disk_tier(self.vllm_config.kv_transfer_config)
         #: the NIXL connector's scheduler side (alone or in the stack), found once: `has_work`
         #: reads its queues at every step
         self._nixl_scheduler = getattr(sub_connector(self.scheduler.connector, NIXL),
@@ -373,7 +375,9 @@ class VirtualEngine:
         requests were unfinished go on: `NO_PROGRESS_STEPS` in a row, or, for a P/D engine
         whose clock moves while it waits, for longer than a peer can hold blocks it needs
         (`_peer_stall_limit`): a P/D engine may wait for minutes for a peer to read what it
-        holds, or to work through the prefills that read it, and vLLM would wait with it."""
+        holds, or to work through the prefills that read it, and vLLM would wait with it. An
+        engine with a disk tier counts only steps at which its clock stood still: a turn may
+        wait seconds (thousands of idle steps) for its blocks to be read from disk."""
         scheduler = self.scheduler
         if scheduler.last_scheduled_tokens or done:  # the usual case, decided cheaply
             self._idle_steps = 0
@@ -390,8 +394,10 @@ class VirtualEngine:
         self._idle_steps += 1
         self._still_steps = self._still_steps + 1 if now <= self._idle_at else 0
         self._idle_at = now
-        if self.nixl is None:
+        if self.nixl is None and not self._disk:
             stalled = self._idle_steps >= NO_PROGRESS_STEPS
+        elif self.nixl is None:  # a disk read moves the clock: a stall is a clock standing still
+            stalled = self._still_steps >= NO_PROGRESS_STEPS
         else:  # waiting for peers is no stall until it outlasts what they may hold
             stalled = (self._still_steps >= NO_PROGRESS_STEPS
                        or now - self._idle_since > self._peer_stall_s)

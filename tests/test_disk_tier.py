@@ -7,14 +7,17 @@ files: tests/test_disk_tier_cpu.py."""
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
-import pytest
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before vLLM is imported (no GPU here)
 
-from common.trace import Program, Trace, Turn
-from eval.bench.rows import tier_columns
-from server.engine_spec import EngineSpec, default_disk_path
-from server.kv_connectors import (
+import pytest  # noqa: E402
+
+from common.trace import Program, Trace, Turn  # noqa: E402
+from eval.bench.rows import tier_columns  # noqa: E402
+from server.engine_spec import EngineSpec, default_disk_path  # noqa: E402
+from server.kv_connectors import (  # noqa: E402
     DISK_BYTES_KEY,
     DiskTier,
     disk_tier_bytes,
@@ -23,11 +26,11 @@ from server.kv_connectors import (
     offloading_config,
     stacked,
 )
-from server.launch import build_command
-from server.perf.copy_model import disk_seconds
-from server.perf.hardware import NVME_GEN4
-from server.policies.spec import PolicySpec
-from server.settings import DEFAULT_OFFLOAD_GIB, ServeOptionsError
+from server.launch import build_command  # noqa: E402
+from server.perf.copy_model import disk_seconds  # noqa: E402
+from server.perf.hardware import NVME_GEN4  # noqa: E402
+from server.policies.spec import PolicySpec  # noqa: E402
+from server.settings import DEFAULT_OFFLOAD_GIB, ServeOptionsError  # noqa: E402
 
 GiB = 1 << 30
 DISK = DiskTier(8.0, "/data/kv")
@@ -292,3 +295,34 @@ def test_the_cpu_engines_worker_side_copies_blocks_to_the_host_tier_and_back():
     for t, before in zip(layers, kept, strict=True):
         assert torch.equal(t[[5, 2]], before) and not t[[0, 1, 3, 4]].any()
     assert worker.get_finished() == []
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_turn_waits_out_a_long_disk_read_and_gets_its_context(autoclose, monkeypatch):
+    """A read of 12 s: 12,000 idle engine steps of 1 ms while the only turn waits for its
+    blocks, which is no stall (the clock moves); the turn then finds its context loaded."""
+    from server import engine as engine_module
+    from server.emulated import disk as disk_module
+    from server.engine import VirtualEngine
+
+    monkeypatch.setattr(disk_module, "disk_seconds",
+                        lambda blocks, size, storage, *, read: 12.0 if read else 1e-3)
+    monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 2_000)  # far fewer than 12,000
+    spec = EngineSpec(profile="h100-llama-3.1-8b", num_gpu_blocks=64, max_model_len=1000,
+                      offload_gib=0.05, disk_gib=1.0)  # host tier: 25 blocks
+    engine = autoclose(VirtualEngine(PolicySpec.parse("vllm+offload"), spec))
+    prompts = [list(range(1000 + 300 * i, 1200 + 300 * i)) for i in range(6)]  # 13 blocks each
+
+    def answer(request_id: str, prompt: list[int]):
+        engine.add_request(request_id, prompt, output_tokens=4)
+        done = []
+        while engine.has_work():
+            done += engine.step()
+        return done[0]
+
+    for i, prompt in enumerate(prompts):  # the first one's blocks end up on disk only
+        answer(f"a{i}", prompt)
+    again = answer("b0", prompts[0])
+    assert again.cached_tokens == 192 and again.external_tokens >= 128  # most from disk
+    assert again.first_token - again.arrival > 12.0
