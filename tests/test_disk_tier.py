@@ -326,3 +326,15 @@ def test_a_turn_waits_out_a_long_disk_read_and_gets_its_context(autoclose, monke
     again = answer("b0", prompts[0])
     assert again.cached_tokens == 192 and again.external_tokens >= 128  # most from disk
     assert again.first_token - again.arrival > 12.0
+
+
+def test_the_bench_refuses_a_disk_tier_it_cannot_give():
+    from eval.bench.specs import BenchError, check_engine
+
+    check_engine(EngineSpec(disk_gib=100))
+    with pytest.raises(BenchError, match="--disk-gib -1"):
+        check_engine(EngineSpec(disk_gib=-1))
+    with pytest.raises(BenchError, match="--url"):
+        check_engine(EngineSpec(disk_gib=100), http=True)
+    with pytest.raises(BenchError, match="--disk-gib: the cluster file"):
+        check_engine(EngineSpec(disk_gib=100), cluster=True)
