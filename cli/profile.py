@@ -31,7 +31,7 @@ from cli.paths import (
 )
 from common.errors import UserError
 from harness.profile_served import measure_served
-from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND, is_cpu_build
+from server.cpu.engine import DEFAULT_CPU_MODEL, SETUP_COMMAND, is_cpu_build
 from server.perf.hardware import GPUS
 from server.perf.table import write_table
 from server.profilers.cpu import measure_cpu_engine

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from cli.options import add_offload_copy_model_argument
 from cli.paths import MODEL, PROFILE, add_path_argument, output_file, output_folder
-from server.cpu_engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
+from server.cpu.engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.engine_spec import EngineSpec
 from server.launch import DEVICES, ENV_API_KEY, ServeError, build_command, serve_policy
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
-from server.profilers.step_log import ENV_STEP_LOG
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
+from server.step_log import ENV_STEP_LOG
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       type=Path, default=None, metavar="FILE",
                       help="append one JSON line per engine step to FILE: its batch (prefill "
                       "chunks, decode contexts), wall seconds and the engine loop's gap "
-                      "before it (server/profilers/step_log.py), to check a step-time model")
+                      "before it (server/step_log.py), to check a step-time model")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="clients must send `Authorization: Bearer KEY` on /v1 "
                         "(completions, models, the events endpoint), as `vllm serve --api-key`; "

@@ -113,7 +113,7 @@ class RouterSpec(_Strict):
     carry_kv: bool = False
     #: The tenants' API keys of a shared cluster (besides `harness cluster serve --api-key`,
     #: the cluster's own): a client sends one, and each program belongs to the key that opened
-    #: it (`server.ownership`; another key's events about it get a 403). Only the router sees
+    #: it (`server.intake.ownership`; another key's events about it get a 403). Only the router sees
     #: them; the replicas get the cluster's key (`cluster.router_auth`). Not shown in a
     #: config's repr, nor dumped when empty.
     api_keys: list[Annotated[str, Field(min_length=1)]] = Field(

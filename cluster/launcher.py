@@ -93,9 +93,9 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     advertises `side_channel_host:side_channel_port` to its peers (on Ray: its node's address).
     `api_key`: the replica wants it, as the router does (`VLLM_API_KEY`, which vLLM reads as
     `--api-key`: in the environment, not in the process list)."""
-    # server.launch, server.events (pydantic): start-up cost (~0.5 s), paid only when replicas
-    # are built; the reaper (`python -m cluster.launcher reap`) runs this module too
-    from server.events import ENV_EVENTS_IPC, default_ipc_path
+    # server.launch, server.intake.events (pydantic): start-up cost (~0.5 s), paid only when
+    # replicas are built; the reaper (`python -m cluster.launcher reap`) runs this module too
+    from server.intake.events import ENV_EVENTS_IPC, default_ipc_path
     from server.launch import ENV_API_KEY, ServeError, build_command
 
     engine = config.engine_spec(spec, EngineSpec(seed=config.router.seed))

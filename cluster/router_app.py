@@ -17,9 +17,9 @@ Endpoints:
   by chunk as they arrive. Under P/D the request first goes to the prefill replica, and the
   returned `kv_transfer_params` go with the original request to the decode replica
   (`cluster.router_turns`).
-* `POST /v1/agent/events`: read up to `server.events.MAX_BODY_BYTES` (413 beyond),
-  validated as the replicas validate (`server.events`), checked against who opened each
-  program where the router has tenants (403; `server.ownership`), then fanned out by
+* `POST /v1/agent/events`: read up to `server.intake.events.MAX_BODY_BYTES` (413 beyond),
+  validated as the replicas validate (`server.intake.events`), checked against who opened each
+  program where the router has tenants (403; `server.intake.ownership`), then fanned out by
   `cluster.placement`'s rule to the replicas that hold the program
   (`cluster.router_events`); `GET /v1/agent/events`: the router's event counters.
 * `GET /v1/models` (from the first live replica), `GET /health` (200 while a replica lives),
@@ -47,8 +47,8 @@ from cluster.router_proxy import RouterProxy
 from cluster.router_state import ReplicaEndpoint
 from cluster.router_wire import Reply
 from cluster.routing import Router
-from server.events import EventError, read_body
-from server.ownership import ProgramOwners, several_keys
+from server.intake.events import EventError, read_body
+from server.intake.ownership import ProgramOwners, several_keys
 
 
 def create_app(replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,

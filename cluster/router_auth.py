@@ -11,7 +11,7 @@ cancel a turn whose client went away (`cluster.router_app._disconnected`). Key c
 hashes both sides and compares in constant time, as vLLM does.
 
 With tenants (several keys) the router is their only door: it keeps who opened each program
-(`server.ownership`), so each request carries its key's fingerprint on
+(`server.intake.ownership`), so each request carries its key's fingerprint on
 (`credential_of_scope`), and the replicas, which know the cluster's own key only
 (`--api-key`, given to each as `VLLM_API_KEY`), get that key in place of the tenant's (none
 when the cluster has no key of its own). With one key a client's `Authorization` goes on as it
@@ -29,7 +29,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from cluster.router_wire import error_body
-from server.ownership import credential_of
+from server.intake.ownership import credential_of
 
 GUARDED_PREFIX = "/v1"
 #: Where the middleware leaves the fingerprint of a request's key (`scope["state"]`).

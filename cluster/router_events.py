@@ -1,7 +1,7 @@
 """The served router's event fan-out: `POST /v1/agent/events` to the replicas that hold a
 program.
 
-Events are validated as the replicas validate them (`server.events`), then fanned out by
+Events are validated as the replicas validate them (`server.intake.events`), then fanned out by
 `cluster.placement`'s rule, the one the virtual-time cluster follows: a program's
 `program_start` is kept and delivered to each replica the first time one of the program's
 turns is routed there (prefill replicas included), before that turn; `tool_start` and
@@ -13,10 +13,10 @@ program no turn of which was routed yet (events before its first request) falls 
 binding (`session`, `pd`: bound now) and, for strategies that do not bind, reaches nobody.
 The targets are `ClusterState.event_targets`; this class moves the lines and keeps count.
 
-A body is refused as a replica refuses it (`server.events`: 400 when it is not valid events,
+A body is refused as a replica refuses it (`server.intake.events`: 400 when it is not valid events,
 413 over `MAX_BODY_BYTES`), and, where the router has tenants (several API keys,
 `cluster.router_auth`), with a 403 when it names a program another tenant's key opened
-(`server.ownership`, the class the engines keep too: a completions request or an event opens
+(`server.intake.ownership`, the class the engines keep too: a completions request or an event opens
 a program for its key, `program_end` frees the id). Each refusal is counted
 (`events_refused_<reason>` in `GET /v1/cluster`, `refused` in `GET /v1/agent/events`).
 """
@@ -33,8 +33,8 @@ import httpx
 
 from cluster.router_state import ClusterState
 from cluster.router_wire import GONE, Reply, auth_of, program_of
-from server.events import REFUSALS, EventError, parse_events
-from server.ownership import ProgramOwners, admit_events, events_done
+from server.intake.events import REFUSALS, EventError, parse_events
+from server.intake.ownership import ProgramOwners, admit_events, events_done
 
 log = logging.getLogger("harness.cluster.router")
 

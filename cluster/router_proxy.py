@@ -32,7 +32,7 @@ from cluster.router_wire import (
 )
 from cluster.routers import make_router
 from cluster.routing import Router
-from server.ownership import ProgramOwners
+from server.intake.ownership import ProgramOwners
 
 
 class ClusterInfo:
@@ -72,7 +72,7 @@ class RouterProxy:
     `RouterSpec` to build one (`ampd` needs `cluster`, the `ClusterConfig`, whose profiles
     and links price its estimates). `transport`: an httpx transport for the upstream client
     (tests use a mock one). `owners`: who opened each program, where the router has tenants
-    (`server.ownership`; None: one tenant, nothing checked)."""
+    (`server.intake.ownership`; None: one tenant, nothing checked)."""
 
     def __init__(self, replicas: Sequence[ReplicaEndpoint], router: Router | Any, *,
                  name: str = "cluster", poll_interval_s: float | None = 0.5,

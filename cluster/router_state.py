@@ -46,8 +46,9 @@ class DownReason(enum.Enum):
 KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
 RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
-#: The scheduler's counters as our events plugin exports them (`server.event_plugin`): pins its
-#: retention policy made, programs pinned now, agent events it took in.
+#: The scheduler's counters as our events plugin exports them
+#: (`server.intake.event_plugin`): pins its retention policy made, programs pinned now, agent
+#: events it took in.
 PINS_METRIC = "harness:pins_total"
 PINNED_METRIC = "harness:pinned_programs"
 EVENTS_METRIC = "harness:agent_events_total"

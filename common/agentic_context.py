@@ -9,7 +9,7 @@ object `vllm_xargs.agentic_context` (`program_id`, `step_id`, `expected_resume`,
 `kv_hints` plumbing (`vllm.v1.kv_hints.protocol.KvHintsEnvelope`, adopted by Dynamo and SGLang)
 carries versioned actions. This module maps between them, both ways, as pure functions, so the
 client (`harness.model_client`, `eval.replay.http_replay`), the server's body conversion
-(`server.agentic_context`) and the tests share one definition.
+(`server.intake.agentic_context`) and the tests share one definition.
 
 What maps to what (our hint -> canonical field):
 

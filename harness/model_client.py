@@ -3,7 +3,7 @@
 The program id travels as vLLM's `session_id` and the hints as `vllm_xargs`, which is how the
 scheduler learns which turns belong together. With `agentic_context=True` the hints also travel
 in the ecosystem's canonical shape, `vllm_xargs.agentic_context` (`common.agentic_context`), which
-`vllm-router`'s program scheduling reads; our server accepts it (`server.agentic_context`), a
+`vllm-router`'s program scheduling reads; our server accepts it (`server.intake.agentic_context`), a
 stock vLLM server answers it with a 400, so it is off by default. Connection errors and 5xx
 answers are retried with exponential backoff; a 4xx is the caller's mistake and raised at once
 with the server's message.

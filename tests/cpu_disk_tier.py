@@ -4,7 +4,7 @@ tests/test_disk_tier_cpu.py under the `.venv-cpu` interpreter:
     .venv-cpu/bin/python tests/cpu_disk_tier.py DISK_FOLDER OUT.json
 
 One engine with a small KV cache, a small CPU tier and vLLM's file-system tier behind it
-(`server.cpu_offload`, real block files under DISK_FOLDER) answers a prompt, then other prompts
+(`server.cpu.offload`, real block files under DISK_FOLDER) answers a prompt, then other prompts
 push the prompt's blocks out of the GPU cache and out of the CPU tier (so they are left on disk
 only), then the prompt with its answer and a continuation: that turn's context comes back from
 disk. A second engine without tiers computes the same last turn from scratch. Greedy decoding
@@ -54,7 +54,7 @@ def turn(engine: Any, request_id: str, tokens: list[int], max_tokens: int = 8) -
 def main(folder: Path, out: Path) -> None:
     from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
 
-    from server.cpu_engine import CPU_BLOCK_SIZE, CpuEngine, model_folder
+    from server.cpu.engine import CPU_BLOCK_SIZE, CpuEngine, model_folder
     from server.kv_connectors import DiskTier
 
     read_back: list[int] = []

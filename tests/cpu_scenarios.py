@@ -184,7 +184,7 @@ def scenario_random_workload(engine: Any) -> dict[str, Any]:
 def profile(engine: Any, table_path: str) -> dict[str, Any]:
     """`harness profile --device cpu`'s measuring loop over a few shapes that fit this small
     cache; the table is written for the pytest side to load as the emulator would."""
-    from server.cpu_engine import model_folder
+    from server.cpu.engine import model_folder
     from server.profilers.cpu import measure, table_from_steps
 
     set_policy(engine, "vllm")
@@ -208,7 +208,7 @@ SCENARIOS = [scenario_handoff, scenario_expiry, scenario_program_end, scenario_p
 
 def main(out_path: str) -> int:
     started = time.time()
-    from server.cpu_engine import CpuEngine
+    from server.cpu.engine import CpuEngine
 
     # 64 blocks of 32 tokens: two pinned 700-token contexts leave too little for a third
     engine = CpuEngine(policy="continuum", num_blocks=64)

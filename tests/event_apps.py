@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 from cluster.config import RouterSpec
 from cluster.router_app import create_app
 from cluster.router_state import ReplicaEndpoint
-from server.event_plugin import AgentEventsPlugin
+from server.intake.event_plugin import AgentEventsPlugin
 
 ROUTE = "/v1/agent/events"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from server.cpu_engine import is_cpu_build
+from server.cpu.engine import is_cpu_build
 from server.launch import CPU_VENV
 from server.models.store import added_model, resolve_model
 

@@ -1,4 +1,4 @@
-"""`common.agentic_context` and `server.agentic_context`: our hints in the canonical
+"""`common.agentic_context` and `server.intake.agentic_context`: our hints in the canonical
 `vllm_xargs.agentic_context` shape and vLLM's `kv_hints` envelope, and the server-side body
 conversion (driven through the ASGI middleware with a recording app, no server)."""
 
@@ -23,7 +23,7 @@ from common.agentic_context import (
     kv_hints_envelope,
 )
 from harness.model_client import chat_body
-from server.agentic_context import AgenticContextMiddleware, convert_body
+from server.intake.agentic_context import AgenticContextMiddleware, convert_body
 
 
 def test_canonical_context_from_our_hints() -> None:

@@ -19,7 +19,7 @@ from harness.server_process import ServerStartError
 from harness.tools.sandbox_image import SandboxImageError
 from predictor.data import DataError
 from predictor.lengths import PredictorError
-from server.cpu_engine import ModelFolderError
+from server.cpu.engine import ModelFolderError
 from server.launch import ServeError
 from server.profilers.gpu import ProfileError
 

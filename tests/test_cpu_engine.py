@@ -23,7 +23,7 @@ import pytest
 
 from harness.server_process import ServerProcess
 from server import launch
-from server.cpu_engine import CPU_BLOCK_SIZE, SETUP_COMMAND, model_folder
+from server.cpu.engine import CPU_BLOCK_SIZE, SETUP_COMMAND, model_folder
 from server.engine_spec import EngineSpec
 from server.launch import CPU_VENV, ServeError, build_command
 from server.policies.spec import PolicySpec
@@ -48,7 +48,7 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
 
 def test_offloading_on_cpu_runs_the_host_copy_spec_in_shared_memory(monkeypatch, tmp_path):
     # vLLM's own offloading worker raises on its CPU platform: the CPU engine runs vLLM's
-    # tiering spec with a worker side of host copies (server.cpu_offload), disk tier or not
+    # tiering spec with a worker side of host copies (server.cpu.offload), disk tier or not
     if not CPU_PYTHON.is_file():
         monkeypatch.setattr(launch, "cpu_python", lambda: sys.executable)
     argv = build_command(CONTINUUM, EngineSpec(device="cpu", model=MODEL, offload_gib=0.01,
@@ -57,7 +57,7 @@ def test_offloading_on_cpu_runs_the_host_copy_spec_in_shared_memory(monkeypatch,
     options = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     extra = options["kv_connector_extra_config"]
     assert (extra["spec_name"], extra["spec_module_path"]) == ("HostTieringSpec",
-                                                               "server.cpu_offload")
+                                                               "server.cpu.offload")
     assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": str(tmp_path)}]
     # the tier lives in /dev/shm, which vLLM fills at start-up: too big is said up front
     monkeypatch.setattr(launch, "SHM", tmp_path)
@@ -187,7 +187,7 @@ def cpu_server(tmp_path_factory):
     with ServerProcess(policy="continuum", serve_args=[
             "--device", "cpu", "--model", MODEL, "--step-log", str(step_log)],
             vllm_args=["--enforce-eager"], startup_timeout_s=300) as server:
-        server.profilers.step_log = step_log
+        server.step_log = step_log
         yield server
 
 
@@ -235,10 +235,10 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
     from harness.profile_served import drive, served_path
     from server.perf.table import load_table
     from server.profilers.cpu import quick_grid, table_from_steps
-    from server.profilers.step_log import read_step_log
+    from server.step_log import read_step_log
 
     lone: list[tuple[float, float]] = []
-    steps = asyncio.run(drive(cpu_server.base_url, MODEL, cpu_server.profilers.step_log,
+    steps = asyncio.run(drive(cpu_server.base_url, MODEL, cpu_server.step_log,
                               quick_grid()[:4], repeats=2, lone=lone))
     # 1 decoding over a 128-token prompt, then 8 over 256, then prompts of 64 and 256
     assert any(s.decode == [129] and not s.prefill for s in steps)
@@ -249,14 +249,14 @@ def test_served_engine_logs_its_steps_and_the_served_drive_fits_a_table(cpu_serv
     assert all(s.seconds > 0 for s in steps)
     assert all(0 <= w < 5 for s in steps for w in s.waited)
     assert sum(len(s.waited) for s in steps) >= 1 + 8 + 2 + 2  # each request's first step
-    logged = read_step_log(cpu_server.profilers.step_log)
+    logged = read_step_log(cpu_server.step_log)
     assert len(logged) >= len(steps) and logged[-len(steps):] == steps
     # the 4 prompts of the prefill shapes ran alone: the served path around their steps
     path = served_path(lone, steps)
     assert len(lone) == 4 and path is not None and path["requests"] == 4
     assert 0 < path["intake_s"] < 1 and 0 <= path["delivery_s"] < 1
     table = table_from_steps(model_folder(MODEL), steps, path="served", served_path=path)
-    path = cpu_server.profilers.step_log.parent / "served.json"
+    path = cpu_server.step_log.parent / "served.json"
     path.write_text(json.dumps(table))
     assert load_table(path).step_seconds([(64, 0)], [200] * 4) > 0
 

@@ -272,7 +272,7 @@ def test_the_cpu_engines_worker_side_copies_blocks_to_the_host_tier_and_back():
     )
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-    from server.cpu_offload import HostCopyWorker, HostTieringSpec
+    from server.cpu.offload import HostCopyWorker, HostTieringSpec
     from server.kv_connectors import CPU_ENGINE_SPEC
 
     assert CPU_ENGINE_SPEC == {"spec_name": HostTieringSpec.__name__,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from real_models import smollm2_folder
 
-from server.cpu_engine import SETUP_COMMAND
+from server.cpu.engine import SETUP_COMMAND
 from server.launch import CPU_VENV
 
 ROOT = Path(__file__).resolve().parent.parent

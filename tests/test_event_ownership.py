@@ -1,9 +1,9 @@
-"""A program belongs to the API key that opened it (`server.ownership`): the shared class, the
-engine's events endpoint (our vLLM plugin, in process) and the cluster router's (local; the
-Ray router is the same app, `cluster.ray_app.ClusterIngress` builds it with `create_app`, so
-these tests are its tests too). An event about another key's program gets a 403 that names the
-program and not its owner, is counted, and reaches no scheduler; with no key or one, nothing
-changes."""
+"""A program belongs to the API key that opened it (`server.intake.ownership`): the shared
+class, the engine's events endpoint (our vLLM plugin, in process) and the cluster router's
+(local; the Ray router is the same app, `cluster.ray_app.ClusterIngress` builds it with
+`create_app`, so these tests are its tests too). An event about another key's program gets a 403
+that names the program and not its owner, is counted, and reaches no scheduler; with no key or
+one, nothing changes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from event_apps import ROUTE, bearer, chat_body, engine_app, router_app
 from fastapi.testclient import TestClient
 
-from server.event_plugin import SchedulerCollector, session_of
-from server.events import ENV_EVENTS_IPC, EventReceiver, parse_events
-from server.ownership import (
+from server.intake.event_plugin import SchedulerCollector, session_of
+from server.intake.events import ENV_EVENTS_IPC, EventReceiver, parse_events
+from server.intake.ownership import (
     IDLE_FORGET_S,
     PROGRAMS_PER_CREDENTIAL,
     NotOwner,
@@ -195,7 +195,7 @@ def test_engine_with_no_key_or_one_is_one_tenant(keys, monkeypatch):
 
 
 def test_engine_keys_come_from_vllm_options_else_its_variable(monkeypatch):
-    from server.event_plugin import server_keys
+    from server.intake.event_plugin import server_keys
 
     monkeypatch.setenv("VLLM_API_KEY", A)
     app, _ = engine_app()
@@ -216,10 +216,11 @@ def test_the_plugin_sits_inside_vllms_own_key_check(monkeypatch):
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from server.event_plugin import ClaimPrograms
+    from server.intake.event_plugin import ClaimPrograms
 
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-        ["--api-key", A, B, "--middleware", "server.agentic_context.AgenticContextMiddleware"])
+        ["--api-key", A, B, "--middleware",
+         "server.intake.agentic_context.AgenticContextMiddleware"])
     app = build_app(args, supported_tasks=("generate",))
     names = [m.cls.__name__ for m in app.user_middleware]  # outermost first
     assert names.index("AuthenticationMiddleware") < names.index(ClaimPrograms.__name__)

@@ -14,7 +14,7 @@ import pytest
 from event_apps import ROUTE, bearer, chat_body, engine_app, router_app
 from fastapi.testclient import TestClient
 
-from server.events import MAX_BODY_BYTES, EventsTooLarge, read_body
+from server.intake.events import MAX_BODY_BYTES, EventsTooLarge, read_body
 
 A, B = "sk-tenant-a", "sk-tenant-b"
 #: A program tenant A opened (with a chat request) before each case.

@@ -24,7 +24,7 @@ from predictor.gaps import (
     trace_gaps,
 )
 from predictor.gaps.calibration import pinball
-from server.events import EventError, parse_events
+from server.intake.events import EventError, parse_events
 from server.policies.spec import HINT_MODES
 from sim.client import ClientPredictions
 

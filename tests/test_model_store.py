@@ -23,7 +23,7 @@ from rich.console import Console
 from cli.main import main
 from harness.run import RunError, RunSpec, run_benchmark, served_model
 from harness.server_process import model_server
-from server.cpu_memory import CPU_KV_CONTEXTS, GIB, kv_budget, kv_bytes_per_token
+from server.cpu.memory import CPU_KV_CONTEXTS, GIB, kv_budget, kv_bytes_per_token
 from server.engine_spec import EngineSpec
 from server.launch import CPU_VENV, build_command
 from server.models import store as model_store

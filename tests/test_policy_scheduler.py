@@ -12,7 +12,7 @@ import time
 import pytest
 from vllm_driver import Driver, make_scheduler
 
-from server.events import EventSender, read_status
+from server.intake.events import EventSender, read_status
 from server.policies import AgentEvent
 from server.policies.base import UNPIN_REASONS
 from server.policies.continuum import MIN_SAMPLES, ContinuumPolicy

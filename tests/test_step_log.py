@@ -1,4 +1,4 @@
-"""Step records (`server.profilers.step_log`): the batch each engine step ran, as the step-time
+"""Step records (`server.step_log`): the batch each engine step ran, as the step-time
 model prices it, and the timing around it. The served CPU engine's log is checked in
 tests/test_cpu_engine.py; here the classification, the pairing of schedule and update, the
 file format, and that the scheduler's record of a step is the batch the emulated executor
@@ -14,7 +14,7 @@ import pytest
 from server.engine import VirtualEngine
 from server.engine_spec import EngineSpec
 from server.policies.spec import PolicySpec
-from server.profilers.step_log import (
+from server.step_log import (
     JsonlStepSink,
     StepLogTail,
     StepRecord,

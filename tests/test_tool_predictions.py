@@ -20,7 +20,7 @@ from harness.trajectory import Step, Trajectory, trajectory_path
 from predictor.data import Example, call_text, examples_from_trajectory
 from predictor.durations import ToolDurationModel
 from predictor.lengths import train
-from server.events import EventIn
+from server.intake.events import EventIn
 
 
 class Sink:

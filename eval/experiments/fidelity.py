@@ -25,7 +25,7 @@ for each step's result, and a step ended late whenever they held its core. Other
 machine still lands in the wall-clock side: the command records the load average before and
 after each served replay.
 
-The served engine logs its steps (`harness serve --step-log`, `server.profilers.step_log`); the
+The served engine logs its steps (`harness serve --step-log`, `server.step_log`); the
 report sets the table's prediction for the batches it really ran beside the measured time, and
 the engine loop's time between steps, which tells a step model that misses from time it does not
 price. Use a table profiled as served (`harness profile --device cpu --served`): the in-process
@@ -52,12 +52,12 @@ from eval import ExperimentError
 from eval.replay.http_replay import replay_over_http
 from eval.workloads.bfcl import bfcl_like
 from harness.server_process import ServerProcess
-from server.cpu_engine import CPU_BLOCK_SIZE
+from server.cpu.engine import CPU_BLOCK_SIZE
 from server.engine import VirtualEngine
 from server.engine_spec import EngineSpec
 from server.perf.table import load_table
 from server.policies.spec import PolicySpec
-from server.profilers.step_log import read_step_log, relative_errors
+from server.step_log import read_step_log, relative_errors
 from sim.replay import replay
 
 DEFAULT_TABLE = Path("runs/profiles/cpu-llama-tiny-2l-served.json")

@@ -38,12 +38,12 @@ from eval.workloads.importers import from_harness_trajectory
 from harness.run import RunSpec, run_benchmark
 from harness.server_process import model_server
 from harness.trajectory import token_ids
-from server.cpu_engine import CPU_BLOCK_SIZE
+from server.cpu.engine import CPU_BLOCK_SIZE
 from server.engine import VirtualEngine
 from server.engine_spec import EngineSpec
 from server.perf.table import load_table
 from server.policies.spec import PolicySpec
-from server.profilers.step_log import read_step_log
+from server.step_log import read_step_log
 from sim.replay import replay
 
 #: the Prometheus counters a run reports (vLLM's names on its `/metrics`)

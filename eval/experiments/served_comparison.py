@@ -35,7 +35,7 @@ ours. Each *system* is a router in front of N `harness serve` replicas of one po
 
 Same trace for all (`eval.replay.http_replay`, ``--time-scale`` as in `harness bench --url`);
 every request carries our hints *and* the canonical ``vllm_xargs.agentic_context`` (which
-`vllm-router` forwards as it came, and our replicas accept: `server.agentic_context`), so the
+`vllm-router` forwards as it came, and our replicas accept: `server.intake.agentic_context`), so the
 bodies are the same whatever reads them. Systems are grouped by replica policy: one set of
 replicas per policy, started with the same profile and KV size (``--num-gpu-blocks``), their
 prefix caches reset and the run's ids salted between systems (`eval.replay.routers.run_front`,

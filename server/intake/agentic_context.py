@@ -5,7 +5,7 @@ identify agent programs by a nested object, `vllm_xargs.agentic_context`, and `v
 forwards it to its backends as it came. vLLM 0.32 (and 0.33) validate `vllm_xargs` values as
 str / int / float / list only, so a stock server answers such a request with a 400. This
 middleware, given to `vllm serve` as `--middleware
-server.agentic_context.AgenticContextMiddleware` (`server.launch` always does), rewrites the
+server.intake.agentic_context.AgenticContextMiddleware` (`server.launch` always does), rewrites the
 body of a completions request before vLLM parses it
 (`common.agentic_context.flatten_vllm_xargs`): the object becomes its JSON text, and the
 hints it implies (`turn` from `step_id`, `last` from `expected_resume`,

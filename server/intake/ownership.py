@@ -3,7 +3,7 @@
 Why: an API key (vLLM's `--api-key`, the router's) says who may talk to a server, not whose
 program a message is about. Without this, anyone holding a key could end, pause or move
 another tenant's programs by naming their ids in `POST /v1/agent/events`. The events endpoint
-of an engine (`server.event_plugin`) and of a cluster's router (`cluster.router_events`) each
+of an engine (`server.intake.event_plugin`) and of a cluster's router (`cluster.router_events`) each
 keep one `ProgramOwners` and refuse (403) an event about a program another credential opened.
 
 A credential is a fingerprint of the request's bearer token (`credential_of`: SHA-256, never
@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from server.events import EventError, EventIn
+from server.intake.events import EventError, EventIn
 from server.programs.state import STALE_AFTER_S
 
 #: The most programs one credential owns at once (its least recently named is forgotten).

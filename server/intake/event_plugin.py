@@ -1,25 +1,26 @@
 """`POST /v1/agent/events` on the vLLM API server's own port (a vLLM endpoint plugin).
 
 Registered under the `vllm.endpoint_plugins` entry point and allow-listed by `harness serve`
-through `VLLM_PLUGINS`. Reads the body up to `server.events.MAX_BODY_BYTES` (413 beyond),
+through `VLLM_PLUGINS`. Reads the body up to `server.intake.events.MAX_BODY_BYTES` (413 beyond),
 validates each event (a 400 names the bad field), checks that the sender may speak for each
 program (403, below), then pushes the events to the scheduler over the side channel of
-`server.events`. Events for a program the scheduler never saw are accepted: the scheduler, in
+`server.intake.events`. Events for a program the scheduler never saw are accepted: the scheduler, in
 another process, ignores what it cannot place. The wire schema is documented in
 docs/events.md.
 
 Whose program: where the server accepts several API keys (`vllm serve --api-key K1 K2 ...`),
 a program belongs to the key that first named it, in a chat request's `session_id` or an
-event (`server.ownership`); an event about another key's program is refused with a 403.
+event (`server.intake.ownership`); an event about another key's program is refused with a 403.
 The requests are seen by `ClaimPrograms`, an ASGI middleware this plugin adds inside vLLM's
 key check. With no key or one, nothing is checked (one tenant).
 
 What the scheduler did with the events comes back through its status file
-(`server.events`): `GET /v1/agent/events` shows it under `scheduler`, and `/metrics` carries it
-as `harness:agent_events_total`, `harness:pins_total`, `harness:pins_released_total{reason}`
-and `harness:pinned_programs`, beside vLLM's own gauges, so a replica's pins are in its
-metrics; the requests this endpoint refused are `harness:agent_event_requests_refused_total
-{reason}` there and `refused` in `GET /v1/agent/events`.
+(`server.intake.events`): `GET /v1/agent/events` shows it under `scheduler`, and `/metrics`
+carries it as `harness:agent_events_total`, `harness:pins_total`,
+`harness:pins_released_total{reason}` and `harness:pinned_programs`, beside vLLM's own gauges,
+so a replica's pins are in its metrics; the requests this endpoint refused are
+`harness:agent_event_requests_refused_total {reason}` there and `refused` in `GET
+/v1/agent/events`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from server.events import (
+from server.intake.events import (
     ENV_EVENTS_IPC,
     REFUSALS,
     EventError,
@@ -42,7 +43,7 @@ from server.events import (
     read_body,
     read_status,
 )
-from server.ownership import (
+from server.intake.ownership import (
     ProgramOwners,
     admit_events,
     credential_of,
