@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated policies (default: vllm,continuum; with --cluster: each "
                    "replica's own from the file); NAME+offload turns "
                    "vLLM's CPU KV offloading on for a policy that does not need it, "
-                   "NAME@online|oracle replays client tool-duration predictions; "
+                   "NAME@online|oracle|gaps replays client tool-duration predictions; "
                    "lookahead-oracle:E is told program lengths with a lognormal error E")
     add_path_argument(p, "--cluster", spec=CLUSTER_FILE, default=None, metavar="FILE",
                       help="replay on the replicas of this cluster file (cluster/examples/) "
