@@ -164,11 +164,12 @@ def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:
 
     TTFT split into initial prefill (a program's first turn: its whole prompt) and incremental
     prefill (later turns: the tool return and new input on top of the history), each with its
-    SLO attainment; inter-token latency (the per-turn TPOT, as AMPD's ITL); where prompts were
-    computed (local: on the replica that decodes; remote: on a prefill replica); KV moved between
-    replicas; programs whose turns did not all run on one replica (each such move loses the
-    history's KV cache unless it travels); and the load balance across replicas of a role
-    (busiest replica's busy time over the role's mean, 1.0 = even).
+    mean, P50, P95 and P99 and its SLO attainment; inter-token latency (the per-turn TPOT, as
+    AMPD's ITL); where prompts were computed (local: on the replica that decodes; remote: on a
+    prefill replica); KV moved between replicas; programs whose turns did not all run on one
+    replica (each such move loses the history's KV cache unless it travels); and the load
+    balance across replicas of a role (busiest replica's busy time over the role's mean, 1.0 =
+    even).
     """
     slo = slo or SLO()
     programs = [p for p in result.programs.values() if p.finished is not None]
@@ -180,6 +181,8 @@ def cluster_metrics(result: Any, slo: SLO | None = None) -> dict[str, Any]:
         ttfts = [t.first_token - t.arrival for t in subset if t.first_token is not None]
         out[f"ttft_{name}_mean_s"] = sum(ttfts) / len(ttfts) if ttfts else math.nan
         out[f"ttft_{name}_p95_s"] = percentile(ttfts, 95)
+        out[f"ttft_{name}_p50_s"] = percentile(ttfts, 50)
+        out[f"ttft_{name}_p99_s"] = percentile(ttfts, 99)
         met = [slo.met(t) for t in subset]
         out[f"slo_attainment_{name}"] = sum(met) / len(met) if met else math.nan
     itls = [x for x in (tpot_of(t) for t in turns) if x is not None]

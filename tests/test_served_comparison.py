@@ -155,7 +155,8 @@ def _result(system: str, jct: float, p95: float, hit: float, repeat: int = 0,
             router_metrics: dict[str, float] | None = None) -> ModeResult:
     return ModeResult(mode=system, about="", router_argv=[], cache_reset=True,
                       metrics={"jct_mean_s": jct, "jct_p95_s": p95, "prefix_hit_rate": hit,
-                               "preemptions": 0},
+                               "preemptions": 0, "ttft_mean_s": jct / 10,
+                               "ttft_p95_s": p95 / 10, "ttft_p99_s": p95 / 5},
                       router_metrics=router_metrics or {}, programs=4, split_programs=0,
                       turns_per_replica=[20, 24], repeat=repeat)
 
@@ -167,10 +168,10 @@ def test_table_has_a_row_per_system_and_repeat() -> None:
     policies = {"vr-programs": "vllm", "session:continuum": "continuum"}
     lines = format_table(results, policies).splitlines()
     assert len(lines) == 4
-    assert lines[2].startswith("| vr-programs | vllm | 12.3 s | 20.0 s | 0.800 | 0/4 | 20/24 | "
-                               "0 | program_admit 8")
-    assert lines[3] == ("| session:continuum | continuum | 10.0 s | 15.5 s | 0.900 | 0/4 | "
-                        "20/24 | 0 |  |")
+    assert lines[2].startswith("| vr-programs | vllm | 12.3 s | 20.0 s | 1.23 / 2.00 / 4.00 s | "
+                               "0.800 | 0/4 | 20/24 | 0 | program_admit 8")
+    assert lines[3] == ("| session:continuum | continuum | 10.0 s | 15.5 s | "
+                        "1.00 / 1.55 / 3.10 s | 0.900 | 0/4 | 20/24 | 0 |  |")
     again = [*results, _result("session:continuum", 14.0, 16.5, 0.7, repeat=1)]
     assert "| session:continuum #2 |" in format_table(again, policies)
 
@@ -183,10 +184,12 @@ def test_repeats_are_averaged_per_system() -> None:
     assert list(means) == ["vr-hash", "session:vllm"]
     assert means["vr-hash"] == pytest.approx({"jct_mean_s": 12.0, "jct_p95_s": 21.0,
                                               "prefix_hit_rate": 0.6, "jct_mean_spread_s": 4.0,
-                                              "repeats": 2})
+                                              "repeats": 2, "ttft_mean_s": 1.2,
+                                              "ttft_p95_s": 2.1, "ttft_p99_s": 4.2})
     assert means["session:vllm"]["jct_mean_s"] == pytest.approx(9.5)
     table = format_means(means, {"vr-hash": "vllm", "session:vllm": "vllm"}).splitlines()
-    assert table[2] == "| vr-hash | vllm | 2 | 12.0 s | 4.0 s | 21.0 s | 0.600 |"
+    assert table[2] == ("| vr-hash | vllm | 2 | 12.0 s | 4.0 s | 21.0 s | 1.20 / 2.10 / 4.20 s "
+                        "| 0.600 |")
 
 
 def test_our_router_runs_as_a_process_of_its_own() -> None:

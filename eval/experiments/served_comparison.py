@@ -268,6 +268,17 @@ def _seconds(value: Any) -> str:
         else f"{value:.1f} s"
 
 
+#: The TTFT per turn, its mean and its tail, in one cell of the tables.
+TTFT_KEYS = ("ttft_mean_s", "ttft_p95_s", "ttft_p99_s")
+
+
+def _ttft(m: dict[str, Any]) -> str:
+    """``mean / P95 / P99`` TTFT in seconds (``n/a`` where a figure is missing)."""
+    values = [m.get(key) for key in TTFT_KEYS]
+    return " / ".join("n/a" if v is None or (isinstance(v, float) and math.isnan(v))
+                      else f"{v:.2f}" for v in values) + " s"
+
+
 def decisions_text(router_metrics: dict[str, float]) -> str:
     """The router's program-scheduling decisions in one cell: vllm-router's, or ours
     (``ours:*``: turns held in its queue, moves, pauses; empty for routers that keep none)."""
@@ -295,14 +306,15 @@ def decisions_text(router_metrics: dict[str, float]) -> str:
 def format_table(results: Sequence[ModeResult], policies: dict[str, str]) -> str:
     """The comparison as a markdown table, one row per system and repeat."""
     repeated = any(r.repeat for r in results)
-    rows = ["| system | replicas' policy | JCT mean | JCT P95 | prefix hit rate | "
-            "programs on >1 replica | turns per replica | preemptions | router decisions |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| system | replicas' policy | JCT mean | JCT P95 | TTFT mean / P95 / P99 | "
+            "prefix hit rate | programs on >1 replica | turns per replica | preemptions | "
+            "router decisions |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         m = r.metrics
         label = f"{r.mode} #{r.repeat + 1}" if repeated else r.mode
         rows.append(f"| {label} | {policies.get(r.mode, '?')} | {_seconds(m.get('jct_mean_s'))} "
-                    f"| {_seconds(m.get('jct_p95_s'))} | "
+                    f"| {_seconds(m.get('jct_p95_s'))} | {_ttft(m)} | "
                     f"{m.get('prefix_hit_rate', math.nan):.3f} | "
                     f"{r.split_programs}/{r.programs} | "
                     f"{'/'.join(str(t) for t in r.turns_per_replica)} | {m.get('preemptions')} | "
@@ -310,14 +322,14 @@ def format_table(results: Sequence[ModeResult], policies: dict[str, str]) -> str
     return "\n".join(rows)
 
 
-MEANS = ("jct_mean_s", "jct_p95_s", "prefix_hit_rate")
+MEANS = ("jct_mean_s", "jct_p95_s", "prefix_hit_rate", *TTFT_KEYS)
 
 
 def aggregate(results: Sequence[ModeResult]) -> dict[str, dict[str, float]]:
-    """Per system, the mean over its repeats of JCT mean, JCT P95 and prefix hit rate, with
-    the spread of the JCT means (max - min) and the number of repeats: with few programs on
-    few replicas, where the hash places programs (different ids each repeat) moves a run's
-    JCT as much as the router does."""
+    """Per system, the mean over its repeats of JCT mean, JCT P95, prefix hit rate and TTFT
+    mean, P95 and P99, with the spread of the JCT means (max - min) and the number of
+    repeats: with few programs on few replicas, where the hash places programs (different ids
+    each repeat) moves a run's JCT as much as the router does."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         runs.setdefault(r.mode, []).append(r.metrics)
@@ -335,11 +347,11 @@ def aggregate(results: Sequence[ModeResult]) -> dict[str, dict[str, float]]:
 def format_means(means: dict[str, dict[str, float]], policies: dict[str, str]) -> str:
     """`aggregate`'s means as a markdown table."""
     rows = ["| system | replicas' policy | repeats | JCT mean | (spread) | JCT P95 | "
-            "prefix hit rate |", "|---|---|---:|---:|---:|---:|---:|"]
+            "TTFT mean / P95 / P99 | prefix hit rate |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for system, m in means.items():
         rows.append(f"| {system} | {policies.get(system, '?')} | {int(m['repeats'])} | "
                     f"{_seconds(m['jct_mean_s'])} | {_seconds(m['jct_mean_spread_s'])} | "
-                    f"{_seconds(m['jct_p95_s'])} | {m['prefix_hit_rate']:.3f} |")
+                    f"{_seconds(m['jct_p95_s'])} | {_ttft(m)} | {m['prefix_hit_rate']:.3f} |")
     return "\n".join(rows)
 
 
