@@ -20,6 +20,7 @@ from cli.options import add_offload_copy_model_argument, parse_loads
 from cli.paths import CLUSTER_FILE, PROFILE, TRACE, add_path_argument, output_folder
 from common.metrics import SLO
 from eval.bench.backends import Backend
+from eval.bench.capacity import CAPACITY_TTFT_P95_S, capacity, print_capacity
 from eval.bench.report import print_table
 from eval.bench.runs import BenchSpec, Workload
 from eval.bench.served import Served
@@ -125,6 +126,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave out the reference runs every virtual single-engine report has "
                    "beside the policies: `vllm` and `oracle` (oracle-SRPT, a clairvoyant "
                    "schedule) for the share of the gap each policy closes")
+    p.add_argument("--capacity", action="store_true",
+                   help="instead of a sweep: per policy, the most programs at once (closed "
+                   "loop) whose P95 TTFT per turn stays within --slo-ttft-p95, and that per GPU "
+                   "of the profile (a search over --concurrency N runs; capacity.md)")
+    p.add_argument("--slo-ttft-p95", type=float, default=None, metavar="S",
+                   help="with --capacity: the P95 TTFT bound in seconds (default 2, "
+                   "kv-cache-tester's)")
     p.add_argument("--isolated-over-http", action="store_true",
                    help="with --url: measure isolated JCTs on the server (costs their sum in "
                    "wall time) instead of on the emulated profile")
@@ -145,6 +153,13 @@ def _run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     out = Path(args.out or f"runs/bench-{Path(args.trace).stem}")
     spec, backend = plan(args)
+    if args.capacity:
+        out = Path(args.out or f"runs/capacity-{Path(args.trace).stem}")
+        bound = CAPACITY_TTFT_P95_S if args.slo_ttft_p95 is None else args.slo_ttft_p95
+        data = capacity(spec, backend, bound, out, console)
+        print_capacity(data, console)
+        console.print(f"wrote {out / 'capacity.json'}, {out / 'capacity.md'}")
+        return 0
     summary = bench(spec, backend, out, console)
     print_table(summary.to_json(), console)
     console.print(f"wrote {out / 'summary.json'}, {out / 'report.md'}, "
@@ -162,6 +177,7 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
                         offload_gib=args.offload_gib, disk_gib=args.disk_gib,
                         offload_copy_model=args.offload_copy_model)
     check_engine(engine, cluster=args.cluster is not None, http=args.url is not None)
+    _check_capacity(args)
     policies, backend = _backend(args, engine)
     concurrency = None
     if args.concurrency is not None:
@@ -170,7 +186,8 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
         concurrency = _concurrency(args.concurrency)
     if args.jobs > 1 and args.url:
         raise BenchError("--jobs: a --url replay runs against one server; give --jobs 1")
-    jps = [None] if concurrency and args.jps is None else _loads(args.jps, args.trace)
+    jps = ([None] if (concurrency or args.capacity) and args.jps is None
+           else _loads(args.jps, args.trace))
     workload = Workload(args.trace, args.programs, tuple(jps), concurrency and tuple(concurrency),
                         args.seed, args.time_scale, args.too_long)
     spec = BenchSpec(workload, tuple(policies), args.steady, SLO(args.slo_ttft, args.slo_tpot),
@@ -199,9 +216,23 @@ def _backend(args: argparse.Namespace, engine: EngineSpec) -> tuple[list[str], B
             raise BenchError("--url: client hints (@...) are only replayed in virtual time")
         return [str(policies[0])], Served(HttpTarget(args.url, args.model,
                                                      args.isolated_over_http), engine)
-    if not args.no_bounds:
+    if not args.no_bounds and not args.capacity:  # a capacity search: the policies named
         policies = with_references(policies)
     return [str(p) for p in policies], SingleEngine(engine, tuple(policies))
+
+
+def _check_capacity(args: argparse.Namespace) -> None:
+    """`--capacity` searches closed loops on one in-process engine: refuse what does not go
+    with it, and its bound without it."""
+    if not args.capacity:
+        if args.slo_ttft_p95 is not None:
+            raise BenchError("--slo-ttft-p95 is the bound of a --capacity search; add "
+                             "--capacity")
+        return
+    for flag, given in (("--url", args.url), ("--cluster", args.cluster)):
+        if given is not None:  # the rest is `eval.bench.capacity.capacity`'s to check
+            raise BenchError(f"--capacity searches closed loops on one virtual-time engine; "
+                             f"leave out {flag}")
 
 
 def _names(text: str) -> list[str]:

@@ -34,13 +34,8 @@ def bench(spec: BenchSpec, backend: Backend, out: Path, console: Any = None) -> 
     """Replay every run of `spec` on `backend`, write ``summary.json``, ``report.md``, the plots
     and ``runs/`` to `out`, and return the summary. A user's mistake raises `BenchError`
     before any engine starts."""
-    check_profile(backend.engine)
     workload = spec.workload
-    traces = make_traces(workload)
-    traces, skipped = fit_context(traces, backend.context_limit(), workload.too_long)
-    for line in skipped:
-        if console is not None:
-            console.print(f"[yellow]skipped[/yellow] {line}")
+    traces, skipped = fitted_traces(spec, backend, console)
     first = next(iter(traces.values()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs").mkdir(exist_ok=True)
@@ -58,6 +53,21 @@ def bench(spec: BenchSpec, backend: Backend, out: Path, console: Any = None) -> 
     write_text_atomic(out / "report.md", report_markdown(data))
     plot(data, out)
     return summary
+
+
+def fitted_traces(spec: BenchSpec, backend: Backend,
+                  console: Any) -> tuple[dict[Any, Trace], list[str]]:
+    """The programs of `spec` at each load, checked before any engine starts: the profile
+    loads, and no turn is longer than `backend`'s context (or it is left out with
+    ``--too-long skip``, one line each on `console`, and named in the second list)."""
+    check_profile(backend.engine)
+    workload = spec.workload
+    traces, skipped = fit_context(make_traces(workload), backend.context_limit(),
+                                  workload.too_long)
+    for line in skipped:
+        if console is not None:
+            console.print(f"[yellow]skipped[/yellow] {line}")
+    return traces, skipped
 
 
 def _replay_all(spec: BenchSpec, backend: Backend, traces: dict[Any, Trace], out: Path,
