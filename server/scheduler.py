@@ -46,6 +46,7 @@ from server.perf.profile import Profile
 from server.perf.registry import load_profile
 from server.policies import AgentEvent, Hints, RequestView, make_policy
 from server.policies.base import UnpinReason
+from server.policies.programs import ProgramPolicy
 from server.prefetch import PREFETCH_PREFIX, PrefetchBook
 from server.settings import ServeOptionsError, ServeSettings
 from server.step_log import StepRecord, StepTimer, sink_from_env
@@ -225,9 +226,18 @@ class PolicyScheduler(Scheduler):
         return output
 
     def status(self) -> dict[str, Any]:
-        """The counters the API server shows (`server.intake.events.StatusFile`)."""
+        """The counters the API server shows (`server.intake.events.StatusFile`). What a
+        long run watches for leaks is here too: the blocks pins hold, when the oldest pin was
+        made (clock seconds, so the file changes only when pins do), and how many programs the
+        policy's program table keeps (None for a policy without one)."""
+        oldest = next(iter(self.pins.values()), None)  # pins are kept in the order made
+        table = (len(self.agent_policy.programs.table)
+                 if isinstance(self.agent_policy, ProgramPolicy) else None)
         return {"events_received": self.events_received, "pinned_now": len(self.pins),
                 "pinned_programs": list(itertools.islice(self.pins, 32)),  # the oldest pins
+                "pinned_blocks": self._pinned_blocks,
+                "oldest_pin_at": oldest.pinned_at if oldest is not None else None,
+                "programs_tracked": table,
                 "pins": self.pin_stats.counts()}
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any

@@ -121,12 +121,18 @@ def test_unpin_on_program_end(monkeypatch, events_address):
     first_turn(d)
     pinned = read_status(events_address)
     assert pinned["pinned_now"] == 1 and pinned["pins"]["pinned"] == 1, pinned
+    # what a long run watches for leaks (`harness eval soak`): the blocks, the oldest pin's
+    # clock time, and no program table under a policy without one
+    pin = d.scheduler.pins["A"]
+    assert pinned["pinned_blocks"] == len(pin.blocks) > 0
+    assert pinned["oldest_pin_at"] == pin.pinned_at and pinned["programs_tracked"] is None
     deliver(d, events_address, {"type": "program_end", "program_id": "A"})
     assert "A" not in d.scheduler.pins and d.scheduler.pin_stats.program_end == 1
     assert d.free_blocks == d.total_blocks
     d.step()  # the status is written after each step's outputs
     ended = read_status(events_address)
     assert ended["pinned_now"] == 0 and ended["pins"]["program_end"] == 1, ended
+    assert ended["pinned_blocks"] == 0 and ended["oldest_pin_at"] is None
     assert ended["events_received"] == 1
     d.scheduler.shutdown()
     assert read_status(events_address) is None  # gone with the scheduler

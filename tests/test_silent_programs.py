@@ -80,6 +80,7 @@ def test_a_program_scheduler_forgets_a_silent_program_and_its_pin_after_stale_af
     d.submit("A-0", prompt(1, 320), "A", max_tokens=2)
     d.run_until_finished("A-0")
     assert "A" in scheduler.pins and programs.table.get("A").active
+    assert scheduler.status()["programs_tracked"] == len(programs.table) == 1
     silent_since = d.clock.now()
     # other programs come and go every ten minutes; A stays silent
     while d.clock.now() - silent_since < STALE_AFTER_S - 600.0:
@@ -90,4 +91,5 @@ def test_a_program_scheduler_forgets_a_silent_program_and_its_pin_after_stale_af
     traffic.turn()
     assert "A" not in scheduler.pins and scheduler.pin_stats.expired == 1
     assert programs.table.get("A") is None
+    assert scheduler.status()["programs_tracked"] == len(programs.table)  # the soak's figure
     assert d.total_blocks - d.free_blocks == sum(len(p.blocks) for p in scheduler.pins.values())
