@@ -42,6 +42,7 @@ from eval.experiments import (
     sched_overhead,
     served_comparison,
     served_vs_virtual,
+    soak,
     step_interference,
 )
 
@@ -152,6 +153,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                "replies turn by turn, JCT, and the emulator replaying the same runs",
                real_model.RealModelOptions, real_model.run_real_model, real_model.__doc__,
                raw=True, paths={"model": MODEL, "table": STEP_TABLE, "out": _RESULTS}),
+    Experiment("soak", "real sessions against one `harness serve` for an hour, with faults: "
+               "memory, held state and waiting against stated bounds",
+               soak.SoakOptions, soak.run_soak, _first(soak.__doc__),
+               paths={"trace": TRACE, "out": _RESULTS}),
     Experiment("step-interference",
                "a prefill chunk's inflation of a decode step, emulated beside published figures",
                step_interference.StepInterferenceOptions,

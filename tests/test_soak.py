@@ -1,0 +1,220 @@
+"""`harness eval soak` (eval/experiments/soak*.py): the fault plan, the sampler on a fake
+process tree and a fake server, the judge on hand-made samples, and one short soak against a
+real `harness serve` on the emulated GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from common.trace import Program, Trace, Turn, save_trace
+from eval.experiments.soak import SoakError, SoakOptions, run_soak
+from eval.experiments.soak_faults import FAULTS, FaultPlan, FaultsError, parse_faults
+from eval.experiments.soak_judge import OLDEST_WAIT_S, RSS_GROWTH, judge
+from eval.experiments.soak_loop import Soak
+from eval.experiments.soak_record import Record, plot
+from eval.experiments.soak_sampler import engine_core, parse_gauges, rss, take_sample
+
+
+# -- the fault plan ----------------------------------------------------------------------------
+def test_faults_parse_all_none_and_leave_one_out() -> None:
+    assert parse_faults("all") == frozenset(FAULTS)
+    assert parse_faults("none") == frozenset()
+    assert parse_faults("all,-restart") == frozenset(FAULTS) - {"restart"}
+    assert parse_faults("kill-mid-tool,drop_events") == {"kill_mid_tool", "drop_events"}
+    with pytest.raises(FaultsError, match="unknown fault 'explode'"):
+        parse_faults("explode")
+
+
+def test_fault_plan_is_drawn_from_seed_and_number() -> None:
+    plan = FaultPlan(frozenset(FAULTS), seed=3)
+    drawn = [plan.session(n, 5) for n in range(400)]
+    assert drawn == [plan.session(n, 5) for n in range(400)]  # a resumed run draws the same
+    tools = sum(d.kill_in_tool is not None for d in drawn)
+    turns = sum(d.kill_in_turn is not None for d in drawn)
+    ends = sum(d.no_end for d in drawn)
+    assert 20 < tools < 70 and 15 < turns < 70 and 20 < ends < 70, (tools, turns, ends)
+    assert all(d.kill_in_tool is None or 0 <= d.kill_in_tool < 4 for d in drawn)
+    assert all(d.drop_share == 0.1 for d in drawn)
+    quiet = FaultPlan(frozenset(), seed=3)
+    assert all(quiet.session(n, 5) == quiet.session(0, 1) for n in range(50))
+    assert not quiet.restarts and not quiet.bursts
+
+
+# -- the sampler -------------------------------------------------------------------------------
+class FakeProcess:
+    def __init__(self, name: str, rss_bytes: int, children: list[FakeProcess] = ()) -> None:
+        self._name, self._rss, self._children = name, rss_bytes, list(children)
+
+    def memory_info(self) -> SimpleNamespace:
+        return SimpleNamespace(rss=self._rss)
+
+    def children(self, recursive: bool = False) -> list[FakeProcess]:
+        out = list(self._children)
+        if recursive:
+            for child in self._children:
+                out += child.children(True)
+        return out
+
+    def name(self) -> str:
+        return self._name
+
+    def cmdline(self) -> list[str]:
+        return [self._name]
+
+
+def test_rss_finds_the_engine_core_in_the_tree() -> None:
+    core = FakeProcess("VLLM::EngineCore", 300)
+    api = FakeProcess("python", 100, [FakeProcess("resource_tracker", 5, [core])])
+    assert engine_core(api) is core
+    assert rss(api) == {"api_rss": 100, "engine_rss": 300}
+    assert rss(FakeProcess("python", 7)) == {"api_rss": 7, "engine_rss": None}
+    assert rss(None) == {"api_rss": None, "engine_rss": None}
+
+
+def test_sample_reads_the_scheduler_status_and_gauges() -> None:
+    metrics = ("# HELP x\nvllm:num_requests_waiting{engine=\"0\"} 3.0\n"
+               "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n"
+               "vllm:kv_offload_used_bytes 1024\n")
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/agent/events":
+            return httpx.Response(200, json={"scheduler": {
+                "pinned_now": 2, "pinned_blocks": 40, "programs_tracked": 5,
+                "oldest_pin_at": 0.0, "events_received": 9}})
+        return httpx.Response(200, text=metrics)
+
+    async def go() -> dict:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return await take_sample(client, "http://fake", FakeProcess("p", 1),
+                                     {"live_clients": 1})
+
+    sample = asyncio.run(go())
+    assert sample["pinned_blocks"] == 40 and sample["programs_tracked"] == 5
+    assert sample["oldest_pin_s"] > 1e9  # pinned at the epoch: very old
+    assert sample["server_waiting"] == 3.0 and sample["kv_usage"] == 0.25
+    assert sample["host_tier"] == {"vllm:kv_offload_used_bytes": 1024.0}
+    assert sample["api_rss"] == 1 and sample["live_clients"] == 1
+    assert parse_gauges("garbage line\n") == {"host_tier": {}}
+
+
+# -- the judge ---------------------------------------------------------------------------------
+def samples(run_rss: list[int], drain: list[int]) -> list[dict]:
+    out = [{"t": 10.0 * i, "phase": "run", "epoch": 0, "epoch_start": 0.0, "api_rss": r,
+            "engine_rss": 1000, "oldest_wait_s": 1.0} for i, r in enumerate(run_rss)]
+    start = 10.0 * len(run_rss)
+    out += [{"t": start + 10.0 * i, "phase": "drain", "epoch": 0, "epoch_start": 0.0,
+             "api_rss": run_rss[-1], "engine_rss": 1000, "programs_tracked": n,
+             "pinned_now": n, "orphan_blocks": 4 * n, "oldest_wait_s": 0.0}
+            for i, n in enumerate(drain)]
+    return out
+
+
+TALLY = {"sent": 10, "answered": 9, "refused": 1, "hangs": 0}
+
+
+def by_name(checks: list) -> dict:
+    return {c.name.split()[0]: c for c in checks}
+
+
+def test_judge_passes_a_flat_run_that_drains() -> None:
+    checks = judge(samples([1000] * 12, [3, 1, 0]), TALLY, run_s=120.0, drain_bound_s=30.0)
+    assert all(c.passed for c in checks), [c.line() for c in checks]
+
+
+def test_judge_fails_growth_hangs_slow_drain_and_starved_turns() -> None:
+    grown = [1000, 1000, 1000] + [int(1000 * (1 + 2 * RSS_GROWTH))] * 9
+    run = samples(grown, [3, 3, 3, 3, 3])
+    run[4]["oldest_wait_s"] = OLDEST_WAIT_S + 1
+    checks = by_name(judge(run, {**TALLY, "hangs": 1}, run_s=120.0, drain_bound_s=30.0))
+    assert checks["api_rss"].passed is False
+    assert checks["engine_rss"].passed is True
+    assert checks["every"].passed is False
+    assert checks["programs,"].passed is False
+    assert checks["no"].passed is False
+
+
+def test_judge_leaves_unchecked_what_the_run_was_too_short_for() -> None:
+    checks = by_name(judge(samples([1000], [2, 2]), TALLY, run_s=6000.0, drain_bound_s=3600.0))
+    assert checks["api_rss"].passed is None  # no sample after the warm-up
+    assert checks["programs,"].passed is None  # drained 10 s of a 3,600 s bound
+
+
+def test_judge_takes_a_new_baseline_after_a_restart() -> None:
+    run = samples([1000] * 6, [0])
+    for s in run[3:]:
+        s.update(epoch=1, epoch_start=30.0, api_rss=5000)  # a new process, other RSS
+    checks = by_name(judge(run, TALLY, run_s=60.0, drain_bound_s=30.0))
+    assert checks["api_rss"].passed is True
+
+
+def test_options_refuse_bad_values() -> None:
+    with pytest.raises(SoakError, match="--trace is required"):
+        SoakOptions()
+    with pytest.raises(SoakError, match="--minutes"):
+        SoakOptions(trace="x", minutes=0)
+    with pytest.raises(SoakError, match="together"):
+        SoakOptions(trace="x", device="cpu")
+    with pytest.raises(FaultsError):
+        SoakOptions(trace="x", faults="nope")
+
+
+# -- the record and resuming --------------------------------------------------------------------
+def test_record_skips_a_torn_line_and_a_resume_continues_the_progress(tmp_path) -> None:
+    record = Record(tmp_path)
+    record.add_sample({"t": 1.0, "phase": "run"})
+    with open(record.samples_path, "a") as f:
+        f.write('{"t": 2.0, "ph')  # the soak was killed mid-write
+    assert record.read_samples() == [{"t": 1.0, "phase": "run"}]
+    record.save_progress({"t": 30.0, "next_session": 7, "epoch": 0, "restarted": True,
+                          "server_pid": None, "tally": {"sent": 5, "hangs": 0}})
+    options = SoakOptions(trace="x", sessions=2, request_timeout_s=9.0)
+    soak = Soak(server=None, sessions=[], plan=FaultPlan(), record=record, options=options,
+                run_s=60.0, drain_s=1.0)
+    soak.restore(record.read_progress())
+    assert (soak.t0, soak.next_session, soak.epoch, soak.restarted) == (30.0, 7, 1, True)
+    assert soak.tally.sent == 5 and soak.tally.timeout_s == 9.0
+    record.stop_leftover_server()  # no pid: nothing to stop
+    plot([{"t": 0.0, "phase": "run", "api_rss": 1}, {"t": 5.0, "phase": "down"}],
+         tmp_path / "soak.png")
+    assert (tmp_path / "soak.png").stat().st_size > 0
+
+
+# -- end to end ----------------------------------------------------------------------------------
+def tiny_trace() -> Trace:
+    def turns(n: int) -> list[Turn]:
+        last = n - 1
+        return [Turn(input_tokens=64 + 16 * i, output_tokens=8,
+                     tool=None if i == last else "bash", tool_seconds=0.0 if i == last else 20.0,
+                     tool_return_tokens=0 if i == last else 16) for i in range(n)]
+    return Trace(name="tiny", programs=[Program(id=f"p{i}", arrival_s=0.0, turns=turns(3 + i))
+                                        for i in range(3)])
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_short_soak_against_a_real_server(tmp_path, capsys) -> None:
+    trace = save_trace(tiny_trace(), tmp_path / "tiny.jsonl")
+    out = tmp_path / "soak"
+    options = SoakOptions(trace=str(trace), minutes=0.5, time_scale=0.05, sessions=3,
+                          faults="all,-restart", sample_s=2.0, drain_s=8.0,
+                          request_timeout_s=30.0, out=str(out))
+    status = run_soak(options)
+    summary = json.loads((out / "summary.json").read_text())
+    tally = summary["tally"]
+    assert tally["hangs"] == 0 and tally["answered"] > 0, tally
+    assert tally["sessions_done"] >= 3, tally
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["api_rss"] and first["engine_rss"], first
+    assert any(json.loads(line)["phase"] == "drain" for line in lines)
+    assert (out / "soak.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "every request answered or refused" in printed
+    assert status in (0, 1)
+    with pytest.raises(SoakError, match="already holds a soak run"):
+        run_soak(options)
