@@ -333,7 +333,9 @@ ROW_KEYS = ("programs", "turns", "jct_mean_s", "jct_p95_s", "makespan_s", "ttft_
             "recomputed_tokens", "local_prefill_share", "local_prefills", "remote_prefills",
             "kv_bytes_moved",
             "kv_seconds_moved", "preemptions", "load_balance_colocated", "load_balance_prefill",
-            "load_balance_decode", "engine_steps")
+            "load_balance_decode", "engine_steps", "ttft_p50_s", "ttft_p99_s",
+            "ttft_initial_p95_s", "ttft_initial_p99_s", "ttft_incremental_p95_s",
+            "ttft_incremental_p99_s")
 
 
 # -- the sweep ---------------------------------------------------------------------------------
@@ -399,8 +401,10 @@ COLUMNS = [("trace", "trace", "{}"), ("jps", "jobs/s", "{:g}"), ("config", "conf
            ("slo_attainment", "SLO", "{:.3f}"), ("ttft_slo_attainment", "TTFT SLO", "{:.3f}"),
            ("itl_slo_attainment", "ITL SLO", "{:.3f}"),
            ("jct_mean_s", "JCT mean s", "{:.2f}"), ("jct_p90_s", "JCT P90 s", "{:.2f}"),
-           ("ttft_initial_mean_s", "TTFT initial s", "{:.3f}"),
-           ("ttft_incremental_mean_s", "TTFT incr. s", "{:.3f}"),
+           ("ttft_initial_mean_s/ttft_initial_p95_s/ttft_initial_p99_s",
+            "TTFT initial s mean / P95 / P99", "{:.3f}"),
+           ("ttft_incremental_mean_s/ttft_incremental_p95_s/ttft_incremental_p99_s",
+            "TTFT incr. s mean / P95 / P99", "{:.3f}"),
            ("itl_mean_s", "ITL mean ms", "ms"),
            ("local_prefill_share", "local prefills", "{:.3f}"),
            ("recomputed_tokens", "recomputed tok", "{}"),
@@ -414,6 +418,8 @@ _DECISION_ABBREV = {"initial": "init", "remote_slack": "R-slack", "local_slack":
 
 
 def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    if "/" in key:  # a mean and its tail in one cell
+        return " / ".join(cell(row, part, fmt) for part in key.split("/"))
     value = row.get(key)
     if fmt == "decisions":
         if not value:
