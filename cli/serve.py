@@ -20,6 +20,7 @@ from server.launch import DEVICES, ENV_API_KEY, ServeError, build_command, serve
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
+from server.programs.state import STALE_AFTER_S
 from server.settings import DEFAULT_OFFLOAD_GIB, DEFAULT_POLICY, DEFAULT_PROFILE
 from server.step_log import ENV_STEP_LOG
 
@@ -71,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo", type=float, default=TTFT_SLO_S, metavar="S",
                         help="the deployment's TTFT SLO in seconds, for policies that aim at "
                         f"one (ampd's prefill reordering; default {TTFT_SLO_S:g})")
+    parser.add_argument("--stale-after-s", type=float, default=STALE_AFTER_S, metavar="S",
+                        help="a program scheduler forgets a program silent this long (no "
+                        "turn, no event), with its slot and memory account; shorter for a soak "
+                        f"that must see its table drain (default {STALE_AFTER_S:g})")
     add_path_argument(parser, "--step-log", spec=output_file("a file to append step lines to"),
                       type=Path, default=None, metavar="FILE",
                       help="append one JSON line per engine step to FILE: its batch (prefill "
@@ -98,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
                         seed=args.seed, offload_gib=args.offload_gib,
                         disk_gib=args.disk_gib, disk_path=args.disk_path,
                         offload_copy_model=args.offload_copy_model,
-                        max_model_len=args.max_model_len, ttft_slo_s=args.ttft_slo)
+                        max_model_len=args.max_model_len, ttft_slo_s=args.ttft_slo,
+                        stale_after_s=args.stale_after_s)
     check_disk_tier(policy, engine)
     command = build_command(policy, engine, host=args.host, port=args.port, extra=extra,
                             batch_invariant=args.batch_invariant)

@@ -28,6 +28,7 @@ from server.kv_connectors import DiskTier
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
+from server.programs.state import STALE_AFTER_S
 from server.settings import (
     DEFAULT_OFFLOAD_GIB,
     DEFAULT_PROFILE,
@@ -76,6 +77,8 @@ class EngineSpec:
     enable_prefix_caching: bool = True
     #: the deployment's TTFT SLO (s), for policies that take it (`ServeSettings.ttft_slo_s`)
     ttft_slo_s: float = TTFT_SLO_S
+    #: how long a program scheduler keeps a silent program (`ServeSettings.stale_after_s`)
+    stale_after_s: float = STALE_AFTER_S
     #: vLLM's KV-transfer connector config of a replica that moves KV (`cluster.pd`
     #: `kv_transfer_config`): a P/D replica, or one whose router carries programs' KV
     kv_transfer: Mapping[str, Any] | None = field(default=None, hash=False)
@@ -114,7 +117,8 @@ class EngineSpec:
         `policy` here; `events` False: an in-process engine's events come in by method."""
         return ServeSettings(policy=policy.engine_name, profile=self.profile_name,
                              seed=self.seed, offload_copy_model=self.offload_copy_model,
-                             ttft_slo_s=self.ttft_slo_s, events=events)
+                             ttft_slo_s=self.ttft_slo_s, stale_after_s=self.stale_after_s,
+                             events=events)
 
 
 def default_disk_path() -> str:

@@ -193,6 +193,9 @@ def build_command(policy: PolicySpec, engine: EngineSpec, *,
         raise ServeError(f"--device {engine.device}: pick one of {', '.join(DEVICES)}")
     if not (engine.ttft_slo_s > 0 and math.isfinite(engine.ttft_slo_s)):
         raise ServeError(f"--ttft-slo {engine.ttft_slo_s}: give a positive number of seconds")
+    if not (engine.stale_after_s > 0 and math.isfinite(engine.stale_after_s)):
+        raise ServeError(f"--stale-after-s {engine.stale_after_s}: give a positive number of "
+                         "seconds")
     extra = engine_args(engine) + list(extra or [])
     if engine.device == "cpu":
         if batch_invariant:

@@ -120,6 +120,8 @@ class PolicyScheduler(Scheduler):
         settings = ServeSettings.from_vllm_config(self.vllm_config)
         self.agent_policy = make_policy(settings.policy, cost_model=policy_cost_model(settings),
                                         **settings.policy_options())
+        if isinstance(self.agent_policy, ProgramPolicy):
+            self.agent_policy.forget_silent_after(settings.stale_after_s)
         self.pins: dict[str, Pin] = {}
         self._pinned_blocks = 0  # sum of len(pin.blocks), kept as pins come and go
         self.pin_stats = PinStats()

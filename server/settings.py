@@ -31,6 +31,7 @@ from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
 from server.perf.model_shapes import MODELS_DIR
 from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
+from server.programs.state import STALE_AFTER_S
 
 ENV_POLICY = "HARNESS_POLICY"
 ENV_PROFILE = "HARNESS_PROFILE"
@@ -39,6 +40,7 @@ ENV_SEED = "HARNESS_SEED"
 #: OFFLOAD_COPY_MODELS); the emulated worker and the policies' cost model read it alike
 ENV_OFFLOAD_COPY_MODEL = "HARNESS_OFFLOAD_COPY_MODEL"
 ENV_TTFT_SLO = "HARNESS_TTFT_SLO_S"
+ENV_STALE_AFTER = "HARNESS_STALE_AFTER_S"
 #: the key of our settings in vLLM's `additional_config`
 ADDITIONAL_CONFIG_KEY = "harness"
 DEFAULT_POLICY = "continuum"
@@ -79,6 +81,9 @@ class ServeSettings:
     #: the deployment's TTFT SLO (s): what a policy that counts turns against one (`ampd`,
     #: Algorithm 2's Eq. 4) aims at; a cluster passes its `router.ttft_slo_s`
     ttft_slo_s: float = TTFT_SLO_S
+    #: how long a program scheduler keeps a silent program (`server.programs.state`); shorter
+    #: only for a soak that must see the table drain within its run (`harness eval soak`)
+    stale_after_s: float = STALE_AFTER_S
     #: the scheduler listens on the events channel `harness serve` names (`HARNESS_EVENTS_IPC`,
     #: shared with the API server's events endpoint); False: an in-process engine, whose
     #: events come in through its `event()` method
@@ -88,6 +93,9 @@ class ServeSettings:
         if not (self.ttft_slo_s > 0 and math.isfinite(self.ttft_slo_s)):
             raise ValueError(f"the TTFT SLO must be a positive number of seconds, "
                              f"got {self.ttft_slo_s!r}")
+        if not (self.stale_after_s > 0 and math.isfinite(self.stale_after_s)):
+            raise ValueError(f"the silent-program bound must be a positive number of seconds, "
+                             f"got {self.stale_after_s!r}")
 
     @classmethod
     def from_env(cls) -> ServeSettings:
@@ -98,6 +106,7 @@ class ServeSettings:
             offload_copy_model=os.environ.get(ENV_OFFLOAD_COPY_MODEL,
                                               DEFAULT_OFFLOAD_COPY_MODEL),
             ttft_slo_s=float(os.environ.get(ENV_TTFT_SLO, TTFT_SLO_S)),
+            stale_after_s=float(os.environ.get(ENV_STALE_AFTER, STALE_AFTER_S)),
         )
 
     def to_additional_config(self) -> dict[str, Any]:

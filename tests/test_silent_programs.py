@@ -19,8 +19,11 @@ import random
 import pytest
 from vllm_driver import Driver, make_scheduler
 
+from server.engine_spec import EngineSpec
+from server.launch import ServeError, build_command, serve_policy
 from server.policies.continuum import ContinuumPolicy
 from server.programs.state import STALE_AFTER_S
+from server.settings import ServeSettings
 
 pytestmark = pytest.mark.engine
 
@@ -93,3 +96,24 @@ def test_a_program_scheduler_forgets_a_silent_program_and_its_pin_after_stale_af
     assert programs.table.get("A") is None
     assert scheduler.status()["programs_tracked"] == len(programs.table)  # the soak's figure
     assert d.total_blocks - d.free_blocks == sum(len(p.blocks) for p in scheduler.pins.values())
+
+
+def test_a_shorter_silent_program_bound_reaches_the_program_table():
+    """`harness serve --stale-after-s S` (what a soak uses to see the table drain within its
+    run) reaches the engine's program scheduler through the settings, and is refused when not
+    a positive number before any engine starts."""
+    config = ServeSettings(policy="lookahead", stale_after_s=60.0).to_additional_config()
+    d = Driver(make_scheduler("lookahead", num_blocks=64, additional_config=config))
+    scheduler = d.scheduler
+    traffic = Traffic(d)
+    d.submit("A-0", prompt(1, 320), "A", max_tokens=2)
+    d.run_until_finished("A-0")
+    d.advance(30.0)
+    traffic.turn()
+    assert scheduler.agent_policy.programs.table.get("A") is not None
+    d.advance(31.0)
+    traffic.turn()
+    assert scheduler.agent_policy.programs.table.get("A") is None
+    assert "A" not in scheduler.pins
+    with pytest.raises(ServeError, match="--stale-after-s 0"):
+        build_command(serve_policy("lookahead"), EngineSpec(stale_after_s=0.0))

@@ -58,6 +58,11 @@ class ProgramPolicy(Policy):
         # prefetch brings an offloaded context back: only with a host tier to load from
         self.prefetches = host_tier and self.programs.prefetches
 
+    def forget_silent_after(self, seconds: float) -> None:
+        """Forget a program silent this long (`ProgramTable.reap`; the deployment's
+        `ServeSettings.stale_after_s`)."""
+        self.programs.table.stale_after_s = seconds
+
     # -- facts ---------------------------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:
         if req.program_id is not None:
