@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from common.trace import Program, Trace, Turn, save_trace
-from eval.experiments.soak import SoakError, SoakOptions, run_soak
+from eval.experiments.soak import SoakError, SoakOptions, fit_sessions, run_soak
 from eval.experiments.soak_faults import FAULTS, FaultPlan, FaultsError, parse_faults
 from eval.experiments.soak_judge import OLDEST_WAIT_S, RSS_GROWTH, judge
 from eval.experiments.soak_loop import Soak
@@ -163,6 +163,18 @@ def test_options_refuse_bad_values() -> None:
         SoakOptions(trace="x", faults="nope")
 
 
+def test_sessions_are_cut_at_the_first_turn_longer_than_the_context() -> None:
+    trace = tiny_trace()  # every first turn 72 tokens, every second one more than 90
+    kept, lines = fit_sessions(trace, 90)
+    assert [p.n_turns for p in kept] == [1, 1, 1]
+    assert kept[0].turns[-1].tool is None and kept[0].turns[-1].tool_seconds == 0.0
+    assert lines[0].startswith("p0: cut to its first 1 turns (turn 1 needs ")
+    assert lines[0].endswith(" tokens > the engine's 90)")
+    kept, lines = fit_sessions(trace, 50)
+    assert kept == [] and lines[0].startswith("p0: left out (turn 0 needs 72 tokens")
+    assert fit_sessions(trace, None)[1] == []
+
+
 # -- the record and resuming --------------------------------------------------------------------
 def test_record_skips_a_torn_line_and_a_resume_continues_the_progress(tmp_path) -> None:
     record = Record(tmp_path)
@@ -200,18 +212,23 @@ def tiny_trace() -> Trace:
 def test_a_short_soak_against_a_real_server(tmp_path, capsys) -> None:
     trace = save_trace(tiny_trace(), tmp_path / "tiny.jsonl")
     out = tmp_path / "soak"
-    options = SoakOptions(trace=str(trace), minutes=0.5, time_scale=0.05, sessions=3,
-                          faults="all,-restart", sample_s=2.0, drain_s=8.0,
+    # a program scheduler, whose table must drain: the faulted clients never say program_end
+    options = SoakOptions(trace=str(trace), policy="lookahead", minutes=0.5, time_scale=0.05,
+                          sessions=3, faults="all,-restart", sample_s=2.0, stale_after_s=4.0,
                           request_timeout_s=30.0, out=str(out))
     status = run_soak(options)
     summary = json.loads((out / "summary.json").read_text())
     tally = summary["tally"]
     assert tally["hangs"] == 0 and tally["answered"] > 0, tally
     assert tally["sessions_done"] >= 3, tally
+    checks = {c["name"]: c for c in summary["checks"]}
+    drained = checks["programs, pins and orphaned KV back to zero"]
+    assert drained["passed"] is True, drained
     lines = (out / "samples.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
     assert first["api_rss"] and first["engine_rss"], first
     assert any(json.loads(line)["phase"] == "drain" for line in lines)
+    assert any(json.loads(line)["programs_tracked"] for line in lines)  # the table was seen
     assert (out / "soak.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "every request answered or refused" in printed

@@ -6,7 +6,8 @@ never come back. Unit tests show each release rule; only a long run with clients
 their promises shows that nothing accumulates: RSS flat after the warm-up, the program table,
 pins and orphaned KV back to zero after the last client leaves, no request hung, no turn
 starved. This starts the server, replays sessions from a trace over HTTP in a closed loop
-(`--sessions` at once; a new one starts when one ends) with their gaps scaled, runs the fault
+(`--sessions` at once; a new one starts when one ends) with their gaps scaled (cut at
+the first turn longer than the engine's context), runs the fault
 plan (`eval.experiments.soak_faults`) beside them, samples every `--sample-s`
 (`eval.experiments.soak_sampler`), then drains (no clients; a one-token request per sample
 keeps the engine stepping, as an engine with no work never steps) and judges
@@ -24,13 +25,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from common.atomic import write_json_atomic
 from common.processes import sigterm_unwinds
-from common.trace import Trace
+from common.trace import Program, Trace
 from eval import ExperimentError
 from eval.bench.traces import make_trace
 from eval.experiments.soak_faults import FaultPlan, parse_faults
@@ -42,7 +42,6 @@ from eval.experiments.soak_judge import (
 from eval.experiments.soak_loop import Soak, drain_bound_s
 from eval.experiments.soak_record import Record, plot
 from harness.server_process import ServerProcess, model_server
-from server.intake.ownership import IDLE_FORGET_S
 from server.programs.state import STALE_AFTER_S
 from sim.conversation import too_long_turns
 
@@ -74,6 +73,9 @@ class SoakOptions:
         "help": "the faults: all, none, or names with commas (kill_mid_tool, kill_mid_turn, "
         "drop_events, unknown_events, no_program_end, restart); -NAME leaves one out"})
     sample_s: float = field(default=5.0, metadata={"help": "seconds between samples"})
+    stale_after_s: float | None = field(default=None, metadata={
+        "help": "the server's silent-program bound (`harness serve --stale-after-s`; default: "
+        "its own 3,600 s times --time-scale, as the sessions' gaps are)"})
     drain_s: float | None = field(default=None, metadata={
         "help": "how long to wait after the last client left (default: the server's "
         "silent-program bound, plus slack)"})
@@ -93,6 +95,9 @@ class SoakOptions:
                 raise SoakError(f"--{name.replace('_', '-')} must be a positive number")
         if self.sessions < 1:
             raise SoakError("--sessions must be at least 1")
+        if self.stale_after_s is not None and not (
+                self.stale_after_s > 0 and math.isfinite(self.stale_after_s)):
+            raise SoakError("--stale-after-s must be a positive number")
         if self.drain_s is not None and self.drain_s < 0:
             raise SoakError("--drain-s must not be negative")
         if (self.device is None) != (self.model is None):
@@ -100,14 +105,19 @@ class SoakOptions:
         parse_faults(self.faults)
 
 
-def server_bound_s() -> float:
-    """How long the server keeps a silent program (its program table and the event
-    ownership forget it after this)."""
-    return max(STALE_AFTER_S, IDLE_FORGET_S)
+def stale_after_s(options: SoakOptions) -> float:
+    """How long the soak's server keeps a silent program: given, or the server's own bound
+    scaled as the sessions' gaps are (a program silent an hour in the trace is silent 36 s at
+    a time scale of 0.01)."""
+    if options.stale_after_s is not None:
+        return options.stale_after_s
+    return STALE_AFTER_S * options.time_scale
 
 
 def make_server(options: SoakOptions, out: Path) -> ServerProcess:
-    serve_args = ["--offload-gib", f"{options.offload_gib:g}"] if options.offload_gib else []
+    serve_args = ["--stale-after-s", f"{stale_after_s(options):g}"]
+    if options.offload_gib:
+        serve_args += ["--offload-gib", f"{options.offload_gib:g}"]
     log = out / "serve.log"
     if options.device is not None:
         assert options.model is not None
@@ -117,16 +127,30 @@ def make_server(options: SoakOptions, out: Path) -> ServerProcess:
                          serve_args=serve_args, log_path=log)
 
 
-def fit_sessions(trace: Trace, limit: int | None) -> tuple[list[Any], list[str]]:
-    """The sessions whose every turn fits the engine's context, and a line for each left
-    out."""
+def fit_sessions(trace: Trace, limit: int | None) -> tuple[list[Program], list[str]]:
+    """The sessions cut to the engine's context: one whose turn `k` is longer than `limit`
+    keeps its first `k` turns (its last one then calls no tool), one whose first turn is too
+    long is left out; a line for each. Sub-agents are replayed as sessions of their own."""
+    programs = [p.model_copy(update={"parent": None}) for p in trace.programs]
     if not limit:
-        return list(trace.programs), []
-    long = too_long_turns(trace, limit)
-    drop = {pid for pid, _, _ in long}
-    lines = [f"{pid}: turn {turn} needs {tokens:,} tokens > the engine's {limit:,}"
-             for pid, turn, tokens in long]
-    return [p for p in trace.programs if p.id not in drop], lines
+        return programs, []
+    first_long = {pid: (turn, tokens) for pid, turn, tokens in too_long_turns(trace, limit)}
+    kept, lines = [], []
+    for program in programs:
+        if program.id not in first_long:
+            kept.append(program)
+            continue
+        turn, tokens = first_long[program.id]
+        why = f"turn {turn} needs {tokens:,} tokens > the engine's {limit:,}"
+        if turn == 0:
+            lines.append(f"{program.id}: left out ({why})")
+            continue
+        turns = [*program.turns[:turn - 1], program.turns[turn - 1].model_copy(update={
+            "tool": None, "tool_seconds": 0.0, "tool_return_tokens": 0})]
+        kept.append(Program.model_validate({**program.model_dump(), "turns": [
+            t.model_dump() for t in turns]}))
+        lines.append(f"{program.id}: cut to its first {turn} turns ({why})")
+    return kept, lines
 
 
 def max_model_len(base: str) -> int | None:
@@ -154,7 +178,7 @@ def run_soak(options: SoakOptions) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plan = FaultPlan(parse_faults(options.faults), options.seed)
     run_s = options.minutes * 60.0
-    bound = drain_bound_s(server_bound_s() + DRAIN_SLACK_S, options.sample_s)
+    bound = drain_bound_s(stale_after_s(options) + DRAIN_SLACK_S, options.sample_s)
     drain_s = bound if options.drain_s is None else options.drain_s
     server = make_server(options, out)
     with sigterm_unwinds():
@@ -163,7 +187,7 @@ def run_soak(options: SoakOptions) -> int:
         try:
             sessions, skipped = fit_sessions(trace, max_model_len(server.base_url))
             for line in skipped:
-                print(f"left out (longer than the engine's context): {line}")
+                print(f"longer than the engine's context: {line}")
             if not sessions:
                 raise SoakError("every session is longer than the engine's context")
             soak = Soak(server=server, sessions=sessions, plan=plan, record=record,
