@@ -16,6 +16,7 @@ lower bound, cached), `backends` (the protocol every back end answers: one repla
 at a load, the isolated JCTs), `virtual` (one in-process engine, a virtual-time cluster) and
 `served` (HTTP), `parallel` (this process or worker processes), `rows` (a replay's row and
 records), `sweep` (the one loop, `sweep.bench`), `summary` (what it returns and writes),
-`report` (markdown and the terminal table) and `plots`.
+`report` (markdown and the terminal table), `plots`, and `capacity` (sessions per GPU at a
+P95 TTFT bound: a search over closed-loop runs, `--capacity`).
 The command line is `cli.bench`.
 """
