@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -13,11 +17,12 @@ import pytest
 
 from common.trace import Program, Trace, Turn, save_trace
 from eval.experiments.soak import SoakError, SoakOptions, fit_sessions, run_soak
+from eval.experiments.soak_cluster import ClusterProcess, status_bases
 from eval.experiments.soak_faults import FAULTS, FaultPlan, FaultsError, parse_faults
 from eval.experiments.soak_judge import OLDEST_WAIT_S, RSS_GROWTH, judge
 from eval.experiments.soak_loop import Soak
 from eval.experiments.soak_record import Record, plot
-from eval.experiments.soak_sampler import engine_core, parse_gauges, rss, take_sample
+from eval.experiments.soak_sampler import engine_cores, parse_gauges, rss, summed, take_sample
 
 
 # -- the fault plan ----------------------------------------------------------------------------
@@ -70,8 +75,12 @@ class FakeProcess:
 def test_rss_finds_the_engine_core_in_the_tree() -> None:
     core = FakeProcess("VLLM::EngineCore", 300)
     api = FakeProcess("python", 100, [FakeProcess("resource_tracker", 5, [core])])
-    assert engine_core(api) is core
+    assert engine_cores(api) == [core]
     assert rss(api) == {"api_rss": 100, "engine_rss": 300}
+    # a cluster's launcher: one engine core per replica, summed
+    launcher = FakeProcess("python", 50, [FakeProcess("vllm", 10, [core]),
+                                          FakeProcess("vllm", 10, [FakeProcess("EngineCore", 7)])])
+    assert rss(launcher) == {"api_rss": 50, "engine_rss": 307}
     assert rss(FakeProcess("python", 7)) == {"api_rss": 7, "engine_rss": None}
     assert rss(None) == {"api_rss": None, "engine_rss": None}
 
@@ -90,7 +99,7 @@ def test_sample_reads_the_scheduler_status_and_gauges() -> None:
 
     async def go() -> dict:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            return await take_sample(client, "http://fake", FakeProcess("p", 1),
+            return await take_sample(client, ["http://fake"], FakeProcess("p", 1),
                                      {"live_clients": 1})
 
     sample = asyncio.run(go())
@@ -100,6 +109,54 @@ def test_sample_reads_the_scheduler_status_and_gauges() -> None:
     assert sample["host_tier"] == {"vllm:kv_offload_used_bytes": 1024.0}
     assert sample["api_rss"] == 1 and sample["live_clients"] == 1
     assert parse_gauges("garbage line\n") == {"host_tier": {}}
+
+
+def test_a_clusters_replicas_are_read_and_summed() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/cluster":
+            return httpx.Response(200, json={"replicas": [
+                {"url": "http://a", "alive": True}, {"url": "http://b", "alive": True},
+                {"url": "http://dead", "alive": False}]})
+        if request.url.path == "/v1/agent/events":
+            pins = {"a": 1, "b": 2}[request.url.host]
+            return httpx.Response(200, json={"scheduler": {
+                "pinned_now": pins, "pinned_blocks": 10 * pins, "programs_tracked": None,
+                "oldest_pin_at": None, "events_received": 5}})
+        return httpx.Response(200, text="vllm:kv_offload_used_bytes 8\n")
+
+    cluster = ClusterProcess("c.yaml", Path("/nonexistent"))
+
+    async def go() -> tuple[list[str], dict]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            bases = await status_bases(client, cluster)
+            return bases, await take_sample(client, bases, None, {})
+
+    bases, sample = asyncio.run(go())
+    assert bases == ["http://a", "http://b"]
+    assert sample["pinned_now"] == 3 and sample["pinned_blocks"] == 30
+    assert sample["programs_tracked"] is None and sample["events_received"] == 10
+    assert sample["host_tier"] == {"vllm:kv_offload_used_bytes": 16.0}
+    assert summed([{"oldest_pin_s": 3.0}, {"oldest_pin_s": 9.0}]) == {
+        "host_tier": {}, "oldest_pin_s": 9.0}
+
+
+def test_killing_a_replica_kills_its_process_group_and_spares_the_last(monkeypatch) -> None:
+    spared, victim = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                       start_new_session=True) for _ in range(2))
+    try:
+        cluster = ClusterProcess("c.yaml", Path("/nonexistent"))
+        live = [{"name": "r0", "pid": spared.pid, "alive": True},
+                {"name": "r1", "pid": victim.pid, "alive": True}]
+        monkeypatch.setattr(cluster, "replicas", lambda: live)
+        assert cluster.kill_replica() == "r1"
+        assert victim.wait(10) == -signal.SIGKILL
+        monkeypatch.setattr(cluster, "replicas", lambda: live[:1])
+        assert cluster.kill_replica() is None  # the last one standing
+        assert spared.poll() is None
+    finally:
+        for process in (spared, victim):
+            process.kill()
+            process.wait()
 
 
 # -- the judge ---------------------------------------------------------------------------------
@@ -161,6 +218,8 @@ def test_options_refuse_bad_values() -> None:
         SoakOptions(trace="x", device="cpu")
     with pytest.raises(FaultsError):
         SoakOptions(trace="x", faults="nope")
+    with pytest.raises(SoakError, match="--cluster: the cluster file says"):
+        SoakOptions(trace="x", cluster="c.yaml", stale_after_s=5.0)
 
 
 def test_sessions_are_cut_at_the_first_turn_longer_than_the_context() -> None:

@@ -33,6 +33,7 @@ from common.processes import sigterm_unwinds
 from common.trace import Program, Trace
 from eval import ExperimentError
 from eval.bench.traces import make_trace
+from eval.experiments.soak_cluster import ClusterProcess
 from eval.experiments.soak_faults import FaultPlan, parse_faults
 from eval.experiments.soak_judge import (
     DRAIN_SLACK_S,
@@ -63,6 +64,9 @@ class SoakOptions:
         "help": "the model for --device (e.g. smollm2-135m-instruct)"})
     profile: str | None = field(default=None, metadata={
         "help": "the emulated GPU's profile (default: the server's)"})
+    cluster: str | None = field(default=None, metadata={
+        "help": "soak a cluster file's replicas behind its router (`harness cluster serve`; "
+        "the `programs` router for program schedulers) instead of one server"})
     offload_gib: float = field(default=0.0, metadata={
         "help": "a host KV tier of this many GiB (0: none)"})
     minutes: float = field(default=60.0, metadata={"help": "how long to drive the server"})
@@ -71,7 +75,8 @@ class SoakOptions:
     sessions: int = field(default=8, metadata={"help": "sessions at once (closed loop)"})
     faults: str = field(default="all", metadata={
         "help": "the faults: all, none, or names with commas (kill_mid_tool, kill_mid_turn, "
-        "drop_events, unknown_events, no_program_end, restart); -NAME leaves one out"})
+        "drop_events, unknown_events, no_program_end, restart, kill_replica: with --cluster); "
+        "-NAME leaves one out"})
     sample_s: float = field(default=5.0, metadata={"help": "seconds between samples"})
     stale_after_s: float | None = field(default=None, metadata={
         "help": "the server's silent-program bound (`harness serve --stale-after-s`; default: "
@@ -100,6 +105,12 @@ class SoakOptions:
             raise SoakError("--stale-after-s must be a positive number")
         if self.drain_s is not None and self.drain_s < 0:
             raise SoakError("--drain-s must not be negative")
+        if self.cluster is not None and (self.device is not None or self.offload_gib
+                                         or self.stale_after_s is not None
+                                         or self.profile is not None):
+            raise SoakError("--cluster: the cluster file says each replica's device, model, "
+                            "profile and tiers; --device, --model, --profile, --offload-gib "
+                            "and --stale-after-s are for one server")
         if (self.device is None) != (self.model is None):
             raise SoakError("--device and --model go together")
         parse_faults(self.faults)
@@ -111,10 +122,14 @@ def stale_after_s(options: SoakOptions) -> float:
     a time scale of 0.01)."""
     if options.stale_after_s is not None:
         return options.stale_after_s
+    if options.cluster is not None:
+        return STALE_AFTER_S  # its replicas' own: the cluster file starts them
     return STALE_AFTER_S * options.time_scale
 
 
-def make_server(options: SoakOptions, out: Path) -> ServerProcess:
+def make_server(options: SoakOptions, out: Path) -> ServerProcess | ClusterProcess:
+    if options.cluster is not None:
+        return ClusterProcess(options.cluster, out / "cluster-logs")
     serve_args = ["--stale-after-s", f"{stale_after_s(options):g}"]
     if options.offload_gib:
         serve_args += ["--offload-gib", f"{options.offload_gib:g}"]
@@ -182,7 +197,9 @@ def run_soak(options: SoakOptions) -> int:
     drain_s = bound if options.drain_s is None else options.drain_s
     server = make_server(options, out)
     with sigterm_unwinds():
-        print(f"starting harness serve --policy {options.policy} ...", flush=True)
+        what = (f"the cluster {options.cluster}" if options.cluster
+                else f"harness serve --policy {options.policy}")
+        print(f"starting {what} ...", flush=True)
         server.start()
         try:
             sessions, skipped = fit_sessions(trace, max_model_len(server.base_url))

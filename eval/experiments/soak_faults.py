@@ -8,8 +8,9 @@ after ``tool_start``, never sending ``tool_end`` or ``program_end``), a client i
 its turn streams (``kill_mid_turn``: the connection drops, the engine aborts the request, no
 event follows), a lossy network (``drop_events``: `DROP_SHARE` of events never sent), a
 confused or hostile client (``unknown_events``: bursts of events for programs nobody started),
-an agent framework that never says goodbye (``no_program_end``), and the server itself going
-away (``restart``: killed and started again mid-run; sessions in flight start over).
+an agent framework that never says goodbye (``no_program_end``), the server itself going
+away (``restart``: killed and started again mid-run; sessions in flight start over), and, for a
+cluster, one replica dying (``kill_replica``, `eval.experiments.soak_cluster`).
 
 Which session gets which fault is drawn from the run's seed and the session's number, so a
 resumed run draws the same plan for the sessions it has left.
@@ -35,7 +36,7 @@ from sim.conversation import ProgramState
 
 #: every fault, in the order the docs list them
 FAULTS = ("kill_mid_tool", "kill_mid_turn", "drop_events", "unknown_events", "no_program_end",
-          "restart")
+          "restart", "kill_replica")
 #: share of sessions whose client is killed in a tool call / while a turn streams / that never
 #: sends program_end (each drawn apart)
 KILL_TOOL_SHARE = 0.1
@@ -115,6 +116,10 @@ class FaultPlan:
         return "restart" in self.enabled
 
     @property
+    def kills_replica(self) -> bool:
+        return "kill_replica" in self.enabled
+
+    @property
     def bursts(self) -> bool:
         return "unknown_events" in self.enabled
 
@@ -140,13 +145,17 @@ class Tally:
     sessions_done: int = 0
     sessions_restarted: int = 0
     restarts: int = 0
+    replicas_killed: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     #: requests sent and without a first token yet: key -> monotonic time sent (not recorded)
     waiting: dict[str, float] = field(default_factory=dict, repr=False)
 
     def error(self, message: str) -> None:
-        if len(self.errors) < 20:
-            self.errors.append(message[:300])
+        """Keep the first errors (a session's failed request is reported again as the
+        session's failure: kept once)."""
+        message = message[:300]
+        if len(self.errors) < 20 and message not in self.errors[-1:]:
+            self.errors.append(message)
 
     def oldest_wait_s(self) -> float:
         return max((time.monotonic() - t for t in self.waiting.values()), default=0.0)

@@ -17,6 +17,7 @@ import httpx
 import psutil
 
 from common.trace import Trace
+from eval.experiments.soak_cluster import KILL_REPLICA_AT, ClusterProcess, status_bases
 from eval.experiments.soak_faults import (
     RESTART_AT,
     ClientKilled,
@@ -28,7 +29,6 @@ from eval.experiments.soak_faults import (
 from eval.experiments.soak_record import Record
 from eval.experiments.soak_sampler import take_sample
 from eval.replay.http_replay import HttpReplayError, RequestOptions, areplay_over_http
-from harness.server_process import ServerProcess
 
 #: a session that failed for another reason than a restart waits this long before the next
 RETRY_PAUSE_S = 1.0
@@ -41,7 +41,7 @@ def drain_bound_s(server_bound_s: float, sample_s: float) -> float:
 
 
 class Soak:
-    def __init__(self, *, server: ServerProcess, sessions: list[Any], plan: FaultPlan,
+    def __init__(self, *, server: Any, sessions: list[Any], plan: FaultPlan,
                  record: Record, options: Any, run_s: float, drain_s: float) -> None:
         self.server = server
         self.sessions = sessions
@@ -88,6 +88,9 @@ class Soak:
         if self.plan.restarts and not self.restarted:
             restart = asyncio.create_task(self.restart_at(self.run_s * RESTART_AT))
             tasks.append(restart)
+        if self.plan.kills_replica and isinstance(self.server, ClusterProcess) \
+                and not self.tally.replicas_killed:
+            tasks.append(asyncio.create_task(self.kill_replica_at(self.run_s * KILL_REPLICA_AT)))
         try:
             await asyncio.sleep(max(0.0, self.run_s - self.now()))
             self.stop.set()
@@ -145,6 +148,13 @@ class Soak:
         self.tally.restarts += 1
         self.up.set()
 
+    async def kill_replica_at(self, t: float) -> None:
+        await asyncio.sleep(max(0.0, t - self.now()))
+        assert isinstance(self.server, ClusterProcess)
+        killed = await asyncio.to_thread(self.server.kill_replica)
+        if killed is not None:
+            self.tally.replicas_killed.append(killed)
+
     async def sampler(self) -> None:
         async with httpx.AsyncClient() as client:
             while True:
@@ -157,7 +167,8 @@ class Soak:
                if process is not None and process.poll() is None else None)
         client_side = {"live_clients": self.live, "in_flight": len(self.tally.waiting),
                        "oldest_wait_s": round(self.tally.oldest_wait_s(), 3)}
-        sample = await take_sample(client, self.server.base_url, api, client_side)
+        bases = await status_bases(client, self.server)
+        sample = await take_sample(client, bases, api, client_side)
         phase = self.phase if self.up.is_set() else "down"  # restarting
         sample.update(t=round(self.now(), 3), phase=phase, epoch=self.epoch,
                       epoch_start=round(self.epoch_start, 3))

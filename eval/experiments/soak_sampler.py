@@ -34,28 +34,30 @@ class ProcessLike(Protocol):
     def cmdline(self) -> list[str]: ...
 
 
-def engine_core(api: ProcessLike) -> Any | None:
-    """The engine-core child of the API server's process (vLLM names it ``VLLM::EngineCore``),
-    None when there is none (yet)."""
+def engine_cores(api: ProcessLike) -> list[Any]:
+    """The engine-core processes under the API server's (vLLM names one ``VLLM::EngineCore``;
+    a cluster's launcher has one per replica), none while they start."""
+    cores = []
     for child in api.children(recursive=True):
         try:
             if "EngineCore" in child.name() or any("EngineCore" in a for a in child.cmdline()):
-                return child
+                cores.append(child)
         except Exception:  # noqa: BLE001 - a child that exited or is not ours: skip it
             continue
-    return None
+    return cores
 
 
 def rss(api: ProcessLike | None) -> dict[str, int | None]:
-    """RSS in bytes of the API server and of its engine core (None for one not found)."""
+    """RSS in bytes of the top process (the API server; a cluster's launcher and router) and
+    of the engine cores under it, summed (None for what is not found)."""
     out: dict[str, int | None] = {"api_rss": None, "engine_rss": None}
     if api is None:
         return out
     try:
         out["api_rss"] = int(api.memory_info().rss)
-        core = engine_core(api)
-        if core is not None:
-            out["engine_rss"] = int(core.memory_info().rss)
+        cores = engine_cores(api)
+        if cores:
+            out["engine_rss"] = sum(int(core.memory_info().rss) for core in cores)
     except Exception:  # noqa: BLE001 - the server is restarting or gone: a gap in the series
         pass
     return out
@@ -114,11 +116,34 @@ async def gauges(client: httpx.AsyncClient, base: str) -> dict[str, Any]:
     return parse_gauges(response.text) if response.status_code == 200 else {"host_tier": {}}
 
 
-async def take_sample(client: httpx.AsyncClient, base: str, api: ProcessLike | None,
+def summed(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several replicas' fields as one: numbers added, the oldest pin the oldest, the host
+    tier's gauges added by name; a field no replica reported stays None."""
+    out: dict[str, Any] = {"host_tier": {}}
+    for part in parts:
+        for key, value in part.items():
+            if key == "host_tier":
+                for name, number in value.items():
+                    out["host_tier"][name] = out["host_tier"].get(name, 0.0) + number
+            elif value is None:
+                out.setdefault(key, None)
+            elif key == "oldest_pin_s":
+                out[key] = max(out.get(key) or 0.0, value)
+            else:
+                out[key] = (out.get(key) or 0) + value
+    return out
+
+
+async def take_sample(client: httpx.AsyncClient, bases: list[str], api: ProcessLike | None,
                       client_side: dict[str, Any]) -> dict[str, Any]:
-    """One sample (without its time and phase, which the caller adds). `client_side`: what
-    the driver knows (live clients, requests in flight, the oldest waiting turn's age)."""
+    """One sample (without its time and phase, which the caller adds) from the servers at
+    `bases` (one, or a cluster's live replicas, summed). `client_side`: what the driver knows
+    (live clients, requests in flight, the oldest waiting turn's age)."""
+    parts = []
+    for base in bases:
+        part = status_fields(await scheduler_status(client, base), time.time())
+        part.update(await gauges(client, base))
+        parts.append(part)
     sample: dict[str, Any] = {**rss(api), **client_side}
-    sample.update(status_fields(await scheduler_status(client, base), time.time()))
-    sample.update(await gauges(client, base))
+    sample.update(summed(parts) if parts else status_fields(None, 0.0))
     return sample
