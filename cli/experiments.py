@@ -156,7 +156,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("soak", "real sessions against one `harness serve` for an hour, with faults: "
                "memory, held state and waiting against stated bounds",
                soak.SoakOptions, soak.run_soak, _first(soak.__doc__),
-               paths={"trace": TRACE, "cluster": CLUSTER_FILE, "out": _RESULTS}),
+               paths={"trace": TRACE, "cluster": CLUSTER_FILE, "model": MODEL,
+                      "profile": PROFILE, "out": _RESULTS}),
     Experiment("step-interference",
                "a prefill chunk's inflation of a decode step, emulated beside published figures",
                step_interference.StepInterferenceOptions,
