@@ -132,6 +132,10 @@ class Soak:
                         continue
                     self.tally.error(str(exc))
                     await asyncio.sleep(RETRY_PAUSE_S)
+                except Exception as exc:  # noqa: BLE001 - one session's surprise must not
+                    # take a client out of the closed loop for the rest of the hour
+                    self.tally.error(f"{type(exc).__name__}: {exc}")
+                    await asyncio.sleep(RETRY_PAUSE_S)
                 finally:
                     self.live -= 1
                 break
