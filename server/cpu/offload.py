@@ -51,20 +51,21 @@ class HostCopyWorker(OffloadingWorker):
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec,
                      dst_spec: LoadStoreSpec) -> bool:
-        blocks, chunks = _ids(src_spec), _ids(dst_spec)
-        nbytes = 0
-        for engine, host in zip(self._engine, self._host, strict=True):
-            host.index_copy_(0, chunks, engine.index_select(0, blocks))
-            nbytes += len(blocks) * engine.shape[1]
-        self._finished.append(TransferResult(job_id, True, nbytes, 0.0))
-        return True
+        return self._copy(job_id, to_host=True, blocks=_ids(src_spec), chunks=_ids(dst_spec))
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec,
                     dst_spec: GPULoadStoreSpec) -> bool:
-        chunks, blocks = _ids(src_spec), _ids(dst_spec)
+        return self._copy(job_id, to_host=False, blocks=_ids(dst_spec), chunks=_ids(src_spec))
+
+    def _copy(self, job_id: int, *, to_host: bool, blocks: Any, chunks: Any) -> bool:
+        """Copy the engine's `blocks` to the host's `chunks` (a store) or back (a load), every
+        layer's tensor alike; the job is done when this returns (host copies are synchronous)."""
         nbytes = 0
         for engine, host in zip(self._engine, self._host, strict=True):
-            engine.index_copy_(0, blocks, host.index_select(0, chunks))
+            if to_host:
+                host.index_copy_(0, chunks, engine.index_select(0, blocks))
+            else:
+                engine.index_copy_(0, blocks, host.index_select(0, chunks))
             nbytes += len(blocks) * engine.shape[1]
         self._finished.append(TransferResult(job_id, True, nbytes, 0.0))
         return True
