@@ -234,6 +234,19 @@ def test_sessions_are_cut_at_the_first_turn_longer_than_the_context() -> None:
     assert fit_sessions(trace, None)[1] == []
 
 
+def test_a_session_cut_after_a_persons_turn_ends_without_a_gap() -> None:
+    """A real session's turn before the cut may have handed the turn to a person (a version-2
+    trace's gap kind): the cut session's last turn has no gap at all, of any kind."""
+    program = tiny_trace().programs[0]
+    turns = [t.model_copy(update={"gap_kind": "person"}) if i == 0 else t
+             for i, t in enumerate(program.turns)]
+    trace = Trace(name="v2", programs=[Program.model_validate(
+        {**program.model_dump(), "turns": [t.model_dump() for t in turns]})])
+    kept, _ = fit_sessions(trace, 90)
+    assert [p.n_turns for p in kept] == [1]
+    assert kept[0].turns[-1].gap_kind == "tool" and kept[0].turns[-1].tool is None
+
+
 # -- the record and resuming --------------------------------------------------------------------
 def test_record_skips_a_torn_line_and_a_resume_continues_the_progress(tmp_path) -> None:
     record = Record(tmp_path)

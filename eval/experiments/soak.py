@@ -161,7 +161,7 @@ def fit_sessions(trace: Trace, limit: int | None) -> tuple[list[Program], list[s
             lines.append(f"{program.id}: left out ({why})")
             continue
         turns = [*program.turns[:turn - 1], program.turns[turn - 1].model_copy(update={
-            "tool": None, "tool_seconds": 0.0, "tool_return_tokens": 0})]
+            "tool": None, "tool_seconds": 0.0, "tool_return_tokens": 0, "gap_kind": "tool"})]
         kept.append(Program.model_validate({**program.model_dump(), "turns": [
             t.model_dump() for t in turns]}))
         lines.append(f"{program.id}: cut to its first {turn} turns ({why})")
