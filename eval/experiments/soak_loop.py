@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -40,27 +41,30 @@ def drain_bound_s(server_bound_s: float, sample_s: float) -> float:
     return server_bound_s + 2 * sample_s
 
 
+@dataclass(eq=False)
 class Soak:
-    def __init__(self, *, server: Any, sessions: list[Any], plan: FaultPlan,
-                 record: Record, options: Any, run_s: float, drain_s: float) -> None:
-        self.server = server
-        self.sessions = sessions
-        self.plan = plan
-        self.record = record
-        self.options = options
-        self.run_s = run_s
-        self.drain_s = drain_s
-        self.tally = Tally(timeout_s=options.request_timeout_s)
-        self.t0 = 0.0  # run seconds already done (a resumed run's earlier part)
-        self.next_session = 0
-        self.epoch = 0
-        self.epoch_start = 0.0
-        self.restarted = False
-        self.phase = "run"
-        self.live = 0
-        self.started = 0.0
-        self.up = asyncio.Event()
-        self.stop = asyncio.Event()
+    server: Any
+    sessions: list[Any]
+    plan: FaultPlan
+    record: Record
+    options: Any
+    run_s: float
+    drain_s: float
+    tally: Tally = field(init=False)
+    #: run seconds already done (a resumed run's earlier part)
+    t0: float = field(default=0.0, init=False)
+    next_session: int = field(default=0, init=False)
+    epoch: int = field(default=0, init=False)
+    epoch_start: float = field(default=0.0, init=False)
+    restarted: bool = field(default=False, init=False)
+    phase: str = field(default="run", init=False)
+    live: int = field(default=0, init=False)
+    started: float = field(default=0.0, init=False)
+    up: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    stop: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self.tally = Tally(timeout_s=self.options.request_timeout_s)
 
     def restore(self, progress: dict[str, Any]) -> None:
         """Continue where a killed soak's progress file left off."""
