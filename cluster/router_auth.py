@@ -29,7 +29,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from cluster.router_wire import error_body
-from server.intake.ownership import credential_of
+from server.intake.ownership import credential_of, several_keys
 
 GUARDED_PREFIX = "/v1"
 #: Where the middleware leaves the fingerprint of a request's key (`scope["state"]`).
@@ -53,7 +53,7 @@ class RequireApiKey:
     def __init__(self, app: Any, api_keys: Sequence[str], upstream: str | None = None) -> None:
         self.app = app
         self._keys = [_digest(key) for key in api_keys]
-        self._tenants = len(set(api_keys)) > 1
+        self._tenants = several_keys(api_keys)
         self._upstream = [(b"authorization", f"Bearer {upstream}".encode())] if upstream else []
 
     def allowed(self, headers: Headers) -> bool:
