@@ -34,6 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from server.intake.agentic_context import PATHS as REQUEST_PATHS  # whose session_id opens a program
 from server.intake.events import (
     ENV_API_KEY,
     ENV_EVENTS_IPC,
@@ -53,8 +54,6 @@ from server.intake.ownership import (
 )
 
 ROUTE = "/v1/agent/events"
-#: The requests whose `session_id` opens a program (vLLM's completions endpoints).
-REQUEST_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 def server_keys(app: FastAPI) -> list[str]:
