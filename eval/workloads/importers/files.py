@@ -33,13 +33,10 @@ def import_file_programs(path: str | Path, fmt: str = "auto", **kwargs: Any) -> 
     return _from_file(Path(path), import_programs, fmt, kwargs)
 
 
-def _from_file(path: Path, read: Callable[..., Any], fmt: str, kwargs: dict[str, Any]) -> Any:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: not a JSON trajectory ({exc})") from None
+def _from_file(path: Path, read: Callable[..., Any], fmt: str, kwargs: dict[str, Any],
+               data: Any = None) -> Any:
+    if data is None:
+        data = _load(path)
     kwargs.setdefault("program_id", _stem(path))
     try:
         return read(data, fmt, **kwargs)
@@ -47,6 +44,16 @@ def _from_file(path: Path, read: Callable[..., Any], fmt: str, kwargs: dict[str,
         raise TraceFormatError(f"{path}: {exc}") from None
     except ValueError as exc:  # pydantic validation of the built program
         raise TraceFormatError(f"{path}: the trajectory gives an invalid program: {exc}") from None
+
+
+def _load(path: Path) -> Any:
+    """The file's JSON; errors name the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: not a JSON trajectory ({exc})") from None
 
 
 def trace_from_files(
@@ -66,9 +73,14 @@ def trace_from_files(
     files = [Path(p) for p in paths]
     if not files:
         raise ValueError("no trajectory files given")
-    groups = [import_file_programs(p, fmt, **kwargs) for p in files]
+    groups: list[list[Program]] = []
+    starts: list[float | None] = []
+    for path in files:  # each file read once: its programs and its recorded start
+        data = _load(path)
+        groups.append(_from_file(path, import_programs, fmt, dict(kwargs), data))
+        starts.append(seconds(data.get("started_at")) if isinstance(data, dict) else None)
     if jps is None:
-        groups = _at_recorded_starts(groups, [_started_at(p) for p in files])
+        groups = _at_recorded_starts(groups, starts)
     programs = [p for group in groups for p in group]
     trace = Trace(
         name=name,
@@ -77,15 +89,6 @@ def trace_from_files(
         programs=programs,
     )
     return retime(trace, jps, seed) if jps is not None else trace
-
-
-def _started_at(path: Path) -> float | None:
-    """The file's recorded ``started_at`` (harness trajectories), or None."""
-    try:
-        started = json.loads(path.read_text(encoding="utf-8")).get("started_at")
-    except (AttributeError, json.JSONDecodeError):
-        started = None
-    return seconds(started)
 
 
 def _at_recorded_starts(groups: list[list[Program]],
