@@ -84,10 +84,11 @@ class ClusterRuns:
         names = list(routers) if routers is not None else [config.router.strategy]
         wanted: list[PolicySpec | None] = [None]
         if policies is not None:
-            wanted = list(check_policies(policies))
-            if any(p.hint_mode != "none" or p.offload for p in wanted if p is not None):
+            specs = check_policies(policies)
+            if any(p.hint_mode != "none" or p.offload for p in specs):
                 raise BenchError("--cluster: give plain policy names (set `offload_gib` per "
                                  "replica in the cluster file; client hints are not replayed)")
+            wanted = list(specs)
         for name in names:  # the file must make sense under every router and policy asked for
             for policy in wanted:
                 data = config.model_dump()
