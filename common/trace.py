@@ -96,7 +96,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -112,7 +112,7 @@ FORMAT_VERSIONS = (1, 2)
 
 #: What the seconds after a turn are (the gap's kind); "tool" is the default, version 1's only.
 GapKind = Literal["tool", "person", "subagent"]
-GAP_KINDS: tuple[str, ...] = ("tool", "person", "subagent")
+GAP_KINDS: tuple[str, ...] = get_args(GapKind)
 
 __all__ = [
     "FORMAT_NAME",
