@@ -95,13 +95,13 @@ class Framing:
         )
 
     def reply(self, msg: dict[str, Any]) -> int:
-        return max(1, self.count(message_text(msg)) + 1)
+        return self.reply_text(message_text(msg))
 
     def reply_text(self, text: str) -> int:
         return max(1, self.count(text) + 1)
 
     def first_prompt(self, messages: Iterable[dict[str, Any]]) -> int:
-        return 1 + sum(self.message(m) for m in messages) + self.generation_prompt
+        return 1 + self.returns(messages)  # <|begin_of_text|>
 
     def returns(self, messages: Iterable[dict[str, Any]]) -> int:
         return sum(self.message(m) for m in messages) + self.generation_prompt
