@@ -92,7 +92,7 @@ def _conversation(data: Any) -> tuple[list[Message], list[int]]:
     msgs = [m for m in messages if m.get("role") != "exit"]
     # a harness trajectory says how many messages its prompt has: worked examples among
     # them are assistant messages that are no turn of the program
-    first = int((data.get("info") or {}).get("prompt_messages") or 0)
+    first = int(info_of(data).get("prompt_messages") or 0)
     replies = [i for i, m in enumerate(msgs) if m.get("role") == "assistant" and i >= first]
     need(bool(replies), "the trajectory has no assistant message: nothing to replay")
     need(replies[0] > 0, "the trajectory starts with an assistant message: no prompt before it")
