@@ -162,15 +162,15 @@ def _is_subagent(entry: Any) -> bool:
 
 def _waited(entry: Entry) -> bool:
     """Whether the parent waited for this sub-agent (it has a duration; not launched apart)."""
-    return seconds(entry.get("duration_ms")) is not None
+    return _duration(entry) is not None
 
 
 def _subagent_start(entry: Entry, where: str) -> float:
     """When a sub-agent started: its end ``t`` less its duration, or ``t`` when it was
     launched without a duration (asynchronous)."""
     end = _number(entry, "t", where)
-    duration = seconds(entry.get("duration_ms"))
-    return end if duration is None else max(0.0, end - duration / 1000.0)
+    duration = _duration(entry)
+    return end if duration is None else max(0.0, end - duration)
 
 
 def common_blocks(a: list[int], b: list[int]) -> int:
