@@ -16,7 +16,8 @@ from cli.options import add_offload_copy_model_argument
 from cli.paths import MODEL, PROFILE, add_path_argument, output_file, output_folder
 from server.cpu.engine import DEFAULT_CPU_MODEL, SETUP_COMMAND
 from server.engine_spec import EngineSpec
-from server.launch import DEVICES, ENV_API_KEY, ServeError, build_command, serve_policy
+from server.intake.events import ENV_API_KEY
+from server.launch import DEVICES, ServeError, build_command, serve_policy
 from server.max_model_len import SERVED_MAX_MODEL_LEN
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec

@@ -95,8 +95,8 @@ def replica_command(config: ClusterConfig, spec: ReplicaSpec, port: int,
     `--api-key`: in the environment, not in the process list)."""
     # server.launch, server.intake.events (pydantic): start-up cost (~0.5 s), paid only when
     # replicas are built; the reaper (`python -m cluster.launcher reap`) runs this module too
-    from server.intake.events import ENV_EVENTS_IPC, default_ipc_path
-    from server.launch import ENV_API_KEY, ServeError, build_command
+    from server.intake.events import ENV_API_KEY, ENV_EVENTS_IPC, default_ipc_path
+    from server.launch import ServeError, build_command
 
     engine = config.engine_spec(spec, EngineSpec(seed=config.router.seed))
     env: dict[str, str] = {}

@@ -30,7 +30,7 @@ from server.cpu.engine import (
 )
 from server.cpu.memory import folder_kv_budget
 from server.engine_spec import EngineSpec
-from server.intake.events import ENV_API_KEY, ENV_EVENTS_IPC, default_ipc_path  # noqa: F401 (ENV_API_KEY: for cli.serve, cluster.launcher)
+from server.intake.events import ENV_EVENTS_IPC, default_ipc_path
 from server.kv_connectors import DiskTier, offload_options, stacked, transfer_args
 from server.max_model_len import served_max_model_len
 from server.models.hub import OFFLINE_VARS
