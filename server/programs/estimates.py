@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from predictor.means import SlidingMean
-from predictor.programs import LENGTH_WINDOW, PromptGrowth, RemainingTurns
+from predictor.programs import MIN_PROGRAMS, PromptGrowth, RemainingTurns
 from server.costs import CostModel, WorkModel
 from server.programs.state import ProgramState
 
 #: Programs ended before the turns left are estimated from their lengths (before: as many again
 #: as a program has done).
-MIN_ENDED = 10
+MIN_ENDED = MIN_PROGRAMS
 
 
 class ProgramEstimates:
@@ -30,7 +30,7 @@ class ProgramEstimates:
         #: of programs of near contexts rests on them
         self.work = WorkModel(cost_model, bucket=1)
         #: E[N - k | N > k] over the last ended programs' turn counts
-        self.lengths = RemainingTurns(window=LENGTH_WINDOW, min_programs=MIN_ENDED)
+        self.lengths = RemainingTurns()  # the remaining-work policy's window and minimum
         #: a prompt's growth from one turn to the next, and each live program's latest prompt
         self.growth = PromptGrowth(window=None)
         #: a turn's output (its context at the end less its prompt)
