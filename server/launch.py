@@ -116,7 +116,7 @@ def offload_args(gib: float | None, extra: list[str] | None = None,
         raise ServeError(f"--kv-transfer-config {transfer} with a CPU KV tier (a policy that "
                          f"swaps, or --offload-gib): {exc}; only vLLM's NixlConnector stacks "
                          "with the tier here") from None
-    return ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))], rest
+    return transfer_args(config), rest
 
 
 def _take_option(options: list[str], name: str, missing: str) -> tuple[list[str], list[str]]:
