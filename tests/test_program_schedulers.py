@@ -138,6 +138,9 @@ class _Costs:
     def swap_seconds(self, tokens):
         return 4e-6 * tokens
 
+    def prefill_seconds(self, tokens):
+        return 1e-4 * tokens
+
 
 def test_lookahead_admits_every_program_that_fits_while_memory_is_free():
     # a burst of 100 programs at 2,000 tokens with room for all (10^7 tokens): no rule of
@@ -171,7 +174,7 @@ def test_lookahead_admits_by_the_engines_count_once_it_is_heard():
     for i in range(4):
         _start(s, f"p{i}", 2000, 0.0)
     for i in range(4):
-        _act(s, f"p{i}", 2100, 1.0, predicted=30.0)
+        _act(s, f"p{i}", 2100, 1.0)  # told nothing: none is known to be far
     s.turn_arrived("p0", 2200, 2.0)
     s.turn_arrived("e", 2000, 2.0)
     s.decide(2.0)
@@ -184,7 +187,7 @@ def test_lookahead_admits_by_the_engines_count_once_it_is_heard():
     t = Lookahead(capacity_tokens=10_000, cost_model=_Costs())
     for i in range(4):
         _start(t, f"p{i}", 2000, 0.0)
-        _act(t, f"p{i}", 2100, 1.0, predicted=30.0)
+        _act(t, f"p{i}", 2100, 1.0)
     t.turn_arrived("p0", 2200, 2.0)
     t.turn_admitted("p0", 2.0)
     t.turn_arrived("e", 2000, 2.0)
@@ -528,7 +531,7 @@ def test_lookahead_with_known_lengths_lets_a_short_program_take_a_long_ones_plac
         s.tell_lengths({"long": long_turns, "short": 3, "r": 10})
     _start(s, "long", 1000, 0.0)
     _start(s, "r", 100, 0.0)
-    _act(s, "long", 6000, 1.0, predicted=30.0)
+    _act(s, "long", 6000, 1.0)  # told nothing of its return: only its length can displace it
     s.turn_arrived("short", 4000, 2.0)
     s.decide(2.0)
     assert s.may_run("short") is preempted

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtri
 
-from predictor.gaps.shapes import Shape
+from predictor.gaps.shapes import LogNormal, Shape
 
 #: The cap on a forecast's mean gap unless said otherwise: one day.
 DEFAULT_MEAN_CAP_S = 86_400.0
@@ -51,6 +52,23 @@ class GapForecast:
     mean_cap_s: float = DEFAULT_MEAN_CAP_S
     #: the unconditional probability of being back by `elapsed_s`
     _gone: float = field(init=False, repr=False)
+
+    @classmethod
+    def from_hint(cls, quantiles: dict[str, float]) -> GapForecast:
+        """The forecast a server rebuilds from a client's hint (`hint`'s ``{"p50": s, ...}``):
+        the log-normal through the lowest and highest level given with distinct positive
+        values (a server does not know the client's shapes, only these quantiles; the
+        log-normal keeps their spread, which is what a keep-or-release decision weighs).
+        A ValueError when the hint has no two such levels."""
+        points = sorted((float(level.removeprefix("p")) / 100.0, float(seconds))
+                        for level, seconds in quantiles.items() if seconds > 0)
+        if len(points) < 2 or points[0][1] >= points[-1][1] or points[0][0] >= points[-1][0]:
+            raise ValueError(f"a gap hint needs two levels with distinct positive values, "
+                             f"got {quantiles}")
+        (q_lo, t_lo), (q_hi, t_hi) = points[0], points[-1]
+        z_lo, z_hi = float(ndtri(q_lo)), float(ndtri(q_hi))
+        sigma = math.log(t_hi / t_lo) / (z_hi - z_lo)
+        return cls(LogNormal(math.log(t_lo) - sigma * z_lo, sigma), source="hint")
 
     def __post_init__(self) -> None:
         if not (self.scale > 0 and math.isfinite(self.scale)):

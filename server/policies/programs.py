@@ -86,7 +86,8 @@ class ProgramPolicy(Policy):
     def on_event(self, event: AgentEvent, now: float) -> None:
         pid = event.program_id
         if event.kind == "tool_start":
-            self.programs.tool_started(pid, event.tool, event.predicted_s, now)
+            self.programs.tool_started(pid, event.tool, event.predicted_s, now,
+                                       event.predicted_q)
         elif event.kind == "tool_end":
             self.programs.tool_ended(pid, now)
         elif event.kind == "program_end":

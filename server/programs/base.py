@@ -116,13 +116,13 @@ class ProgramScheduler:
         return st.kv
 
     def tool_started(self, program_id: str, tool: str | None, predicted_s: float | None,
-                     now: float) -> None:
-        """The tool call began: with its predicted duration, a kept KV is decided again
-        (the prediction may say the memory is better released)."""
-        self.table.tool_started(program_id, tool, predicted_s, now)
+                     now: float, predicted_q: dict[str, float] | None = None) -> None:
+        """The tool call began: with its predicted duration or the gap's quantiles, a kept
+        KV is decided again (the prediction may say the memory is better released)."""
+        self.table.tool_started(program_id, tool, predicted_s, now, predicted_q)
         st = self.table.get(program_id)
         if (st is not None and st.active and st.phase is Phase.ACTING and st.kv is Kv.GPU
-                and predicted_s is not None):
+                and (predicted_s is not None or st.gap is not None)):
             st.kv = self.on_turn_end(st, now)
 
     def tool_ended(self, program_id: str, now: float) -> None:

@@ -35,10 +35,20 @@ The rules:
   programs with more than `PREEMPT_MARGIN` times its expected remaining work (most work
   first): program-level shortest-remaining-work with preemption. Learnt lengths are too
   spread for it (on `swe-long` the estimate's spread is half its mean), so it is off there.
+* **Idle memory is not a queue slot.** A ready turn that does not fit takes the place of
+  acting programs that are *far* from their next turn (`far`: the client's gap quantiles say
+  the program is more likely than not still away after `KEEP_RELOADS` reloads of its context,
+  or its point prediction says so), least costly first by the give-way score; told nothing,
+  a turn that has waited `AGING_S` takes the place of programs idle `IDLE_FAR_S` or more
+  (`displace_idle`). The bound: no ready turn waits more than `AGING_S` for memory that
+  programs idle `IDLE_FAR_S` hold (real sessions hand the turn to a person for minutes; their
+  pins, kept by the rule below, would otherwise hold newcomers back until memory ran short).
 * **What a tool call keeps.** An active program's finished turn is pinned through its tool
-  call; with a host tier, a call the client predicts to outlast its reload many times over is
-  released to the tier and prefetched at the predicted return minus the transfer time
-  (`keep_worth_it`; told nothing, the KV is kept).
+  call; with a host tier, a call the client predicts to be far (as above) is released to the
+  tier and prefetched at the predicted return minus the transfer time (`keep_worth_it`; told
+  nothing, the KV is kept). With the gap's quantiles, the give-way score's time until the next
+  turn is the expected wait given how long the program has been gone (heavy tails: the longer
+  gone, the later expected), Belady's rule with the distribution.
 * **When.** At every event (a turn arrives, is admitted, finishes; a tool starts or ends; a
   program ends), never on a tick.
 """
@@ -65,6 +75,16 @@ PREEMPT_MARGIN = 2.0
 KEEP_RELOADS = 10
 #: Tool duration assumed when no prediction came (s): Continuum's Exp(1) prior mean.
 DEFAULT_TOOL_S = 1.0
+#: A program is far from its next turn when its chance of being back within the keep horizon
+#: (`KEEP_RELOADS` reloads of its context) is below this (the gap's quantiles told).
+KEEP_P = 0.5
+#: Told nothing of a program's return: a ready turn that has waited this long (s) for memory
+#: takes the place of programs idle `IDLE_FAR_S` or more (the starvation bound).
+AGING_S = 60.0
+#: Told nothing, a program in its tool call this long (s) is taken to be far: above every tool
+#: call of the generated traces (120 s at most), below a person's median answer in Claude Code
+#: sessions (132 s from the tool's start is the p50 of `person` gaps; minutes more is common).
+IDLE_FAR_S = 300.0
 
 
 class Lookahead(ProgramScheduler):
@@ -146,7 +166,10 @@ class Lookahead(ProgramScheduler):
             need = account.need(st)
             band = RESUME_BAND * self.capacity_tokens if st.pauses else 0.0
             if usage + need > limit - band and (reasoning > 0 or not st.turn_waiting):
-                freed = self.make_way(st, usage + need - (limit - band), now)
+                short = usage + need - (limit - band)
+                freed = self.make_way(st, short, now)
+                if freed is None:
+                    freed = self.displace_idle(st, short, now)
                 if freed is None:
                     continue
                 usage -= freed
@@ -157,10 +180,56 @@ class Lookahead(ProgramScheduler):
 
     # -- who gives way -----------------------------------------------------------------------
     def give_way_score(self, st: ProgramState, now: float) -> float:
-        """How little a pause costs: time until its next turn x the KV it frees."""
+        """How little a pause costs: time until its next turn x the KV it frees. The time is
+        the expected wait under the gap's distribution when the client sent one, else the
+        predicted return (or the default tool time) less now."""
+        if st.gap is not None and st.phase is Phase.ACTING:
+            wait = st.gap.given(st.idle_s(now)).expected_wait_s()
+            return wait * max(1, st.context_tokens)
         back = st.predicted_return if st.predicted_return is not None else (
             (st.tool_started or now) + DEFAULT_TOOL_S)
         return max(0.0, back - now) * max(1, st.context_tokens)
+
+    def far(self, st: ProgramState, now: float) -> bool:
+        """Whether the client's prediction says the acting program is away longer than its
+        keep horizon (`keep_horizon_s`): with the gap's quantiles, less than `KEEP_P` likely
+        back within it given how long it has been gone; with a point prediction, due after
+        it. Told nothing: not known to be far."""
+        if st.phase is not Phase.ACTING:
+            return False
+        horizon = self.keep_horizon_s(st)
+        if st.gap is not None:
+            return st.gap.given(st.idle_s(now)).p_back_within(horizon) < KEEP_P
+        return st.predicted_return is not None and st.predicted_return - now > horizon
+
+    def keep_horizon_s(self, st: ProgramState) -> float:
+        """How soon a program must be back for its KV to be worth keeping on the GPU:
+        `KEEP_RELOADS` times what its return costs otherwise (a reload from the host tier,
+        else a recompute), and at least `DEFAULT_TOOL_S`."""
+        cost = (self._reload_seconds(st.context_tokens) if self.host_tier
+                else self._recompute_seconds(st.context_tokens))
+        return max(KEEP_RELOADS * cost, DEFAULT_TOOL_S)
+
+    def displace_idle(self, st: ProgramState, short: float, now: float) -> float | None:
+        """A ready turn that does not fit takes the place of acting programs far from their
+        next turn (`far`), or, once it has waited `AGING_S`, of programs idle `IDLE_FAR_S` or
+        more; the cheapest pauses first (`give_way_score`) until `short` tokens are freed.
+        What they held, or None (nobody paused) when they cannot free that much."""
+        if not st.turn_waiting:
+            return None
+        aged = st.waited_s(now) >= AGING_S
+        idle = [a for a in self.table.active()
+                if a.phase is Phase.ACTING and not a.turn_waiting and resident(a) > 0
+                and (self.far(a, now) or (aged and a.idle_s(now) >= IDLE_FAR_S))]
+        if sum(resident(a) for a in idle) < short:
+            return None
+        freed = 0.0
+        for a in sorted(idle, key=lambda a: -self.give_way_score(a, now)):
+            if freed >= short:
+                break
+            freed += resident(a)
+            self.pause(a, now)
+        return freed
 
     def make_way(self, st: ProgramState, short: float, now: float) -> float | None:
         """With told lengths: pause acting programs with more than `PREEMPT_MARGIN` times
@@ -198,17 +267,14 @@ class Lookahead(ProgramScheduler):
 
     def keep_worth_it(self, st: ProgramState, now: float) -> bool:
         """Without a host tier: keep (an active program's KV is part of its budget already,
-        and the next turn saves the recompute). With one: keep unless the client predicted
-        the call (`predicted_s`) to outlast the reload many times over (`KEEP_RELOADS`, and
-        at least `DEFAULT_TOOL_S`); then the memory goes to the reasoning programs and a
-        prefetch, timed by that prediction, reloads it over PCIe. Told nothing, keep: a
+        and the next turn saves the recompute). With one: keep unless the client's prediction
+        says the call is far (`far`: the point prediction past the keep horizon, or the
+        quantiles more likely than not); then the memory goes to the reasoning programs and a
+        prefetch, timed by the point prediction, reloads it over PCIe. Told nothing, keep: a
         release no prediction times is reloaded on demand, and agents' tool times are spread
         enough that a guessed long call often comes back at once. Under pressure a kept pin
         still gives way (to the tier: vLLM's write-through copy is there)."""
-        if not self.host_tier or st.predicted_return is None:
-            return True
-        cost = self._reload_seconds(st.context_tokens)
-        return st.predicted_return - now <= max(KEEP_RELOADS * cost, DEFAULT_TOOL_S)
+        return not self.host_tier or not self.far(st, now)
 
     def prefetch_due(self, now: float) -> list[str]:
         """Offloaded active programs whose tool is due back within the reload time."""
@@ -231,5 +297,11 @@ class Lookahead(ProgramScheduler):
             return 0.0
         return float(self.cost_model.swap_seconds(tokens))
 
+    def _recompute_seconds(self, tokens: int) -> float:
+        """Prefilling a context of `tokens` again (0 without a cost model)."""
+        if self.cost_model is None:
+            return 0.0
+        return float(self.cost_model.prefill_seconds(tokens))
 
-__all__ = ["MIN_ENDED", "Lookahead"]
+
+__all__ = ["AGING_S", "IDLE_FAR_S", "MIN_ENDED", "Lookahead"]

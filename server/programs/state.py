@@ -18,6 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from predictor.gaps.forecast import GapForecast
+
 #: A program silent this long (no turn arrives, none finishes, no event) is forgotten: an
 #: agent that died without `program_end`. The longest tool call in our traces is 120 s
 #: (swe `python`), and SWE-bench harnesses time a command out at 30 min; 3600 s is above both.
@@ -66,6 +68,8 @@ class ProgramState:
     tool: str | None = None
     tool_started: float | None = None
     predicted_return: float | None = None  # when its tool call is expected to end
+    #: the gap's distribution, from the client's quantiles (`tool_start`'s `predicted_q`)
+    gap: GapForecast | None = None
     kv: Kv = Kv.NONE
     replica: str | None = None  # where it runs (the router's placement)
     last_seen: float = 0.0
@@ -87,6 +91,18 @@ class ProgramState:
         """What the program is charged while active: its context plus the per-program
         allowance (the schedulers' accounts and the routers' rooms all count this)."""
         return self.context_tokens + PER_PROGRAM_TOKENS
+
+    def waited_s(self, now: float) -> float:
+        """How long its ready turn has waited to be admitted (0 with none waiting)."""
+        if not self.turn_waiting or self._turn_started is None:
+            return 0.0
+        return max(0.0, now - self._turn_started)
+
+    def idle_s(self, now: float) -> float:
+        """How long it has been in its tool call (0 while it reasons)."""
+        if self.phase is not Phase.ACTING or self.tool_started is None:
+            return 0.0
+        return max(0.0, now - self.tool_started)
 
     @property
     def idleness(self) -> float:
@@ -147,6 +163,7 @@ class ProgramTable:
                 self._close_cycle(st, now)
             st.tool_started = None
             st.predicted_return = None
+            st.gap = None
         st.turn_waiting = True
         st.context_tokens = max(st.context_tokens, prompt_tokens)
         st._turn_started = now
@@ -177,14 +194,23 @@ class ProgramTable:
             st._reason_s = now - st._turn_started
 
     def tool_started(self, program_id: str, tool: str | None, predicted_s: float | None,
-                     now: float) -> None:
+                     now: float, predicted_q: dict[str, float] | None = None) -> None:
+        """A tool call began: its predicted end, and the gap's distribution when the client
+        sent quantiles (a hint without two distinct levels is taken as no distribution)."""
         st = self.programs.get(program_id)
         if st is None:
             return
         st.tool = tool or st.tool
         st.last_seen = now
-        if st.phase is Phase.ACTING and predicted_s is not None and predicted_s >= 0:
+        if st.phase is not Phase.ACTING:
+            return
+        if predicted_s is not None and predicted_s >= 0:
             st.predicted_return = (st.tool_started or now) + predicted_s
+        if predicted_q:
+            try:
+                st.gap = GapForecast.from_hint(predicted_q)
+            except ValueError:
+                st.gap = None
 
     def tool_ended(self, program_id: str, now: float) -> None:
         st = self.programs.get(program_id)

@@ -1,0 +1,115 @@
+"""`lookahead`'s rule for idle memory: a ready turn takes the place of programs far from their
+next turn (by the client's point prediction or gap quantiles), and, told nothing, of programs
+idle `IDLE_FAR_S` once it has waited `AGING_S` (the starvation bound)."""
+
+from __future__ import annotations
+
+from predictor.gaps import GapForecast
+from server.programs.lookahead import AGING_S, IDLE_FAR_S, KEEP_RELOADS, Lookahead
+
+
+class _Costs:
+    """Recompute 0.1 ms a token, PCIe 4 us a token."""
+
+    def step_seconds(self, prefill, decode):
+        return 6e-3
+
+    def swap_seconds(self, tokens):
+        return 4e-6 * tokens
+
+    def prefill_seconds(self, tokens):
+        return 1e-4 * tokens
+
+
+def _scheduler(host_tier: bool = False) -> Lookahead:
+    # capacity 10,000 x 0.9 = 9,000: "idle" (6,000) is in a tool call, "r" reasons (1,000)
+    s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=host_tier)
+    for pid, tokens in (("idle", 5900), ("r", 1000)):
+        s.turn_arrived(pid, tokens, 0.0)
+        s.decide(0.0)
+        s.turn_admitted(pid, 0.0)
+    s.turn_finished("idle", 6000, 1.0)
+    return s
+
+
+def _arrive(s: Lookahead, now: float) -> None:
+    s.turn_arrived("new", 4000, now)  # 6,100 + 1,100 + 4,100 > 9,000: it does not fit
+    s.decide(now)
+
+
+def test_told_nothing_a_ready_turn_waits_for_an_idle_program_until_the_aging_bound():
+    s = _scheduler()
+    s.tool_started("idle", "bash", None, 1.0)
+    _arrive(s, 2.0)
+    assert not s.may_run("new") and s.may_run("idle")
+    # waited AGING_S, but "idle" has not been idle IDLE_FAR_S yet: still waits
+    s.turn_arrived("r", 1100, 2.0 + AGING_S)
+    s.decide(2.0 + AGING_S)
+    assert not s.may_run("new")
+    # both bounds passed: the idle program gives way, the waiting turn runs
+    now = 1.0 + IDLE_FAR_S
+    s.tool_ended("r", now)
+    s.turn_arrived("r", 1200, now)
+    s.decide(now)
+    assert s.may_run("new") and not s.may_run("idle")
+
+
+def test_a_point_prediction_past_the_keep_horizon_makes_room_at_once():
+    # no host tier: the horizon is KEEP_RELOADS recomputes of 6,000 tokens (6 s); back in 30 s
+    # is far, back in 3 s is not
+    assert KEEP_RELOADS * 1e-4 * 6000 == 6.0
+    for predicted, displaced in ((30.0, True), (3.0, False)):
+        s = _scheduler()
+        s.tool_started("idle", "bash", predicted, 1.0)
+        _arrive(s, 1.5)
+        assert s.may_run("new") is displaced
+        assert s.may_run("idle") is not displaced
+
+
+def test_gap_quantiles_make_room_by_the_chance_of_an_early_return():
+    # a person's answer (median 2 minutes) is far; a quick tool (median 2 s, p99 20 s) is not
+    for hint, displaced in (({"p50": 120.0, "p90": 900.0, "p99": 4000.0}, True),
+                            ({"p50": 2.0, "p90": 5.0, "p99": 20.0}, False)):
+        s = _scheduler()
+        s.tool_started("idle", "bash", None, 1.0, predicted_q=hint)
+        _arrive(s, 1.5)
+        assert s.may_run("new") is displaced
+
+
+def test_a_displaced_program_comes_back_first():
+    s = _scheduler()
+    s.tool_started("idle", "bash", 30.0, 1.0)
+    _arrive(s, 1.5)
+    assert not s.may_run("idle")
+    s.turn_finished("new", 4100, 5.0)
+    s.tool_started("new", "bash", 1.0, 5.0)
+    s.turn_arrived("late", 100, 20.0)
+    s.turn_arrived("idle", 6100, 31.0)  # back: paused, its turn waits beside "late"
+    s.program_ended("new", 31.0)
+    s.decide(31.0)
+    # it arrived before "late": it is resumed ahead of it
+    assert s.rank(s.table.get("idle")) < s.rank(s.table.get("late"))
+    assert s.may_run("idle")
+
+
+def test_with_quantiles_the_longer_gone_the_later_expected():
+    s = _scheduler()
+    s.tool_started("idle", "bash", None, 1.0, predicted_q={"p50": 10.0, "p99": 2000.0})
+    st = s.table.get("idle")
+    early, late = s.give_way_score(st, 2.0), s.give_way_score(st, 500.0)
+    assert late > early > 0
+
+
+def test_a_hint_without_two_levels_is_no_distribution():
+    s = _scheduler()
+    s.tool_started("idle", "bash", None, 1.0, predicted_q={"p50": 10.0})
+    assert s.table.get("idle").gap is None
+    s.tool_started("idle", "bash", None, 1.0, predicted_q={"p50": 10.0, "p90": 10.0})
+    assert s.table.get("idle").gap is None
+
+
+def test_a_forecast_from_a_hint_keeps_the_hinted_quantiles():
+    f = GapForecast.from_hint({"p50": 9.0, "p99": 845.0})
+    assert abs(f.quantile(0.5) - 9.0) < 1e-6 and abs(f.quantile(0.99) - 845.0) < 1e-3
+    # conditioned on being gone a while, the chance of an early return falls (a heavy tail)
+    assert f.given(300.0).p_back_within(5.0) < f.p_back_within(5.0)
