@@ -11,7 +11,8 @@ this module only maps its endpoints to routes and renders its `Reply`s.
 Endpoints:
 
 * `POST /v1/chat/completions`, `POST /v1/completions`: the program id is the body's
-  `session_id` or the `X-Session-ID` header, the turn `vllm_xargs.turn` (default 0). The router
+  `session_id` or the `X-Session-ID` header, the turn `vllm_xargs.turn` (default 0); where the
+  router has tenants, a program another key opened is refused (403). The router
   picks the replica; the answer carries `X-Harness-Replica` (and `X-Harness-Prefill` under
   P/D). Bodies are passed on unchanged (colocated); streamed answers (SSE) are relayed chunk
   by chunk as they arrive. Under P/D the request first goes to the prefill replica, and the

@@ -18,7 +18,9 @@ A body is refused as a replica refuses it (`server.intake.events`: 400 when it i
 `cluster.router_auth`), with a 403 when it names a program another tenant's key opened
 (`server.intake.ownership`, the class the engines keep too: a completions request or an event opens
 a program for its key, `program_end` frees the id). Each refusal is counted
-(`events_refused_<reason>` in `GET /v1/cluster`, `refused` in `GET /v1/agent/events`).
+(`events_refused_<reason>` in `GET /v1/cluster`, `refused` in `GET /v1/agent/events`). A
+completions request naming another key's program is refused the same way (`claim`: 403,
+counted as `requests_refused_not_owner`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import httpx
 
 from cluster.router_state import ClusterState
-from cluster.router_wire import GONE, Reply, auth_of, program_of
+from cluster.router_wire import GONE, Reply, auth_of, error_reply, program_of
 from server.intake.events import REFUSALS, EventError, parse_events
 from server.intake.ownership import ProgramOwners, admit_events, events_done
 
@@ -49,19 +51,24 @@ class EventFanout:
         self.owners = owners  # who opened each program; None: one tenant, nothing to check
         for reason in REFUSALS:
             state.counters.setdefault(f"events_refused_{reason}", 0)
+        state.counters.setdefault("requests_refused_not_owner", 0)
 
-    def claim(self, raw: bytes, headers: Any, credential: str | None) -> None:
+    def claim(self, raw: bytes, headers: Any, credential: str | None) -> Reply | None:
         """A completions request (`raw`, its body) opens its program for `credential` when
-        nobody has (with tenants only; never refuses: the turn goes on)."""
+        nobody has (with tenants only); a 403 when another key opened it (a turn would move,
+        pin or end another tenant's program as an event would), None when the turn goes on."""
         if self.owners is None:
-            return
+            return None
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
-            return  # the turn forwarder answers it with a 400
+            return None  # the turn forwarder answers it with a 400
         program = program_of(body, headers) if isinstance(body, dict) else None
-        if program is not None:
-            self.owners.claim(program, credential)
+        if program is None or self.owners.claim(program, credential):
+            return None
+        self.state.counters["requests_refused_not_owner"] += 1
+        return error_reply(f"program {program!r} was opened with another API key; only that "
+                           "key may send its turns", 403, "permission_error")
 
     async def receive(self, raw: bytes, headers: Any = None,
                       credential: str | None = None) -> Reply:

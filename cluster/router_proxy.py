@@ -132,8 +132,11 @@ class RouterProxy:
                        client_gone: Callable[[], Awaitable[None]] | None = None,
                        credential: str | None = None) -> Reply:
         """`POST /v1/chat/completions` or `POST /v1/completions` (`TurnForwarder.complete`);
-        its program is opened for `credential` (its key's fingerprint) if nobody has."""
-        self.events.claim(raw, headers, credential)
+        its program is opened for `credential` (its key's fingerprint) if nobody has, and
+        refused (403) when another key opened it (`EventFanout.claim`)."""
+        refused = self.events.claim(raw, headers, credential)
+        if refused is not None:
+            return refused
         return await self.turns.complete(path, raw, headers, client_gone)
 
     async def post_events(self, raw: bytes, headers: Any = None,

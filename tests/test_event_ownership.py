@@ -265,6 +265,25 @@ def test_router_refuses_another_tenants_events_and_hides_tenant_keys_from_replic
         b'{"type": "tool_start", "program_id": "pa", "tool": "bash"}']  # pb: no turn, no home
 
 
+def test_router_refuses_a_turn_of_another_tenants_program():
+    # a turn would move, pin or end the program as an event would: only its key may send one
+    app, replicas = router_app(tenants=[A, B], api_key=CLUSTER, strategy="programs")
+    with TestClient(app) as client:
+        assert client.post("/v1/chat/completions", json=chat_body("pa"),
+                           headers=bearer(A)).status_code == 200
+        refused = client.post("/v1/chat/completions", json=chat_body("pa"), headers=bearer(B))
+        assert refused.status_code == 403
+        assert "program 'pa' was opened with another API key" in refused.json()["error"][
+            "message"]
+        assert client.post("/v1/completions", headers={**bearer(B), "X-Session-ID": "pa"},
+                           json={"model": "m", "prompt": "hi"}).status_code == 403
+        assert client.post("/v1/chat/completions", json=chat_body("pa"),
+                           headers=bearer(A)).status_code == 200
+        counters = client.get("/v1/cluster", headers=bearer(A)).json()["counters"]
+    assert counters["requests_refused_not_owner"] == 2
+    assert len(replicas.seen) == 2  # the refused turns reached no replica
+
+
 def test_router_tenants_without_a_cluster_key_send_replicas_no_key():
     app, replicas = router_app(tenants=[A, B])
     with TestClient(app) as client:
