@@ -49,6 +49,7 @@ from eval.ampd.bench import (
 )
 from eval.workloads.registry import TRACES
 from server.perf.registry import load_profile
+from server.programs.state import STALE_AFTER_S
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +99,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                        "serve --api-key`), and every replica wants it too (VLLM_API_KEY), so "
                        "none is open beside the router (default: $HARNESS_CLUSTER_API_KEY; "
                        "none: open, a client's key is passed on to the replicas)")
+    serve.add_argument("--stale-after-s", type=float, default=None, metavar="S",
+                       help="every replica's program scheduler, and the `programs` router's "
+                       "own books, forget a program silent this long (no turn, no event), as "
+                       "`harness serve --stale-after-s`; shorter for a soak that must see the "
+                       "tables drain (default: the file's `router.stale_after_s`, "
+                       f"{STALE_AFTER_S:g})")
     check = sub.add_parser("check", help="validate a cluster file and print its replicas")
     add_path_argument(check, "file", spec=CLUSTER_FILE, metavar="FILE",
                       help="cluster file (YAML), or a shipped example's name")
@@ -223,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"harness: error: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.stale_after_s is not None:  # a ClusterConfigError: printed by cli.main
+        config = config.with_stale_after(args.stale_after_s)
     log_dir = Path(args.log_dir) if args.log_dir else (
         Path("runs") / "cluster" / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:

@@ -44,6 +44,7 @@ from server.perf.hardware import INFINIBAND, NVLINK, Link
 from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
+from server.programs.state import STALE_AFTER_S
 
 Role = Literal["colocated", "prefill", "decode"]
 
@@ -105,6 +106,11 @@ class RouterSpec(_Strict):
     #: `ampd`: charge Eq. 2's T_kv(l_hist) only for the history a prefill replica is believed
     #: to lack (off: the paper's rule, the whole history every time; `cluster.ampd`)
     ampd_credit_held_history: bool = False
+    #: How long a program silent without `program_end` is kept (seconds): by every replica's
+    #: program scheduler (`EngineSpec.stale_after_s`) and by the router's own program books
+    #: (`programs`: `cluster.program_router`), one bound for both so they forget together;
+    #: `harness cluster serve --stale-after-s` overrides it (a time-scaled soak)
+    stale_after_s: float = Field(default=STALE_AFTER_S, gt=0, allow_inf_nan=False)
     #: `programs`: a program moved to another replica takes its KV cache along over NIXL (its
     #: old home prefills the turn's new tokens, the new home reads the whole context) instead
     #: of recomputing it there; every replica then runs vLLM's NIXL connector (`kv_both`),
@@ -205,9 +211,22 @@ class ClusterConfig(_Strict):
         """The engine of replica `spec`: what the file says of it (its profile, KV cache and
         CPU tier, and the cluster's TTFT SLO, `router.ttft_slo_s`, for its policy) on `base`
         (the seed and what every engine of a run shares), one rule for the served replicas
-        (`cluster.launcher`) and the virtual-time ones (`sim.engines`)."""
+        (`cluster.launcher`, locally and on Ray) and the virtual-time ones (`sim.engines`).
+        The silent-program bound is the router's too (`router.stale_after_s`)."""
         return replace(base, profile=spec.profile, num_gpu_blocks=spec.num_gpu_blocks,
-                       offload_gib=spec.offload_gib, ttft_slo_s=self.router.ttft_slo_s)
+                       offload_gib=spec.offload_gib, ttft_slo_s=self.router.ttft_slo_s,
+                       stale_after_s=self.router.stale_after_s)
+
+    def with_stale_after(self, seconds: float) -> ClusterConfig:
+        """This cluster with its silent-program bound set to `seconds` (`harness cluster
+        serve --stale-after-s`), validated as the file's `router.stale_after_s` is."""
+        try:
+            router = RouterSpec.model_validate({**self.router.model_dump(),
+                                                "stale_after_s": seconds})
+        except ValidationError:
+            raise ClusterConfigError(f"--stale-after-s {seconds}: give a positive, finite "
+                                     "number of seconds") from None
+        return self.model_copy(update={"router": router})
 
     def carries_kv(self, spec: ReplicaSpec) -> bool:
         """Whether a replica runs vLLM's NIXL connector (`cluster.pd`): a prefill or decode

@@ -21,8 +21,11 @@ router can put a program where there is room for it and keep it there while it f
 
 Placement is `ProgramScheduler.place` (the rule the engine-side schedulers share), over a
 ledger kept with the scheduler's public methods (`track`, `place`, `held_by_replica`,
-`forget`); the ledger forgets a program at its end, and one that never ends after
-`STALE_AFTER_S` of silence.
+`forget`); the ledger forgets a program at its end, and one that never ends after the
+cluster's silent-program bound (`router.stale_after_s`, by default `STALE_AFTER_S`, the
+replicas' own: `ProgramTable.reap`, the engines' rule), so a client killed mid-tool, or an
+event about an id nobody started, holds nothing here for ever; `reap` names the forgotten
+programs so the served router drops its own books of them (`ClusterState.route_turn`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 
 from cluster.routing import ReplicaLoad, Route, Router, TurnInfo, _alive
 from server.programs import ProgramScheduler, Room
+from server.programs.state import STALE_AFTER_S
 
 #: A replica is full for placement above this share of its capacity (room for growing turns).
 ROOM_SHARE = 0.9
@@ -39,10 +43,11 @@ ROOM_SHARE = 0.9
 class ProgramRouter(Router):
     name = "programs"
 
-    def __init__(self, carry_kv: bool = False) -> None:
+    def __init__(self, carry_kv: bool = False, stale_after_s: float = STALE_AFTER_S) -> None:
         #: the programs placed: each one's context, home and last turn (for forgetting a
-        #: program that never ends) are all it needs
+        #: program that never ends, after `stale_after_s` of silence) are all it needs
         self.ledger = ProgramScheduler()
+        self.ledger.table.stale_after_s = stale_after_s  # as the engines set theirs
         self.moves = 0
         #: a moved program's KV goes along over NIXL (every replica runs the connector)
         self.carry_kv = carry_kv
@@ -63,7 +68,7 @@ class ProgramRouter(Router):
         live = _alive(replicas, "colocated")
         now = info.now if info is not None else 0.0
         ledger = self.ledger
-        ledger.reap(now)
+        self.reap(now)
         ledger.track(program_id, now, info.prompt_tokens if info is not None else None)
         home = ledger.replica_of(program_id)
         home_lives = home in {r.name for r in live}
@@ -81,3 +86,9 @@ class ProgramRouter(Router):
 
     def bound(self, program_id: str) -> str | None:
         return self.ledger.replica_of(program_id)
+
+    def reap(self, now: float) -> list[str]:
+        return [st.program_id for st in self.ledger.table.reap(now)]
+
+    def programs_held(self) -> int:
+        return len(self.ledger.table)

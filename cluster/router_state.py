@@ -162,7 +162,7 @@ class ClusterState:
             "requests": 0, "completed": 0, "failed": 0, "cancelled": 0, "no_replica": 0,
             "rebinds": 0, "held": 0,
             "pd_prefills": 0, "pd_fallbacks": 0, "events_received": 0, "events_forwarded": 0,
-            "events_dropped": 0, "programs_ended": 0}
+            "events_dropped": 0, "programs_ended": 0, "programs_forgotten": 0}
         self.placement = Placement()  # who has served each program, for the events fan-out
         self.book = TurnBook()  # prompt / history lengths and prefill queues (AMPD's inputs)
         self.starts: dict[str, str] = {}  # program -> its program_start line, until it ends
@@ -187,7 +187,9 @@ class ClusterState:
     def route_turn(self, program_id: str, turn: int,
                    info: TurnInfo | None = None) -> tuple[Route, str | None]:
         """`route`, and the live replica the routing moved the program away from (it must
-        hear `program_moved`: `cluster.placement`), or None."""
+        hear `program_moved`: `cluster.placement`), or None. First the programs the strategy
+        forgot after their silence leave this state's books too (`forget_silent`)."""
+        self.forget_silent(info.now if info is not None else time.monotonic())
         before = self.router.bound(program_id)
         route = self.router.route(program_id, turn, self.loads(), info)
         after = self.router.bound(program_id)
@@ -196,6 +198,17 @@ class ClusterState:
         left = moved_from(before, after, route)
         alive = left is not None and left in self.replicas and self.replicas[left].alive
         return route, left if alive else None
+
+    def forget_silent(self, now: float) -> None:
+        """The programs the strategy forgets as silent past its bound (`Router.reap`: a
+        client killed mid-tool never sends `program_end`) leave the router's other books, the
+        events fan-out's, the kept `program_start`s and the turn figures, as an ended one
+        does (the replicas forget them by the same bound)."""
+        for program_id in self.router.reap(now):
+            self.placement.end(program_id)
+            self.starts.pop(program_id, None)
+            self.book.end(program_id)
+            self.counters["programs_forgotten"] += 1
 
     def down(self) -> str:
         """Why the replicas that take no request are down, for an error that says so."""
@@ -256,6 +269,7 @@ class ClusterState:
                 "replicas": [r.to_json() for r in self.replicas.values()],
                 "counters": {**self.counters,
                              "programs_bound": len(bound) if bound is not None else None},
+                "programs_held": self.router.programs_held(),
                 **({"decisions": dict(decisions)} if decisions is not None else {}),
                 **self._program_books()}
 

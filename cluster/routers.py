@@ -43,5 +43,5 @@ def make_router(spec: Any, cluster: Any = None) -> Router:
         return SessionRouter(kv_guard=spec.kv_guard,
                              hash_points=spec.hash_points)
     if strategy == "programs":
-        return ProgramRouter(carry_kv=spec.carry_kv)
+        return ProgramRouter(carry_kv=spec.carry_kv, stale_after_s=spec.stale_after_s)
     return ROUTERS[strategy]()

@@ -121,6 +121,16 @@ class Router(ABC):
         """The replica the program is bound to, if the strategy binds."""
         return None
 
+    def reap(self, now: float) -> list[str]:
+        """Forget the programs silent past the strategy's bound (never ended: a client
+        killed mid-tool) and name them, so the caller drops what it keeps for them too.
+        Default: the strategy keeps no program books over time."""
+        return []
+
+    def programs_held(self) -> int | None:
+        """How many programs the strategy's books hold (None: it keeps none)."""
+        return None
+
 
 def _alive(replicas: Sequence[ReplicaLoad], *roles: str) -> list[ReplicaLoad]:
     found = [r for r in replicas if r.alive and r.role in roles]

@@ -13,6 +13,7 @@ from cluster.routing import (
     RoundRobinRouter,
     SessionRouter,
 )
+from server.engine_spec import EngineSpec
 from server.perf.hardware import Link
 
 
@@ -171,3 +172,52 @@ def test_a_served_replicas_load_keeps_the_routers_count_apart_from_the_engines()
     replica.apply_gauges({"running": 1.0, "waiting": 0.0, "kv_usage": 0.4})
     load = replica.load()
     assert (load.in_flight, load.running, load.waiting, load.kv_usage) == (3, 1, 0, 0.4)
+
+
+# -- the programs router forgets a silent program ----------------------------------------------
+def test_a_silent_program_leaves_the_programs_routers_books_after_the_bound():
+    """A client killed mid-tool sends no `program_end`: the served router (its `programs`
+    strategy's ledger, the events fan-out, the kept `program_start`, the turn figures) forgets
+    the program after the cluster's silent-program bound, as the replicas do, and says how
+    many it holds in `GET /v1/cluster`."""
+    from cluster.router_state import ClusterState, ReplicaEndpoint
+    from cluster.routers import make_router
+    from cluster.routing import TurnInfo
+
+    config = parse_cluster({"router": {"strategy": "programs", "stale_after_s": 30},
+                            "replicas": [{"name": "r", "count": 2}]})
+    state = ClusterState([ReplicaEndpoint(r.name, r.role, f"http://127.0.0.1:{9100 + i}")
+                          for i, r in enumerate(config.replicas)], make_router(config.router))
+    state.starts["killed"] = '{"type": "program_start", "program_id": "killed"}'
+    route = state.route("killed", 0, TurnInfo(100.0, prompt_tokens=500))
+    state.placed("killed", route)
+    state.book.turn_done("killed", 500, 10)
+    state.route("alive", 0, TurnInfo(110.0, prompt_tokens=500))
+    assert state.to_json()["programs_held"] == 2
+    # 30 s after its last turn "killed" is still within the bound; "alive" keeps talking
+    state.route("alive", 1, TurnInfo(130.0, prompt_tokens=600))
+    assert state.router.bound("killed") == route.decode
+    state.route("alive", 2, TurnInfo(130.5, prompt_tokens=700))
+    assert state.router.bound("killed") is None
+    assert state.placement.touched("killed") == [] and "killed" not in state.starts
+    assert state.book.info("killed", 900, 131.0).history_tokens == 0
+    view = state.to_json()
+    assert view["programs_held"] == 1 and view["counters"]["programs_forgotten"] == 1
+    assert state.event_targets("killed", "program_end") == []  # nobody holds it any more
+
+
+def test_the_silent_program_bound_is_the_files_or_the_command_lines():
+    from cluster.launcher import replica_command
+
+    config = parse_cluster({"router": {"strategy": "programs"},
+                            "replicas": [{"name": "r", "policy": "lookahead"}]})
+    assert config.router.stale_after_s == 3600.0
+    scaled = config.with_stale_after(36.0)
+    assert scaled.engine_spec(scaled.replicas[0], EngineSpec()).stale_after_s == 36.0
+    argv, _ = replica_command(scaled, scaled.replicas[0], 8200)
+    assert '"stale_after_s": 36.0' in " ".join(argv)  # the replica's additional config
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ClusterConfigError, match=r"--stale-after-s .*positive, finite"):
+            config.with_stale_after(bad)
+    with pytest.raises(ClusterConfigError, match="stale_after_s"):
+        parse_cluster({"router": {"stale_after_s": 0}, "replicas": [{"name": "r"}]})
