@@ -16,8 +16,15 @@ import httpx
 import pytest
 
 from common.trace import Program, Trace, Turn, save_trace
-from eval.experiments.soak import SoakError, SoakOptions, fit_sessions, run_soak
-from eval.experiments.soak_cluster import ClusterProcess, status_bases
+from eval.experiments.soak import (
+    SoakError,
+    SoakOptions,
+    fit_sessions,
+    make_server,
+    run_soak,
+    stale_after_s,
+)
+from eval.experiments.soak_cluster import ClusterProcess, StatusTargets, status_targets
 from eval.experiments.soak_faults import FAULTS, FaultPlan, FaultsError, parse_faults
 from eval.experiments.soak_judge import OLDEST_WAIT_S, RSS_GROWTH, judge
 from eval.experiments.soak_loop import Soak
@@ -114,7 +121,7 @@ def test_sample_reads_the_scheduler_status_and_gauges() -> None:
 def test_a_clusters_replicas_are_read_and_summed() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/cluster":
-            return httpx.Response(200, json={"replicas": [
+            return httpx.Response(200, json={"programs_held": 4, "replicas": [
                 {"url": "http://a", "alive": True}, {"url": "http://b", "alive": True},
                 {"url": "http://dead", "alive": False}]})
         if request.url.path == "/v1/agent/events":
@@ -126,13 +133,13 @@ def test_a_clusters_replicas_are_read_and_summed() -> None:
 
     cluster = ClusterProcess("c.yaml", Path("/nonexistent"))
 
-    async def go() -> tuple[list[str], dict]:
+    async def go() -> tuple[StatusTargets, dict]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            bases = await status_bases(client, cluster)
-            return bases, await take_sample(client, bases, None, {})
+            targets = await status_targets(client, cluster)
+            return targets, await take_sample(client, list(targets.bases), None, {})
 
-    bases, sample = asyncio.run(go())
-    assert bases == ["http://a", "http://b"]
+    targets, sample = asyncio.run(go())
+    assert targets == StatusTargets(("http://a", "http://b"), router_programs=4)
     assert sample["pinned_now"] == 3 and sample["pinned_blocks"] == 30
     assert sample["programs_tracked"] is None and sample["events_received"] == 10
     assert sample["host_tier"] == {"vllm:kv_offload_used_bytes": 16.0}
@@ -219,7 +226,31 @@ def test_options_refuse_bad_values() -> None:
     with pytest.raises(FaultsError):
         SoakOptions(trace="x", faults="nope")
     with pytest.raises(SoakError, match="--cluster: the cluster file says"):
-        SoakOptions(trace="x", cluster="c.yaml", stale_after_s=5.0)
+        SoakOptions(trace="x", cluster="c.yaml", offload_gib=4.0)
+
+
+def test_a_cluster_soak_gives_its_scaled_bound_to_every_replica_and_the_router(tmp_path) -> None:
+    # as for one server: 3,600 s times the time scale, or --stale-after-s, on the command line
+    # of `harness cluster serve`, which sets it for the replicas and the router alike
+    options = SoakOptions(trace="x", cluster="c.yaml", time_scale=0.01)
+    assert stale_after_s(options) == pytest.approx(36.0)
+    server = make_server(options, tmp_path)
+    assert isinstance(server, ClusterProcess)
+    command = server.command()
+    assert command[command.index("--stale-after-s") + 1] == "36"
+    given = make_server(SoakOptions(trace="x", cluster="c.yaml", stale_after_s=5.0), tmp_path)
+    assert given.command()[-2:] == ["--stale-after-s", "5"]
+    assert "--stale-after-s" not in ClusterProcess("c.yaml", tmp_path).command()
+
+
+def test_the_drain_waits_for_the_routers_program_books_too() -> None:
+    run = samples([1000] * 12, [0, 0])
+    run[-2]["router_programs"] = 3  # the replicas are empty, the router still holds three
+    checks = by_name(judge(run, TALLY, run_s=120.0, drain_bound_s=5.0))
+    assert checks["programs,"].passed is False
+    assert checks["programs,"].detail.startswith("zero 10 s after the last client left")
+    run[-2]["router_programs"] = None  # one server: no router books
+    assert by_name(judge(run, TALLY, run_s=120.0, drain_bound_s=5.0))["programs,"].passed
 
 
 def test_sessions_are_cut_at_the_first_turn_longer_than_the_context() -> None:

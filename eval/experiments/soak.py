@@ -79,7 +79,8 @@ class SoakOptions:
         "-NAME leaves one out"})
     sample_s: float = field(default=5.0, metadata={"help": "seconds between samples"})
     stale_after_s: float | None = field(default=None, metadata={
-        "help": "the server's silent-program bound (`harness serve --stale-after-s`; default: "
+        "help": "the server's silent-program bound (`harness serve --stale-after-s`, or "
+        "`harness cluster serve --stale-after-s` for every replica and the router; default: "
         "its own 3,600 s times --time-scale, as the sessions' gaps are)"})
     drain_s: float | None = field(default=None, metadata={
         "help": "how long to wait after the last client left (default: the server's "
@@ -106,11 +107,10 @@ class SoakOptions:
         if self.drain_s is not None and self.drain_s < 0:
             raise SoakError("--drain-s must not be negative")
         if self.cluster is not None and (self.device is not None or self.offload_gib
-                                         or self.stale_after_s is not None
                                          or self.profile is not None):
             raise SoakError("--cluster: the cluster file says each replica's device, model, "
-                            "profile and tiers; --device, --model, --profile, --offload-gib "
-                            "and --stale-after-s are for one server")
+                            "profile and tiers; --device, --model, --profile and "
+                            "--offload-gib are for one server")
         if (self.device is None) != (self.model is None):
             raise SoakError("--device and --model go together")
         parse_faults(self.faults)
@@ -119,17 +119,17 @@ class SoakOptions:
 def stale_after_s(options: SoakOptions) -> float:
     """How long the soak's server keeps a silent program: given, or the server's own bound
     scaled as the sessions' gaps are (a program silent an hour in the trace is silent 36 s at
-    a time scale of 0.01)."""
+    a time scale of 0.01). A cluster's replicas and its router take the same bound
+    (`harness cluster serve --stale-after-s`)."""
     if options.stale_after_s is not None:
         return options.stale_after_s
-    if options.cluster is not None:
-        return STALE_AFTER_S  # its replicas' own: the cluster file starts them
     return STALE_AFTER_S * options.time_scale
 
 
 def make_server(options: SoakOptions, out: Path) -> ServerProcess | ClusterProcess:
     if options.cluster is not None:
-        return ClusterProcess(options.cluster, out / "cluster-logs")
+        return ClusterProcess(options.cluster, out / "cluster-logs",
+                              stale_after_s=stale_after_s(options))
     serve_args = ["--stale-after-s", f"{stale_after_s(options):g}"]
     if options.offload_gib:
         serve_args += ["--offload-gib", f"{options.offload_gib:g}"]

@@ -6,7 +6,9 @@ Why its own process wrapper: the soak starts, stops and restarts its server thro
 four things `harness.server_process.ServerProcess` has (`start`, `stop`, `base_url`,
 `process`); a cluster is one more command with the same shape, whose replicas the router lists
 (``GET /v1/cluster``: each replica's URL, pid and whether it is alive). The sampler reads the
-scheduler status and the gauges of each live replica and sums them.
+scheduler status and the gauges of each live replica and sums them, beside the router's own
+program books (``programs_held``); the drain's keep-alive reaches every live replica, since an
+engine with no work never steps and so never forgets a silent program.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +41,13 @@ class ClusterProcess:
     """`harness cluster serve FILE` in its own session, its logs under `log_dir`."""
 
     def __init__(self, cluster_file: str | Path, log_dir: Path,
-                 startup_timeout_s: float = CLUSTER_STARTUP_S) -> None:
+                 startup_timeout_s: float = CLUSTER_STARTUP_S,
+                 stale_after_s: float | None = None) -> None:
         self.cluster_file = Path(cluster_file)
         self.log_dir = log_dir
         self.startup_timeout_s = startup_timeout_s
+        #: the replicas' and the router's silent-program bound (None: the file's)
+        self.stale_after_s = stale_after_s
         self.port = free_port()
         self.base_port = free_port()  # the replicas take this and the ports after it
         self.process: subprocess.Popen[bytes] | None = None
@@ -56,10 +62,7 @@ class ClusterProcess:
         log = self.log_dir / "cluster.log"
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cli", "cluster", "serve", str(self.cluster_file),
-                 "--port", str(self.port), "--base-port", str(self.base_port),
-                 "--log-dir", str(self.log_dir)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -75,6 +78,14 @@ class ClusterProcess:
         self.stop()
         raise ClusterStartError(f"the cluster did not answer in {self.startup_timeout_s:.0f} s;"
                                 f" its log: {log}")
+
+    def command(self) -> list[str]:
+        """`harness cluster serve FILE` on this wrapper's ports, logs and bound."""
+        bound = ([] if self.stale_after_s is None
+                 else ["--stale-after-s", f"{self.stale_after_s:g}"])
+        return [sys.executable, "-m", "cli", "cluster", "serve", str(self.cluster_file),
+                "--port", str(self.port), "--base-port", str(self.base_port),
+                "--log-dir", str(self.log_dir), *bound]
 
     def stop(self) -> int | None:
         if self.process is None:
@@ -99,13 +110,25 @@ class ClusterProcess:
         return str(victim["name"])
 
 
-async def status_bases(client: httpx.AsyncClient, server: Any) -> list[str]:
-    """Where the scheduler status and gauges are read: each live replica of a cluster, or
-    the one server."""
+@dataclass(frozen=True)
+class StatusTargets:
+    """Where a sample reads: the scheduler status and gauges of each live replica of a
+    cluster (or of the one server), and the size of the router's own program books
+    (``programs_held`` of ``GET /v1/cluster``; None: one server, or a router keeping none)."""
+
+    bases: tuple[str, ...]
+    router_programs: int | None = None
+
+
+async def status_targets(client: httpx.AsyncClient, server: Any) -> StatusTargets:
+    """The `StatusTargets` of `server` now (a cluster's router not answering: none)."""
     if not isinstance(server, ClusterProcess):
-        return [server.base_url]
+        return StatusTargets((server.base_url,))
     try:
         response = await client.get(f"{server.base_url}/v1/cluster", timeout=5.0)
-        return [r["url"] for r in response.json()["replicas"] if r.get("alive")]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return []
+        view = response.json()
+        held = view.get("programs_held")
+        return StatusTargets(tuple(r["url"] for r in view["replicas"] if r.get("alive")),
+                             held if isinstance(held, int) else None)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return StatusTargets(())

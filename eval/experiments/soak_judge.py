@@ -31,8 +31,9 @@ OLDEST_WAIT_S = 60.0
 #: added by the caller; this covers a step that comes late
 DRAIN_SLACK_S = 10.0
 
-#: what must be back to zero once the last client has left (sample fields)
-DRAINED = ("programs_tracked", "pinned_now", "orphan_blocks")
+#: what must be back to zero once the last client has left (sample fields; a cluster's router
+#: program books, `router_programs`, are None for one server and so count as zero there)
+DRAINED = ("programs_tracked", "pinned_now", "orphan_blocks", "router_programs")
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,9 @@ def rss(samples: Sequence[dict[str, Any]], key: str, warmup: float) -> Check:
 
 def drained(samples: Sequence[dict[str, Any]], bound_s: float) -> Check:
     """After the last client left (``phase == "drain"``), the program table, the pins and the
-    orphaned KV reach zero within `bound_s`. A drain cut short before the bound that has not
-    reached zero yet is not a failure: it could not be checked."""
+    orphaned KV (and a cluster router's program books) reach zero within `bound_s`. A drain
+    cut short before the bound that has not reached zero yet is not a failure: it could not
+    be checked."""
     name = "programs, pins and orphaned KV back to zero"
     drain = [s for s in samples if s.get("phase") == "drain"]
     if not drain:
@@ -117,7 +119,7 @@ def drained(samples: Sequence[dict[str, Any]], bound_s: float) -> Check:
             return Check(name, took <= bound_s, f"zero {took:.0f} s after the last client left "
                          f"(bound {bound_s:.0f} s)")
     last = drain[-1]
-    left = ", ".join(f"{key} {last.get(key)}" for key in DRAINED)
+    left = ", ".join(f"{key} {last[key]}" for key in DRAINED if last.get(key) is not None)
     waited = last["t"] - start
     if waited < bound_s:
         return Check(name, None, f"still {left} after a drain of {waited:.0f} s, shorter than "

@@ -18,7 +18,7 @@ import httpx
 import psutil
 
 from common.trace import Trace
-from eval.experiments.soak_cluster import KILL_REPLICA_AT, ClusterProcess, status_bases
+from eval.experiments.soak_cluster import KILL_REPLICA_AT, ClusterProcess, status_targets
 from eval.experiments.soak_faults import (
     RESTART_AT,
     ClientKilled,
@@ -27,6 +27,7 @@ from eval.experiments.soak_faults import (
     event_bursts,
     faulty_driver,
 )
+from eval.experiments.soak_judge import DRAINED
 from eval.experiments.soak_record import Record
 from eval.experiments.soak_sampler import take_sample
 from eval.replay.http_replay import HttpReplayError, RequestOptions, areplay_over_http
@@ -175,8 +176,9 @@ class Soak:
                if process is not None and process.poll() is None else None)
         client_side = {"live_clients": self.live, "in_flight": len(self.tally.waiting),
                        "oldest_wait_s": round(self.tally.oldest_wait_s(), 3)}
-        bases = await status_bases(client, self.server)
-        sample = await take_sample(client, bases, api, client_side)
+        targets = await status_targets(client, self.server)
+        sample = await take_sample(client, list(targets.bases), api, client_side)
+        sample["router_programs"] = targets.router_programs
         phase = self.phase if self.up.is_set() else "down"  # restarting
         sample.update(t=round(self.now(), 3), phase=phase, epoch=self.epoch,
                       epoch_start=round(self.epoch_start, 3))
@@ -194,24 +196,35 @@ class Soak:
     async def drain(self) -> None:
         """No clients: a one-token request per sample keeps the engine stepping (an engine
         with no work never steps, and so never expires a pin); ends early once the program
-        table, the pins and the orphaned KV are all zero."""
+        table, the pins and the orphaned KV (and a cluster router's program books) are all
+        zero."""
         end = self.now() + self.drain_s
         async with httpx.AsyncClient(timeout=30.0) as client:
             while self.now() < end:
                 await self.tick(client)
                 sample = await self.sample(client)
-                if not (sample.get("programs_tracked") or sample.get("pinned_now")
-                        or sample.get("orphan_blocks")) and sample.get("pinned_now") is not None:
+                if all(not sample.get(key) for key in DRAINED) \
+                        and sample.get("pinned_now") is not None:
                     return
                 await asyncio.sleep(self.options.sample_s)
 
     async def tick(self, client: httpx.AsyncClient) -> None:
+        """The drain's one-token request: to the server, and under a cluster through the
+        router (whose books forget at a routed turn) and to each live replica straight (the
+        router would send every one to the same replica, and the others never step)."""
+        bases = [self.server.base_url]
+        if isinstance(self.server, ClusterProcess):
+            bases += (await status_targets(client, self.server)).bases
         try:
             if self.server.served_model is None:
                 response = await client.get(f"{self.server.base_url}/v1/models")
                 self.server.served_model = response.json()["data"][0]["id"]
-            body = {"model": self.server.served_model, "prompt": [1, 2, 3], "max_tokens": 1,
-                    "vllm_xargs": {"emulate_output_tokens": 1}}
-            await client.post(f"{self.server.base_url}/v1/completions", json=body)
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
-            pass  # the sample says what state the server is in
+            return  # the sample says what state the server is in
+        body = {"model": self.server.served_model, "prompt": [1, 2, 3], "max_tokens": 1,
+                "vllm_xargs": {"emulate_output_tokens": 1}}
+        for base in bases:
+            try:
+                await client.post(f"{base}/v1/completions", json=body)
+            except httpx.HTTPError:
+                pass  # a replica going away: the sample says so

@@ -78,8 +78,8 @@ def plot(samples: list[dict[str, Any]], path: Path) -> None:
         mem.plot(t, [(s.get(key) or math.nan) / 2**20 for s in samples], label=label)
     mem.set_ylabel("RSS (MiB)")
     mem.legend()
-    for key in ("programs_tracked", "pinned_now", "orphan_blocks", "live_clients",
-                "in_flight"):
+    for key in ("programs_tracked", "pinned_now", "orphan_blocks", "router_programs",
+                "live_clients", "in_flight"):
         held.plot(t, [s.get(key) if s.get(key) is not None else math.nan for s in samples],
                   label=key)
     held.set_ylabel("count")
