@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from cli.main import main
 from common.trace import Program, Trace, Turn, save_trace
 from eval.experiments.soak import (
     SoakError,
@@ -277,6 +278,46 @@ def test_a_session_cut_after_a_persons_turn_ends_without_a_gap() -> None:
     assert [p.n_turns for p in kept] == [1]
     assert kept[0].turns[-1].gap_kind == "tool" and kept[0].turns[-1].tool is None
 
+
+
+def claude_like_trace() -> Trace:
+    """Two sessions whose first prompts (12k, 20k tokens) no small model's context holds; the
+    second's big tool return makes its second turn too long even at a tenth of its size."""
+    a = [Turn(input_tokens=12_000, output_tokens=300, tool="bash", tool_seconds=5.0,
+              tool_return_tokens=2_000),
+         Turn(input_tokens=500, output_tokens=200, kept_tokens=9_000)]  # a compaction
+    b = [Turn(input_tokens=20_000, output_tokens=400, tool="read", tool_seconds=1.0,
+              tool_return_tokens=70_000),
+         Turn(input_tokens=100, output_tokens=50)]
+    return Trace(name="cc", programs=[Program(id="a", arrival_s=0.0, turns=a),
+                                      Program(id="b", arrival_s=1.0, turns=b)])
+
+
+def test_a_token_scale_keeps_sessions_a_small_context_leaves_out() -> None:
+    trace = claude_like_trace()
+    kept, lines = fit_sessions(trace, 8_192)
+    assert kept == [] and [line.split(" (")[0] for line in lines] == ["a: left out", "b: left out"]
+    # judged on the scaled size: a fits whole; b's second turn, 2,040 + 7,000 + 10 + 5 tokens
+    kept, lines = fit_sessions(trace, 8_192, token_scale=0.1)
+    assert [(p.id, p.n_turns) for p in kept] == [("a", 2), ("b", 1)]
+    assert [t.input_tokens for t in kept[0].turns] == [1_200, 50]
+    assert kept[0].turns[1].kept_tokens == 900
+    assert lines == ["b: cut to its first 1 turns (turn 1 needs 9,055 tokens > the engine's "
+                     "8,192)"]
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.1, 1.5, float("nan")])
+def test_a_token_scale_outside_zero_to_one_is_refused(scale) -> None:
+    with pytest.raises(SoakError, match=r"^--token-scale must be in \(0, 1\]"):
+        SoakOptions(trace="x", token_scale=scale)
+
+
+def test_a_bad_token_scale_on_the_command_line_is_one_line_exit_2(tmp_path, capsys) -> None:
+    trace = save_trace(tiny_trace(), tmp_path / "tiny.jsonl")
+    assert main(["eval", "soak", "--trace", str(trace), "--token-scale", "2",
+                 "--out", str(tmp_path / "soak")]) == 2
+    assert capsys.readouterr().err == "harness: error: --token-scale must be in (0, 1], not 2\n"
+    assert not (tmp_path / "soak").exists()
 
 # -- the record and resuming --------------------------------------------------------------------
 def test_record_skips_a_torn_line_and_a_resume_continues_the_progress(tmp_path) -> None:

@@ -6,9 +6,9 @@ never come back. Unit tests show each release rule; only a long run with clients
 their promises shows that nothing accumulates: RSS flat after the warm-up, the program table,
 pins and orphaned KV back to zero after the last client leaves, no request hung, no turn
 starved. This starts the server, replays sessions from a trace over HTTP in a closed loop
-(`--sessions` at once; a new one starts when one ends) with their gaps scaled (cut at
-the first turn longer than the engine's context), runs the fault
-plan (`eval.experiments.soak_faults`) beside them, samples every `--sample-s`
+(`--sessions` at once; a new one starts when one ends) with their gaps scaled and their token
+counts times `--token-scale` (cut at the first turn longer than the engine's context), runs
+the fault plan (`eval.experiments.soak_faults`) beside them, samples every `--sample-s`
 (`eval.experiments.soak_sampler`), then drains (no clients; a one-token request per sample
 keeps the engine stepping, as an engine with no work never steps) and judges
 (`eval.experiments.soak_judge`). Written to `--out`: ``samples.jsonl``, ``progress.json``,
@@ -42,6 +42,7 @@ from eval.experiments.soak_judge import (
 )
 from eval.experiments.soak_loop import Soak, drain_bound_s
 from eval.experiments.soak_record import Record, plot
+from eval.workloads.token_scale import scale_tokens
 from harness.server_process import ServerProcess, model_server
 from server.programs.state import STALE_AFTER_S
 from sim.conversation import too_long_turns
@@ -72,6 +73,10 @@ class SoakOptions:
     minutes: float = field(default=60.0, metadata={"help": "how long to drive the server"})
     time_scale: float = field(default=0.01, metadata={
         "help": "multiplies the sessions' tool gaps (0.01: a hundred times shorter)"})
+    token_scale: float = field(default=1.0, metadata={
+        "help": "multiplies every token count of the sessions (prompts, outputs, tool returns, "
+        "kept prefixes), in (0, 1]: a real small model's context is shorter than any real "
+        "session's first prompt"})
     sessions: int = field(default=8, metadata={"help": "sessions at once (closed loop)"})
     faults: str = field(default="all", metadata={
         "help": "the faults: all, none, or names with commas (kill_mid_tool, kill_mid_turn, "
@@ -99,6 +104,8 @@ class SoakOptions:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise SoakError(f"--{name.replace('_', '-')} must be a positive number")
+        if not (0 < self.token_scale <= 1 and math.isfinite(self.token_scale)):
+            raise SoakError(f"--token-scale must be in (0, 1], not {self.token_scale:g}")
         if self.sessions < 1:
             raise SoakError("--sessions must be at least 1")
         if self.stale_after_s is not None and not (
@@ -142,10 +149,14 @@ def make_server(options: SoakOptions, out: Path) -> ServerProcess | ClusterProce
                          serve_args=serve_args, log_path=log)
 
 
-def fit_sessions(trace: Trace, limit: int | None) -> tuple[list[Program], list[str]]:
-    """The sessions cut to the engine's context: one whose turn `k` is longer than `limit`
-    keeps its first `k` turns (its last one then calls no tool), one whose first turn is too
-    long is left out; a line for each. Sub-agents are replayed as sessions of their own."""
+def fit_sessions(trace: Trace, limit: int | None,
+                 token_scale: float = 1.0) -> tuple[list[Program], list[str]]:
+    """The sessions at `token_scale` of their size (`eval.workloads.token_scale`), then cut to
+    the engine's context: one whose turn `k` is longer than `limit` keeps its first `k` turns
+    (its last one then calls no tool), one whose first turn is too long is left out; a line for
+    each. Scaled first, so a session is judged on the size it is replayed at. Sub-agents are
+    replayed as sessions of their own."""
+    trace = scale_tokens(trace, token_scale)
     programs = [p.model_copy(update={"parent": None}) for p in trace.programs]
     if not limit:
         return programs, []
@@ -202,7 +213,8 @@ def run_soak(options: SoakOptions) -> int:
         print(f"starting {what} ...", flush=True)
         server.start()
         try:
-            sessions, skipped = fit_sessions(trace, max_model_len(server.base_url))
+            sessions, skipped = fit_sessions(trace, max_model_len(server.base_url),
+                                             options.token_scale)
             for line in skipped:
                 print(f"longer than the engine's context: {line}")
             if not sessions:
@@ -211,8 +223,11 @@ def run_soak(options: SoakOptions) -> int:
                         options=options, run_s=run_s, drain_s=drain_s)
             if options.resume:
                 soak.restore(record.read_progress())
+            tokens = ("" if options.token_scale == 1.0
+                      else f", token scale {options.token_scale:g}")
             print(f"driving {options.sessions} sessions at once from {len(sessions)} for "
-                  f"{max(0.0, run_s - soak.t0):.0f} s (time scale {options.time_scale:g}, "
+                  f"{max(0.0, run_s - soak.t0):.0f} s (time scale {options.time_scale:g}"
+                  f"{tokens}, "
                   f"faults: {', '.join(sorted(plan.enabled)) or 'none'}), then draining up to "
                   f"{drain_s:.0f} s", flush=True)
             started = time.monotonic()
