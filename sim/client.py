@@ -44,8 +44,7 @@ class ClientPredictions:
         tool = turn.tool or turn.gap_kind  # every turn a gap follows names its tool
         fields: dict[str, Any] = {"predicted_s": self._predicted_s(tool, turn.tool_seconds)}
         if self.gaps is not None:
-            forecast = self.gaps.predict(program.id, turn.gap_kind, tool)
-            fields.update(gap_kind=turn.gap_kind, predicted_q=forecast.hint())
+            fields.update(self.gaps.tool_start_fields(program.id, turn.gap_kind, tool))
         return fields
 
     def observe(self, program: Program, i: int) -> None:

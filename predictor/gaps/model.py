@@ -14,7 +14,8 @@ key (`common.tool_keys`: ``bash:pytest``) and the session's own past gaps. The m
   shrunk toward the pool while it has few (`predictor.gaps.sessions`, empirical Bayes).
 
 `predict(session, kind, tool_key, elapsed_s)` gives a `GapForecast` (the pool's shape moved to
-the session, conditioned on the program being gone `elapsed_s`); `observe` learns one gap. A
+the session, conditioned on the program being gone `elapsed_s`); `observe` learns one gap;
+`tool_start_fields` is what a client sends of a forecast when the gap starts. A
 forecast made before a gap is observed is an honest one: `predictor.gaps.calibration` runs
 that online pass over a trace and reports how well the forecasts hold.
 
@@ -28,6 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from common.trace import GAP_KINDS
 from predictor.durations import DEFAULT_MIN_SAMPLES, ToolDurationModel
@@ -121,6 +123,14 @@ class GapModel:
         return GapForecast(shape, scale=math.exp(level.log_shift),
                            elapsed_s=elapsed_s, source=source, session_gaps=level.n,
                            mean_cap_s=self.config.mean_cap_s)
+
+    def tool_start_fields(self, session: str, kind: str,
+                          tool_key: str | None = None) -> dict[str, Any]:
+        """What a client adds to ``tool_start`` for the gap that starts: its kind and the
+        forecast's quantiles (``gap_kind``, ``predicted_q``); the one place both clients, the
+        agent loop (`harness.agent`) and the replayed one (`sim.client`), take them from."""
+        return {"gap_kind": kind,
+                "predicted_q": self.predict(session, kind, tool_key).hint()}
 
     def kappa(self, kind: str) -> float:
         """The shrinkage of `kind`'s session levels: a session's gaps weigh as much as the
