@@ -2,8 +2,9 @@
 
 Each program has its own message history, tools, step limit and time limit. Every LLM call
 carries the program id and hints; every tool call is bracketed by `tool_start` / `tool_end`
-events so the server knows the program is intercepted, for how long it probably will be, and
-when it is back. The trajectory is saved after every step.
+events so the server knows the program is intercepted, for how long it probably will be (a
+mean, `predicted_s`, and the gap model's quantiles, `predicted_q`), and when it is back. The
+trajectory is saved after every step.
 
 With the benchmark's action format (`common.actions.ActionFormat`) the loop sends its stop
 strings (a ReAct model stops before writing an observation itself), parses only that format,
@@ -33,6 +34,7 @@ from harness.tools.base import Observation, SandboxError, Tool
 from harness.trajectory import Step, Trajectory, record_token_ids, save
 from predictor.data import request_text
 from predictor.durations import Source, ToolDurationModel
+from predictor.gaps import GapModel
 
 ToolFn = Callable[[str], Awaitable[Observation]]
 
@@ -85,8 +87,8 @@ def approx_tokens(text: str) -> int:
 
 
 def tool_started(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
-                 argument: str, text_model: Any = None, request: str | None = None
-                 ) -> Source | str:
+                 argument: str, text_model: Any = None, request: str | None = None,
+                 gaps: GapModel | None = None) -> Source | str:
     """`tool_start` for the duration key `tool` ("bash:pytest", "calculator"), with the mean
     duration of the chain's chosen level as `predicted_s` when that level is the command class
     or the tool (at least `min_samples` calls). Before that, a text model
@@ -95,22 +97,29 @@ def tool_started(events: EventSink, durations: ToolDurationModel, program_id: st
 
     The text model is asked what it was trained on (`predictor.data.examples_from_messages`):
     the tool as `text_model_tool` names it, the whole argument, and `request`, the
-    `predictor.data.request_text` of the conversation before the reply that made the call."""
+    `predictor.data.request_text` of the conversation before the reply that made the call.
+
+    With a gap model (`gaps`, each program a session of its own) it also sends the gap's kind,
+    `tool` (nothing here hands the turn to a person), and its quantiles under the same key."""
     source, predicted = durations.client_prediction(tool)
     if predicted is None and text_model is not None:
         source, predicted = "text", text_model.predict_call(text_model_tool(tool), argument,
                                                              request, model="baseline")
+    gap = gaps.tool_start_fields(program_id, "tool", tool) if gaps is not None else {}
     events.emit("tool_start", program_id, tool=tool, predicted_s=predicted,
-                summary=argument[:200])
+                summary=argument[:200], **gap)
     return source
 
 
 def tool_ended(events: EventSink, durations: ToolDurationModel, program_id: str, tool: str,
-               seconds: float, output: str) -> int:
-    """Record the duration under the key `tool` (every level of its chain), send `tool_end`;
-    returns the output's approximate token count."""
+               seconds: float, output: str, gaps: GapModel | None = None) -> int:
+    """Record the duration under the key `tool` (every level of its chain; with `gaps`, as
+    the program's tool gap too), send `tool_end`; returns the output's approximate token
+    count."""
     return_tokens = approx_tokens(output)
     durations.observe(tool, seconds)
+    if gaps is not None:
+        gaps.observe(program_id, "tool", tool, seconds)
     events.emit("tool_end", program_id, tool=tool, seconds=round(seconds, 4),
                 return_tokens=return_tokens)
     return return_tokens
@@ -119,16 +128,19 @@ def tool_ended(events: EventSink, durations: ToolDurationModel, program_id: str,
 class Agent:
     def __init__(self, client: ChatClient, events: EventClient, durations: ToolDurationModel,
                  out_dir: Path, limits: Limits | None = None, text_model: Any = None,
-                 tool_calls: bool = False) -> None:
+                 tool_calls: bool = False, gaps: GapModel | None = None) -> None:
         """`text_model`: a `predictor.lengths.LengthPredictor` that adds each request's
         predicted output length to its hints (AugServe's stage-I input) and predicts tool
         durations the duration chain cannot yet answer; None sends neither. `tool_calls`:
-        send the benchmark's actions as OpenAI `tools` (the server needs a tool parser)."""
+        send the benchmark's actions as OpenAI `tools` (the server needs a tool parser).
+        `gaps`: the gap model whose quantiles `tool_start` carries, shared like `durations`
+        by whatever shares this agent's programs (None: one of the agent's own)."""
         self.text_model = text_model
         self.tool_calls = tool_calls
         self.client = client
         self.events = events
         self.durations = durations
+        self.gaps = gaps if gaps is not None else GapModel()
         self.out_dir = out_dir
         self.limits = limits or Limits()
 
@@ -253,7 +265,7 @@ class Agent:
         # the events' schema caps `tool` at 128 characters; a long class keeps its "tool:" head
         event_tool = (toolbox.event_tool(tool, argument) if toolbox.event_tool else tool)[:128]
         tool_started(self.events, self.durations, traj.program_id, event_tool, argument,
-                     self.text_model, request)
+                     self.text_model, request, self.gaps)
         started = time.monotonic()
         try:
             observation = await fn(argument)
@@ -268,7 +280,8 @@ class Agent:
         record.tool_s = time.monotonic() - started
         record.ok = observation.ok
         record.return_tokens = tool_ended(self.events, self.durations, traj.program_id,
-                                          event_tool, record.tool_s, observation.text)
+                                          event_tool, record.tool_s, observation.text,
+                                          self.gaps)
         return observation
 
     def _render(self, observation: Observation) -> str:

@@ -23,6 +23,7 @@ from harness.events_client import EventClient
 from harness.model_client import ChatClient
 from harness.server_process import ServerProcess
 from predictor.durations import ToolDurationModel
+from predictor.gaps import GapModel
 
 TOOLS = {"ls": (0.05, 0.3), "grep": (0.1, 0.5), "pytest": (1.0, 3.0), "pip": (2.0, 4.0)}
 WORDS = ("module parser token branch commit test failure fixture import value return index "
@@ -39,7 +40,8 @@ class ProgramResult:
 
 
 async def run_program(client: ChatClient, events: EventClient, durations: ToolDurationModel,
-                      program_id: str, turns: int, rng: random.Random) -> ProgramResult:
+                      gaps: GapModel, program_id: str, turns: int,
+                      rng: random.Random) -> ProgramResult:
     result = ProgramResult(program_id)
     started = time.monotonic()
     events.emit("program_start", program_id)
@@ -62,10 +64,10 @@ async def run_program(client: ChatClient, events: EventClient, durations: ToolDu
             break
         low, high = TOOLS[tool]
         seconds = rng.uniform(low, high)
-        tool_started(events, durations, program_id, tool, action)
+        tool_started(events, durations, program_id, tool, action, gaps=gaps)
         await asyncio.sleep(seconds)
         output = " ".join(rng.choice(WORDS) for _ in range(rng.randint(50, 300)))
-        tool_ended(events, durations, program_id, tool, seconds, output)
+        tool_ended(events, durations, program_id, tool, seconds, output, gaps)
         messages += [{"role": "assistant", "content": completion.text},
                      {"role": "user", "content": f"Observation: {output}"}]
     events.emit("program_end", program_id)
@@ -77,8 +79,8 @@ async def run_all(base_url: str, model: str, programs: int, seed: int) -> tuple[
     rng = random.Random(seed)
     client = ChatClient(base_url, model)
     async with EventClient(base_url) as events:
-        durations = ToolDurationModel()
-        jobs = [run_program(client, events, durations, f"demo-{i}", rng.randint(3, 6),
+        durations, gaps = ToolDurationModel(), GapModel()  # learnt by all programs together
+        jobs = [run_program(client, events, durations, gaps, f"demo-{i}", rng.randint(3, 6),
                             random.Random(rng.random())) for i in range(programs)]
         results = await asyncio.gather(*jobs)
     await client.aclose()

@@ -67,6 +67,7 @@ from harness.model_client import (
     usage_counts,
 )
 from predictor.durations import ToolDurationModel
+from predictor.gaps import GapModel
 from server.models.store import served_name
 
 __all__ = ["ChatHarness", "HarnessCallbackHandler", "ModelError", "ProgramScope",
@@ -152,16 +153,19 @@ class HarnessCallbackHandler(BaseCallbackHandler):
     background client). A run's program is its parent run's, else `program_id`, else the
     current `program()` block's; tool runs with no program send nothing. A synchronous handler
     that runs inline, so it also serves async runs without a thread hop: `emit` never blocks.
+    `durations` and `gaps` (the gap model whose quantiles `tool_start` carries) are the
+    handler's own unless given.
     """
 
     run_inline = True
 
     def __init__(self, events: EventSink | str, *, program_id: str | None = None,
                  durations: ToolDurationModel | None = None,
-                 open_programs: bool = False) -> None:
+                 gaps: GapModel | None = None, open_programs: bool = False) -> None:
         self.events: EventSink = shared_events(events) if isinstance(events, str) else events
         self.program_id = program_id
         self.durations = durations if durations is not None else ToolDurationModel()
+        self.gaps = gaps if gaps is not None else GapModel()
         self.open_programs = open_programs
         self._runs: dict[UUID, str] = {}  # run -> program
         self._opened: dict[UUID, str] = {}  # top-level chain runs that opened a program
@@ -222,7 +226,8 @@ class HarnessCallbackHandler(BaseCallbackHandler):
             return
         tool = str((serialized or {}).get("name") or kwargs.get("name") or "tool")[:128]
         self._tools[run_id] = (program, tool, time.monotonic())
-        tool_started(self.events, self.durations, program, tool, str(input_str))
+        tool_started(self.events, self.durations, program, tool, str(input_str),
+                     gaps=self.gaps)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         content = getattr(output, "content", output)  # a ToolMessage or the raw output
@@ -237,7 +242,7 @@ class HarnessCallbackHandler(BaseCallbackHandler):
         if started is not None:
             program, tool, t0 = started
             tool_ended(self.events, self.durations, program, tool, time.monotonic() - t0,
-                       output)
+                       output, self.gaps)
 
 
 # -- the chat model ---------------------------------------------------------------------------

@@ -250,8 +250,9 @@ def test_handler_turns_tool_runs_into_events_and_programs_into_session_ids():
     assert {e["program_id"] for e in sink.events} == {pid}
     start, end = sink.events[1], sink.events[2]
     assert start["tool"] == "add" and start["predicted_s"] is None  # no samples yet
+    assert start["gap_kind"] == "tool" and set(start["predicted_q"]) == {"p50", "p90", "p99"}
     assert end["seconds"] >= 0 and end["return_tokens"] == 1
-    assert handler.durations.count("add") == 1
+    assert handler.durations.count("add") == 1 and handler.gaps.count("tool") == 2
     add.invoke({"a": 1, "b": 1}, config={"callbacks": [handler]})  # outside any program
     assert len(sink.events) == 6
 

@@ -19,6 +19,7 @@ from harness.tools.base import Observation
 from harness.trajectory import Step, Trajectory, trajectory_path
 from predictor.data import Example, call_text, examples_from_trajectory
 from predictor.durations import ToolDurationModel
+from predictor.gaps import GapModel
 from predictor.lengths import train
 from server.intake.events import EventIn
 
@@ -101,6 +102,56 @@ def test_a_long_class_is_cut_to_the_schema_limit(tmp_path) -> None:
     assert all(len(e["tool"]) == 128 and e["tool"].startswith("bash:x") for e in sink.events)
     for event in sink.events:
         EventIn(**event)
+
+
+def test_tool_start_carries_the_gap_model_quantiles() -> None:
+    """With a gap model, `tool_start` sends the gap's kind and quantiles under the duration
+    key, and `tool_end` teaches it the gap as the program's own: a long gap moves that
+    program's quantiles up, not another's."""
+    sink, durations, gaps = Sink(), ToolDurationModel(), GapModel()
+    tool_started(sink, durations, "p", "bash:pytest", "pytest -q")
+    assert "gap_kind" not in sink.events[-1] and "predicted_q" not in sink.events[-1]
+
+    def sent(program: str) -> dict[str, float]:
+        tool_started(sink, durations, program, "bash:pytest", "pytest -q", gaps=gaps)
+        assert sink.events[-1]["gap_kind"] == "tool"
+        return sink.events[-1]["predicted_q"]
+
+    cold = sent("p")  # nothing observed: the kind's prior
+    assert set(cold) == {"p50", "p90", "p99"} and cold["p50"] > 5.0
+    for i in range(10):  # the run's other programs: ten 1 s test runs
+        tool_ended(sink, durations, f"w{i % 2}", "bash:pytest", 1.0, "ok", gaps)
+    learnt = sent("p")
+    assert learnt["p50"] == pytest.approx(1.0, rel=0.05)  # the pool, no longer the prior
+    tool_ended(sink, durations, "p", "bash:pytest", 600.0, "ok", gaps)
+    after_long = sent("p")
+    assert all(after_long[q] > learnt[q] for q in learnt)
+    assert sent("q")["p50"] < after_long["p50"]  # another program is not p
+    assert gaps.count("tool") == 11 and durations.count("bash:pytest") == 11
+    for event in sink.events:  # what goes on the wire passes the server's schema
+        EventIn(**event)
+
+
+def test_agent_sends_the_gap_from_the_run_s_gap_model(tmp_path) -> None:
+    async def bash(command: str) -> Observation:
+        return Observation("<returncode>0</returncode>")
+
+    sink, gaps = Sink(), GapModel()
+    for i in range(10):  # the run has seen 2 s test runs of other programs
+        gaps.observe(f"w{i % 2}", "tool", "bash:pytest", 2.0)
+    agent = Agent(None, sink, ToolDurationModel(), tmp_path, gaps=gaps)  # type: ignore[arg-type]
+    toolbox = ToolBox({"bash": bash}, event_tool=event_tool)
+    traj = Trajectory("t", "prog", "swe-bench")
+    for _ in range(2):
+        asyncio.run(agent._call_tool(traj, Step(0.0, 0, 0, 0), toolbox, "bash", "pytest -q"))
+    starts = [e for e in sink.events if e["type"] == "tool_start"]
+    assert [e["gap_kind"] for e in starts] == ["tool", "tool"]
+    assert starts[0]["predicted_q"]["p50"] == pytest.approx(2.0, rel=0.05)
+    # the first call returned at once: this program's next gap is forecast shorter
+    assert starts[1]["predicted_q"]["p50"] < starts[0]["predicted_q"]["p50"]
+    assert gaps.count("tool") == 12
+    own = Agent(None, sink, ToolDurationModel(), tmp_path)  # type: ignore[arg-type]
+    assert isinstance(own.gaps, GapModel) and own.gaps is not gaps
 
 
 def _text_model():

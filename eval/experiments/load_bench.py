@@ -56,6 +56,7 @@ from harness.server_process import ServerProcess
 from harness.task_result import TaskResult
 from harness.tools.labels import RUN_LABEL
 from predictor.durations import ToolDurationModel
+from predictor.gaps import GapModel
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MIX = "gsm8k,hotpotqa,alfworld,swe-bench"
@@ -177,12 +178,12 @@ async def run_load(jobs: list[tuple[Benchmark, Task, Any, RunContext, str]], bas
                    concurrency: int, log: Any) -> dict[str, Any]:
     client = ChatClient(base_url, EMULATED_MODEL, token_ids=True)
     semaphore = asyncio.Semaphore(concurrency)
-    durations = ToolDurationModel()
+    durations, gaps = ToolDurationModel(), GapModel()  # learnt by all the agents together
     results: list[TaskResult] = []
     crashes: list[str] = []
     async with EventClient(base_url) as events:
         agents = {run.out_dir: Agent(client, events, durations, run.out_dir / "trajectories",
-                                     Limits())
+                                     Limits(), gaps=gaps)
                   for _, _, _, run, _ in jobs if run.out_dir is not None}
 
         async def one(bench: Benchmark, task: Task, replay: Any, run: RunContext,
