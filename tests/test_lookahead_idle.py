@@ -113,3 +113,34 @@ def test_a_forecast_from_a_hint_keeps_the_hinted_quantiles():
     assert abs(f.quantile(0.5) - 9.0) < 1e-6 and abs(f.quantile(0.99) - 845.0) < 1e-3
     # conditioned on being gone a while, the chance of an early return falls (a heavy tail)
     assert f.given(300.0).p_back_within(5.0) < f.p_back_within(5.0)
+
+
+def test_a_tier_that_churns_prices_a_release_as_a_recompute():
+    # host tier: reload 4 us a token, recompute 100 us. "idle" writes 6,000 tokens in the
+    # run's first second: 6,000 tokens a second. A tier of 600,000 keeps a context 100 s: back
+    # in 5 s it is reloaded (0.024 s), the horizon is 1 s (at least DEFAULT_TOOL_S): far, so
+    # released. A tier of 6,000 keeps it 1 s: back in 5 s it recomputes (0.6 s), the horizon is
+    # ten of those, 6 s: kept on the GPU. Back in 30 s it is far either way.
+    for tier, predicted, far in ((600_000, 5.0, True), (6_000, 5.0, False),
+                                 (6_000, 30.0, True)):
+        s = Lookahead(capacity_tokens=10_000, cost_model=_Costs(), host_tier=True)
+        s.configure(10_000, True, host_tier_tokens=tier)
+        s.turn_arrived("idle", 5900, 0.0)
+        s.decide(0.0)
+        s.turn_admitted("idle", 0.0)
+        s.turn_finished("idle", 6000, 0.0)  # the churn's clock starts at the first write
+        s.tool_started("idle", "bash", predicted, 0.0)
+        assert s.tier.rate(1.0) == 6000.0
+        assert s.far(s.table.get("idle"), 1.0) is far, (tier, predicted)
+
+
+def test_the_tier_churn_counts_growth_and_whole_prompts_after_a_compaction():
+    from server.programs.tier_churn import TierChurn
+    churn = TierChurn()
+    assert churn.residence_s(1_000, 0.0) == float("inf")  # nothing written yet
+    churn.turn_finished(0, 20_000, 0.0)        # a first turn: all of it
+    churn.turn_finished(20_000, 23_000, 5.0)   # grew by 3,000
+    churn.turn_finished(23_000, 8_000, 10.0)   # compacted: its whole new prompt
+    assert churn.written == 31_000 and churn.rate(10.0) == 3_100
+    assert churn.residence_s(31_000, 10.0) == 10.0
+    assert churn.residence_s(None, 10.0) == float("inf")

@@ -37,8 +37,10 @@ The rules:
   spread for it (on `swe-long` the estimate's spread is half its mean), so it is off there.
 * **Idle memory is not a queue slot.** A ready turn that does not fit takes the place of
   acting programs that are *far* from their next turn (`far`: the client's gap quantiles say
-  the program is more likely than not still away after `KEEP_RELOADS` reloads of its context,
-  or its point prediction says so), least costly first by the give-way score; told nothing,
+  the program is more likely than not still away after the keep horizon, `KEEP_RELOADS` times
+  what its return costs if released, or its point prediction says so; with a host tier the
+  cost is a reload only as likely as the tier still holds the context then, `TierChurn`, and
+  a recompute otherwise), least costly first by the give-way score; told nothing,
   a turn that has waited `AGING_S` takes the place of programs idle `IDLE_FAR_S` or more
   (`displace_idle`). The bound: no ready turn waits more than `AGING_S` for memory that
   programs idle `IDLE_FAR_S` hold (real sessions hand the turn to a person for minutes; their
@@ -55,6 +57,7 @@ The rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from server.costs import CostModel
@@ -62,6 +65,7 @@ from server.programs.base import ProgramScheduler
 from server.programs.estimates import MIN_ENDED, ProgramEstimates
 from server.programs.memory import Account, ContextAccount, EngineCount, resident
 from server.programs.state import Kv, Phase, ProgramState
+from server.programs.tier_churn import TierChurn
 
 #: A program paused before resumes only with this share of the capacity to spare beyond itself
 #: (hysteresis against pause-resume cycles).
@@ -98,6 +102,7 @@ class Lookahead(ProgramScheduler):
         self.estimates = ProgramEstimates(cost_model)
         self.contexts = ContextAccount(self.estimates.growth)
         self.engine = EngineCount(self.estimates.output)
+        self.tier = TierChurn()
 
     # -- facts -------------------------------------------------------------------------------
     def tell_lengths(self, turns: Mapping[str, int]) -> None:
@@ -117,6 +122,10 @@ class Lookahead(ProgramScheduler):
     def turn_finished(self, program_id: str, context_tokens: int, now: float,
                       tool: str | None = None, predicted_s: float | None = None) -> Kv:
         self.estimates.turn_finished(program_id, context_tokens)
+        st = self.table.get(program_id)
+        if st is not None:
+            self.tier.turn_finished(st.finished_context, context_tokens, now)
+            st.finished_context = context_tokens
         return super().turn_finished(program_id, context_tokens, now, tool, predicted_s)
 
     def program_ended(self, program_id: str, now: float) -> None:
@@ -197,18 +206,39 @@ class Lookahead(ProgramScheduler):
         it. Told nothing: not known to be far."""
         if st.phase is not Phase.ACTING:
             return False
-        horizon = self.keep_horizon_s(st)
+        horizon = self.keep_horizon_s(st, now)
         if st.gap is not None:
             return st.gap.given(st.idle_s(now)).p_back_within(horizon) < KEEP_P
         return st.predicted_return is not None and st.predicted_return - now > horizon
 
-    def keep_horizon_s(self, st: ProgramState) -> float:
+    def keep_horizon_s(self, st: ProgramState, now: float) -> float:
         """How soon a program must be back for its KV to be worth keeping on the GPU:
-        `KEEP_RELOADS` times what its return costs otherwise (a reload from the host tier,
-        else a recompute), and at least `DEFAULT_TOOL_S`."""
-        cost = (self._reload_seconds(st.context_tokens) if self.host_tier
-                else self._recompute_seconds(st.context_tokens))
+        `KEEP_RELOADS` times what its return costs otherwise, and at least `DEFAULT_TOOL_S`.
+        Without a host tier that is a recompute. With one it is a reload only if the tier
+        still holds the context when the program returns: the tier keeps what was written
+        for about its size over the rate the engine writes (`TierChurn.residence_s`, vLLM's
+        LRU), so the cost is a reload weighted by the chance of a return within that time
+        and a recompute otherwise (a small tier under many long sessions holds little for
+        long: releasing to it is then close to dropping)."""
+        tokens = st.context_tokens
+        recompute = self._recompute_seconds(tokens)
+        if not self.host_tier:
+            return max(KEEP_RELOADS * recompute, DEFAULT_TOOL_S)
+        warm = self.back_within(st, now, self.tier.residence_s(self.host_tier_tokens, now))
+        cost = warm * self._reload_seconds(tokens) + (1.0 - warm) * recompute
         return max(KEEP_RELOADS * cost, DEFAULT_TOOL_S)
+
+    def back_within(self, st: ProgramState, now: float, seconds: float) -> float:
+        """The chance the acting program is back within `seconds` from now, by what the
+        client told: its gap's quantiles, else its point prediction (0 or 1); told nothing, 1
+        (the tier taken to hold it, as vLLM's write-through copy does for a short call)."""
+        if seconds == math.inf:
+            return 1.0
+        if st.gap is not None:
+            return st.gap.given(st.idle_s(now)).p_back_within(seconds)
+        if st.predicted_return is not None:
+            return 1.0 if st.predicted_return - now <= seconds else 0.0
+        return 1.0
 
     def displace_idle(self, st: ProgramState, short: float, now: float) -> float | None:
         """A ready turn that does not fit takes the place of acting programs far from their

@@ -63,6 +63,7 @@ class ProgramState:
     phase: Phase = Phase.NEW
     active: bool = False  # may its turns run
     context_tokens: int = 0  # the conversation so far (prompt + output of its latest turn)
+    finished_context: int = 0  # the context its latest finished turn left
     turns: int = 0  # turns finished
     turn_waiting: bool = False  # a turn has arrived and not yet been admitted
     tool: str | None = None
