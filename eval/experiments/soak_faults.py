@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,9 +130,30 @@ class ClientKilled(HttpReplayError):
     """The fault plan killed this session's client (not an error of the server)."""
 
 
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions an exception group holds, its nested groups opened; [exc] otherwise."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``; a group says what it holds (``ExceptionGroup: ConnectError: ...``),
+    since its own message (``unhandled errors in a TaskGroup``) names nothing that happened."""
+    if isinstance(exc, BaseExceptionGroup):
+        return f"{type(exc).__name__}: " + "; ".join(describe(leaf) for leaf in leaves(exc))
+    return f"{type(exc).__name__}: {exc}"
+
+
 @dataclass
 class Tally:
-    """What happened to the requests and events, summed over the run (the record keeps it)."""
+    """What happened to the requests and events, summed over the run (the record keeps it).
+
+    Every request sent is counted once in exactly one of: ``answered``, ``refused`` (an error
+    from the server, or the connection cut, as the ``restart`` fault cuts the turns in
+    flight), ``hangs``, ``killed_turns`` (the fault plan's), ``left_at_end`` (in flight when the
+    clients left at the end of the run: its task was cancelled) and ``client_errors`` (an
+    exception in our own client code, not the server's answer). The judge checks the sum."""
 
     timeout_s: float = 0.0
     sent: int = 0
@@ -138,6 +161,8 @@ class Tally:
     refused: int = 0
     hangs: int = 0
     killed_turns: int = 0
+    left_at_end: int = 0
+    client_errors: int = 0
     killed_tools: int = 0
     no_end_sessions: int = 0
     events_dropped: int = 0
@@ -149,19 +174,34 @@ class Tally:
     errors: list[str] = field(default_factory=list)
     #: requests sent and without a first token yet: key -> monotonic time sent (not recorded)
     waiting: dict[str, float] = field(default_factory=dict, repr=False)
+    #: the unexpected exceptions whose traceback was logged, by their leaves' types (not
+    #: recorded)
+    logged: set[tuple[str, ...]] = field(default_factory=set, repr=False)
 
-    def error(self, message: str) -> None:
+    def error(self, what: str | BaseException) -> None:
         """Keep the first errors (a session's failed request is reported again as the
-        session's failure: kept once)."""
-        message = message[:300]
+        session's failure: kept once); an exception as `describe` says it."""
+        message = (what if isinstance(what, str) else describe(what))[:300]
         if len(self.errors) < 20 and message not in self.errors[-1:]:
             self.errors.append(message)
+
+    def log_once(self, exc: BaseException) -> None:
+        """The traceback of an exception the client did not expect, to the soak's log
+        (stderr), once per kind (its leaves' types): the record keeps only a line, and the
+        next run must say where it came from."""
+        kind = tuple(type(leaf).__name__ for leaf in leaves(exc))
+        if kind in self.logged:
+            return
+        self.logged.add(kind)
+        print(f"soak: unexpected client error ({describe(exc)[:300]}); its traceback, logged "
+              "once per kind:", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
 
     def oldest_wait_s(self) -> float:
         return max((time.monotonic() - t for t in self.waiting.values()), default=0.0)
 
     def record(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "waiting"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("waiting", "logged")}
 
 
 class FaultyDriver(Driver):
@@ -213,6 +253,15 @@ class FaultyDriver(Driver):
             else:
                 self.tally.refused += 1
             self.tally.error(str(exc))
+            raise
+        except asyncio.CancelledError:
+            # in a soak only the run's end cancels a request (one program per replay: no
+            # sibling fails it; a killed turn's own request is cancelled in a task apart)
+            self.tally.left_at_end += 1
+            raise
+        except Exception as exc:  # our client broke: the worker records the line
+            self.tally.client_errors += 1
+            self.tally.log_once(exc)
             raise
         finally:
             self.tally.waiting.pop(key, None)

@@ -100,7 +100,9 @@ class Soak:
             await asyncio.sleep(max(0.0, self.run_s - self.now()))
             self.stop.set()
             for task in tasks[:self.options.sessions]:
-                task.cancel()  # the clients leave (each says program_end, unless faulted)
+                # the clients leave (each says program_end, unless faulted); a request in
+                # flight is cancelled and counted as left at the end (`Tally.left_at_end`)
+                task.cancel()
             await asyncio.gather(*tasks[:self.options.sessions], return_exceptions=True)
             if restart is not None and not self.up.is_set():
                 await restart  # the drain needs the server back (a failed start raises here)
@@ -138,8 +140,10 @@ class Soak:
                     self.tally.error(str(exc))
                     await asyncio.sleep(RETRY_PAUSE_S)
                 except Exception as exc:  # noqa: BLE001 - one session's surprise must not
-                    # take a client out of the closed loop for the rest of the hour
-                    self.tally.error(f"{type(exc).__name__}: {exc}")
+                    # take a client out of the closed loop for the rest of the hour; a
+                    # TaskGroup's ExceptionGroup is named by what it holds
+                    self.tally.error(exc)
+                    self.tally.log_once(exc)
                     await asyncio.sleep(RETRY_PAUSE_S)
                 finally:
                     self.live -= 1
