@@ -26,11 +26,21 @@ from eval.experiments.soak import (
     stale_after_s,
 )
 from eval.experiments.soak_cluster import ClusterProcess, StatusTargets, status_targets
-from eval.experiments.soak_faults import FAULTS, FaultPlan, FaultsError, parse_faults
-from eval.experiments.soak_judge import OLDEST_WAIT_S, RSS_GROWTH, judge
+from eval.experiments.soak_faults import (
+    FAULTS,
+    FaultPlan,
+    FaultsError,
+    FaultyDriver,
+    SessionFaults,
+    Tally,
+    parse_faults,
+)
+from eval.experiments.soak_judge import OLDEST_WAIT_S, RSS_GROWTH, answered, judge
 from eval.experiments.soak_loop import Soak
 from eval.experiments.soak_record import Record, plot
 from eval.experiments.soak_sampler import engine_cores, parse_gauges, rss, summed, take_sample
+from eval.replay.http_replay import Driver
+from sim.conversation import ProgramState
 
 
 # -- the fault plan ----------------------------------------------------------------------------
@@ -215,6 +225,100 @@ def test_judge_takes_a_new_baseline_after_a_restart() -> None:
         s.update(epoch=1, epoch_start=30.0, api_rss=5000)  # a new process, other RSS
     checks = by_name(judge(run, TALLY, run_s=60.0, drain_bound_s=30.0))
     assert checks["api_rss"].passed is True
+
+
+def counted(**counts: int) -> Tally:
+    tally = Tally(timeout_s=120.0)
+    for key, value in counts.items():
+        setattr(tally, key, value)
+    return tally
+
+
+def test_every_request_sent_is_counted_exactly_once() -> None:
+    whole = dict(sent=20, answered=12, refused=2, killed_turns=3, left_at_end=3)
+    check = answered(counted(**whole).record())
+    assert check.passed is True, check.line()
+    assert check.detail.startswith("20 sent = 12 answered + 2 refused with an error + 0 hung + "
+                                   "3 cancelled by the fault plan + 3 left at the end + "
+                                   "0 client errors"), check.detail
+    missing = answered(counted(**{**whole, "sent": 21}).record())
+    assert missing.passed is False and "1 unaccounted for" in missing.detail
+    twice = answered(counted(**{**whole, "answered": 13}).record())
+    assert twice.passed is False and "1 counted twice" in twice.detail
+    broke = answered(counted(**{**whole, "sent": 21, "client_errors": 1}).record())
+    assert broke.passed is False and "our client broke" in broke.detail
+
+
+def test_an_exception_group_is_named_by_what_it_holds(capsys) -> None:
+    tally = Tally()
+    group = ExceptionGroup("unhandled errors in a TaskGroup",
+                           [ExceptionGroup("inner", [httpx.ConnectError("refused")])])
+    tally.error(group)
+    assert tally.errors == ["ExceptionGroup: ConnectError: refused"]
+    for exc in (group, ExceptionGroup("again", [httpx.ConnectError("other")]),
+                ValueError("bad chunk")):
+        try:
+            raise exc
+        except Exception as raised:  # noqa: BLE001 - a traceback to log
+            tally.log_once(raised)
+    logged = capsys.readouterr().err
+    assert logged.count("Traceback") == 2, logged  # once per kind: ConnectError, ValueError
+    assert "ExceptionGroup: ConnectError: refused" in logged and "bad chunk" in logged
+    assert "logged" not in tally.record()
+
+
+class _Stuck(Driver):
+    """A server that never answers."""
+
+    async def complete(self, state: ProgramState, i: int) -> None:
+        await asyncio.Event().wait()
+
+
+class _Broken(Driver):
+    """Our own client code failing mid-request."""
+
+    async def complete(self, state: ProgramState, i: int) -> None:
+        raise ValueError("a chunk our client could not read")
+
+
+class _StuckFaulty(FaultyDriver, _Stuck):
+    pass
+
+
+class _BrokenFaulty(FaultyDriver, _Broken):
+    pass
+
+
+def faulty_complete(kind: type[FaultyDriver], tally: Tally, *, cancel_after_s: float) -> None:
+    """One request through `kind`'s `complete`, cancelled after `cancel_after_s` as the run's
+    end cancels the clients."""
+    program = Program(id="p", arrival_s=0.0, turns=[Turn(input_tokens=8, output_tokens=2)])
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as client:
+            driver = kind(Trace(name="t", programs=[program]), client, "http://x", "m", "r",
+                          None, faults=SessionFaults(), tally=tally)
+            task = asyncio.create_task(driver.complete(ProgramState(program), 0))
+            await asyncio.sleep(cancel_after_s)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    asyncio.run(go())
+
+
+def test_a_request_in_flight_at_the_end_is_left_at_the_end() -> None:
+    tally = Tally()
+    faulty_complete(_StuckFaulty, tally, cancel_after_s=0.05)
+    assert (tally.sent, tally.left_at_end, tally.waiting) == (1, 1, {})
+    assert answered(tally.record()).passed is True
+
+
+def test_a_request_our_client_failed_is_a_client_error(capsys) -> None:
+    tally = Tally()
+    faulty_complete(_BrokenFaulty, tally, cancel_after_s=0.05)
+    assert (tally.sent, tally.client_errors, tally.left_at_end) == (1, 1, 0)
+    assert "a chunk our client could not read" in capsys.readouterr().err
+    check = answered(tally.record())
+    assert check.passed is False and "unaccounted" not in check.detail, check.detail
 
 
 def test_options_refuse_bad_values() -> None:

@@ -63,14 +63,32 @@ def judge(samples: Sequence[dict[str, Any]], tally: dict[str, Any], *, run_s: fl
             oldest_wait(samples)]
 
 
+#: where a sent request ends, each exactly once (`eval.experiments.soak_faults.Tally`), and
+#: how the check names each
+OUTCOMES = (("answered", "answered"), ("refused", "refused with an error"), ("hangs", "hung"),
+            ("killed_turns", "cancelled by the fault plan"),
+            ("left_at_end", "left at the end"), ("client_errors", "client errors"))
+
+
 def answered(tally: dict[str, Any]) -> Check:
-    hangs = int(tally.get("hangs", 0))
+    """Every request sent is in exactly one outcome (a request in none, or in two, is a
+    counting bug that would hide a lost one); none hung beyond `MAX_HANGS`; and none failed in
+    our own client, whose breaking leaves the server's answer unknown."""
+    counts = {key: int(tally.get(key, 0)) for key, _ in OUTCOMES}
     sent = int(tally.get("sent", 0))
-    detail = (f"{sent} requests: {tally.get('answered', 0)} answered, "
-              f"{tally.get('refused', 0)} refused with an error, "
-              f"{tally.get('killed_turns', 0)} cancelled by the fault plan, {hangs} hung "
-              f"(bound {MAX_HANGS}, timeout {tally.get('timeout_s', REQUEST_TIMEOUT_S):g} s)")
-    return Check("every request answered or refused", hangs <= MAX_HANGS and sent > 0, detail)
+    unaccounted = sent - sum(counts.values())
+    detail = (f"{sent} sent = " + " + ".join(f"{counts[key]} {name}" for key, name in OUTCOMES)
+              + f" (hangs bound {MAX_HANGS}, timeout "
+              f"{tally.get('timeout_s', REQUEST_TIMEOUT_S):g} s)")
+    if unaccounted > 0:
+        detail += f"; {unaccounted} unaccounted for"
+    elif unaccounted < 0:
+        detail += f"; {-unaccounted} counted twice"
+    if counts["client_errors"]:
+        detail += "; our client broke, so the server's answers are unknown"
+    passed = (sent > 0 and counts["hangs"] <= MAX_HANGS and unaccounted == 0
+              and counts["client_errors"] == 0)
+    return Check("every request answered or refused", passed, detail)
 
 
 def rss(samples: Sequence[dict[str, Any]], key: str, warmup: float) -> Check:
