@@ -438,8 +438,12 @@ class Driver:
                                           f"{response.status_code}: {text[:500]}")
                 async for chunk in aiter_sse(response.aiter_lines()):
                     self.read_chunk(chunk, got, where)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            # StreamError (a RuntimeError, not an HTTPError): the stream closed under the read
             raise HttpReplayError(f"{where}: request to {self.url} failed "
+                                  f"({type(exc).__name__}: {exc})") from None
+        except ValueError as exc:  # a line that is not JSON: a stream cut mid-chunk
+            raise HttpReplayError(f"{where}: the server sent a malformed stream line "
                                   f"({type(exc).__name__}: {exc})") from None
         got.finished = self.now()
         if got.first_token is None:
