@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from common.errors import UserError
@@ -82,7 +83,12 @@ class ServerProcess:
         argv += self.serve_args
         if self.vllm_args:
             argv += ["--", *self.vllm_args]
-        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
+        # appended: a server started again (a soak's restart) keeps its earlier lives' logs,
+        # where the errors that ended them are
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log.write(f"--- harness serve started {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+                  .encode())
+        log.flush()
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **self.env},
                                         start_new_session=True)

@@ -60,7 +60,10 @@ class ClusterProcess:
     def start(self) -> ClusterProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / "cluster.log"
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:  # a restarted cluster keeps its earlier lives' logs
+            out.write(f"--- harness cluster serve started {time.strftime('%Y-%m-%d %H:%M:%S')}"
+                      f" ---\n".encode())
+            out.flush()
             self.process = subprocess.Popen(
                 self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
