@@ -47,6 +47,9 @@ from harness.server_process import ServerProcess, model_server
 from server.programs.state import STALE_AFTER_S
 from sim.conversation import too_long_turns
 
+#: one server's policy when --policy is not given
+DEFAULT_SOAK_POLICY = "continuum"
+
 
 class SoakError(ExperimentError):
     pass
@@ -57,7 +60,9 @@ class SoakOptions:
     trace: str | None = field(default=None, metadata={
         "help": "the sessions: a harness trace file, a folder of recorded sessions (Claude "
         "Code's among them), or a generated trace's name"})
-    policy: str = field(default="continuum", metadata={"help": "the server's policy"})
+    policy: str | None = field(default=None, metadata={
+        "help": f"the server's policy (default {DEFAULT_SOAK_POLICY}; with --cluster, each "
+        "replica's is the cluster file's)"})
     device: str | None = field(default=None, metadata={
         "choices": ("cpu", "gpu"),
         "help": "serve a real model on this device (with --model); default: the emulated GPU"})
@@ -114,13 +119,18 @@ class SoakOptions:
         if self.drain_s is not None and self.drain_s < 0:
             raise SoakError("--drain-s must not be negative")
         if self.cluster is not None and (self.device is not None or self.offload_gib
-                                         or self.profile is not None):
-            raise SoakError("--cluster: the cluster file says each replica's device, model, "
-                            "profile and tiers; --device, --model, --profile and "
-                            "--offload-gib are for one server")
+                                         or self.profile is not None or self.policy):
+            raise SoakError("--cluster: the cluster file says each replica's policy, device, "
+                            "model, profile and tiers; --policy, --device, --model, --profile "
+                            "and --offload-gib are for one server")
         if (self.device is None) != (self.model is None):
             raise SoakError("--device and --model go together")
         parse_faults(self.faults)
+
+
+def server_policy(options: SoakOptions) -> str:
+    """One server's policy: given, else the soak's default."""
+    return options.policy or DEFAULT_SOAK_POLICY
 
 
 def stale_after_s(options: SoakOptions) -> float:
@@ -143,9 +153,9 @@ def make_server(options: SoakOptions, out: Path) -> ServerProcess | ClusterProce
     log = out / "serve.log"
     if options.device is not None:
         assert options.model is not None
-        return model_server(options.model, options.device, options.policy, serve_args,
+        return model_server(options.model, options.device, server_policy(options), serve_args,
                             log_path=log)
-    return ServerProcess(policy=options.policy, profile=options.profile,
+    return ServerProcess(policy=server_policy(options), profile=options.profile,
                          serve_args=serve_args, log_path=log)
 
 
@@ -209,7 +219,7 @@ def run_soak(options: SoakOptions) -> int:
     server = make_server(options, out)
     with sigterm_unwinds():
         what = (f"the cluster {options.cluster}" if options.cluster
-                else f"harness serve --policy {options.policy}")
+                else f"harness serve --policy {server_policy(options)}")
         print(f"starting {what} ...", flush=True)
         server.start()
         try:
