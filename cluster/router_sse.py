@@ -55,13 +55,20 @@ async def relay_sse(state: ClusterState, replica: ReplicaState, answer: httpx.Re
     outcome = "cancelled"  # unless it ends below: the client went away
     clock = StreamClock()
     tail = b""  # the last chunks, where the usage is
+    pending = b""  # a line not yet ended: held back, so a replica lost mid-line sends no half
     try:
         async for chunk in answer.aiter_raw():
             clock.chunk(time.monotonic())
             if turn is not None:
                 turn.prefilled(state.book)  # the first token is out
                 tail = (tail + chunk)[-4096:]
-            yield chunk
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1
+            if cut:
+                yield pending[:cut]
+                pending = pending[cut:]
+        if pending:
+            yield pending
         outcome = "completed"
         if turn is not None:
             turn.answered(state, name, completion_tokens_of(tail), clock.itl())
