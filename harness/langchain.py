@@ -480,7 +480,7 @@ class ChatHarness(BaseChatModel):
         response = self._open(self._body(messages, stop, run_manager, kwargs, stream=True))
         last = False
         try:
-            for data in iter_sse(response.iter_lines()):
+            for data in iter_sse(response.iter_text()):
                 chunk = _chunk(data)
                 if chunk is not None:
                     last = last or getattr(chunk.message, "chunk_position", None) == "last"
@@ -501,7 +501,7 @@ class ChatHarness(BaseChatModel):
                                                 stream=True))
         last = False
         try:
-            async for data in aiter_sse(response.aiter_lines()):
+            async for data in aiter_sse(response.aiter_text()):
                 chunk = _chunk(data)
                 if chunk is not None:
                     last = last or getattr(chunk.message, "chunk_position", None) == "last"

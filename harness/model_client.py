@@ -134,7 +134,7 @@ class ChatClient:
         ttft: float | None = None
         prompt_ids: list[int] | None = None
         output_ids: list[int] | None = None
-        async for chunk in aiter_sse(response.aiter_lines()):
+        async for chunk in aiter_sse(response.aiter_text()):
             usage = chunk.get("usage") or usage
             if chunk.get("prompt_token_ids") is not None:  # the first chunk, when asked
                 prompt_ids = list(chunk["prompt_token_ids"])
@@ -267,9 +267,49 @@ def _sse_json(line: str) -> Any:
     return _DONE if payload == "[DONE]" else json.loads(payload)
 
 
-def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """The JSON chunks of an OpenAI stream, up to `data: [DONE]`."""
-    for line in lines:
+class SseLines:
+    """The lines of a server-sent-events stream from its text as it arrives: split at line
+    feeds only (a trailing carriage return dropped), as the SSE format ends its lines. Not
+    `httpx`'s `iter_lines`, which splits as `str.splitlines` does, also at U+2028, U+0085
+    and the other separators JSON leaves unescaped inside a string: a token whose text holds
+    one cut its chunk in two, and the halves did not parse."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def feed(self, text: str) -> list[str]:
+        """The lines `text` completes."""
+        *lines, self.pending = (self.pending + text).split("\n")
+        return [line.removesuffix("\r") for line in lines]
+
+    def close(self) -> list[str]:
+        """The last line, if the stream did not end it."""
+        rest, self.pending = self.pending, ""
+        return [rest.removesuffix("\r")] if rest else []
+
+
+def sse_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """`SseLines` over a stream's text (`response.iter_text()`)."""
+    splitter = SseLines()
+    for text in chunks:
+        yield from splitter.feed(text)
+    yield from splitter.close()
+
+
+async def asse_lines(chunks: AsyncIterable[str]) -> AsyncIterator[str]:
+    """`SseLines` over an async stream's text (`response.aiter_text()`)."""
+    splitter = SseLines()
+    async for text in chunks:
+        for line in splitter.feed(text):
+            yield line
+    for line in splitter.close():
+        yield line
+
+
+def iter_sse(chunks: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI stream, up to `data: [DONE]`, from its text
+    (`response.iter_text()`)."""
+    for line in sse_lines(chunks):
         chunk = _sse_json(line)
         if chunk is _DONE:
             return
@@ -277,12 +317,13 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             yield chunk
 
 
-async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
-    """`iter_sse` over an async line iterator. After `data: [DONE]` the rest of the stream is
-    read to its end, so that the response is complete before the caller closes it: a proxy
-    in between (vllm-router) otherwise sees the client go away and counts a failed request."""
+async def aiter_sse(chunks: AsyncIterable[str]) -> AsyncIterator[dict[str, Any]]:
+    """`iter_sse` over the text of an async stream (`response.aiter_text()`). After
+    `data: [DONE]` the rest of the stream is read to its end, so that the response is
+    complete before the caller closes it: a proxy in between (vllm-router) otherwise sees the
+    client go away and counts a failed request."""
     done = False
-    async for line in lines:
+    async for line in asse_lines(chunks):
         if done:
             continue
         chunk = _sse_json(line)

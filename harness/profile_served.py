@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from harness.model_client import asse_lines
 from harness.server_process import ServerProcess
 from server.cpu.engine import DEFAULT_CPU_MODEL, model_folder
 from server.profilers.cpu import Shape, grid, of_shape, quick_grid, table_from_steps
@@ -66,7 +67,7 @@ class HttpDriver:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 raise RuntimeError(f"the server answered {response.status_code}: {text[:300]}")
-            async for line in response.aiter_lines():
+            async for line in asse_lines(response.aiter_text()):
                 if line.startswith("data: {"):
                     first = first or time.time()
                     if started is not None:

@@ -436,7 +436,7 @@ class Driver:
                     text = (await response.aread()).decode(errors="replace")
                     raise HttpReplayError(f"{where}: the server answered "
                                           f"{response.status_code}: {text[:500]}")
-                async for chunk in aiter_sse(response.aiter_lines()):
+                async for chunk in aiter_sse(response.aiter_text()):
                     self.read_chunk(chunk, got, where)
         except (httpx.HTTPError, httpx.StreamError) as exc:
             # StreamError (a RuntimeError, not an HTTPError): the stream closed under the read
