@@ -47,7 +47,7 @@ class ProgramRouter(Router):
         #: the programs placed: each one's context, home and last turn (for forgetting a
         #: program that never ends, after `stale_after_s` of silence) are all it needs
         self.ledger = ProgramScheduler()
-        self.ledger.table.stale_after_s = stale_after_s  # as the engines set theirs
+        self.ledger.forget_silent_after(stale_after_s)  # as the engines set theirs
         self.moves = 0
         #: a moved program's KV goes along over NIXL (every replica runs the connector)
         self.carry_kv = carry_kv
@@ -88,7 +88,7 @@ class ProgramRouter(Router):
         return self.ledger.replica_of(program_id)
 
     def reap(self, now: float) -> list[str]:
-        return [st.program_id for st in self.ledger.table.reap(now)]
+        return self.ledger.reap(now)
 
     def programs_held(self) -> int:
         return len(self.ledger.table)

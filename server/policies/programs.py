@@ -61,7 +61,7 @@ class ProgramPolicy(Policy):
     def forget_silent_after(self, seconds: float) -> None:
         """Forget a program silent this long (`ProgramTable.reap`; the deployment's
         `ServeSettings.stale_after_s`)."""
-        self.programs.table.stale_after_s = seconds
+        self.programs.forget_silent_after(seconds)
 
     # -- facts ---------------------------------------------------------------------------
     def on_arrival(self, req: RequestView, now: float) -> None:

@@ -172,10 +172,18 @@ class ProgramScheduler:
         if self.tick_s is not None:
             self._next_tick = now + self.tick_s
 
-    def reap(self, now: float) -> None:
-        """Forget the programs silent for the table's `stale_after_s` (`ProgramTable.reap`)."""
-        for st in self.table.reap(now):
+    def forget_silent_after(self, seconds: float) -> None:
+        """The silent-program bound (`ProgramTable.reap`): the deployment's, an engine's
+        `ServeSettings.stale_after_s` or a cluster's `router.stale_after_s`."""
+        self.table.stale_after_s = seconds
+
+    def reap(self, now: float) -> list[str]:
+        """Forget the programs silent for the table's `stale_after_s` (`ProgramTable.reap`);
+        their ids, for a caller that keeps books of its own (a router)."""
+        forgotten = self.table.reap(now)
+        for st in forgotten:
             st.active = False
+        return [st.program_id for st in forgotten]
 
     def rebalance(self, now: float) -> None:
         for st in self.table.inactive():
