@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import httpx
 
@@ -26,6 +26,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def open_server_log(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """`path` opened for a child server's output, appended to under a line that says `what`
+    started and when: a server started again (a soak's restart) keeps its earlier lives'
+    logs, where the errors that ended them are."""
+    log = open(path, "ab")  # noqa: SIM115 - the caller hands it to the child, then closes it
+    log.write(f"--- {what} started {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+    log.flush()
+    return log
 
 
 def wait_until_answers(process: subprocess.Popen, url: str, timeout_s: float,

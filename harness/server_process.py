@@ -8,11 +8,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from common.errors import UserError
-from common.processes import free_port, stop_process_group, wait_until_answers
+from common.processes import (
+    free_port,
+    open_server_log,
+    stop_process_group,
+    wait_until_answers,
+)
 from server.models.store import servable_model
 
 #: how long a CPU engine (`--device cpu`) may take to come up: importing, loading, compiling and
@@ -83,12 +87,7 @@ class ServerProcess:
         argv += self.serve_args
         if self.vllm_args:
             argv += ["--", *self.vllm_args]
-        # appended: a server started again (a soak's restart) keeps its earlier lives' logs,
-        # where the errors that ended them are
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        log.write(f"--- harness serve started {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
-                  .encode())
-        log.flush()
+        log = open_server_log(self.log_path, "harness serve")
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **self.env},
                                         start_new_session=True)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common.processes import free_port, sigterm_unwinds, stop_process_group
+from common.processes import free_port, open_server_log, sigterm_unwinds, stop_process_group
 
 # a leader that exits on Ctrl-C, and a child of its group that ignores it (and SIGTERM); the
 # leader sets Python's Ctrl-C handler itself: started from a background job (`pytest &`) it
@@ -96,3 +96,15 @@ def test_wait_until_answers_tells_ready_exited_and_timeout_apart(tmp_path):
     finally:
         silent.kill()
         silent.wait()
+
+
+def test_a_server_log_keeps_every_life(tmp_path):
+    # a restart opens the log again: the first life's lines (where its errors are) stay
+    path = tmp_path / "serve.log"
+    for life in ("first", "second"):
+        with open_server_log(path, "harness serve") as log:
+            subprocess.run([sys.executable, "-c", f"print('{life} life')"], stdout=log,
+                           check=True)
+    lines = path.read_text().splitlines()
+    assert [line for line in lines if "life" in line] == ["first life", "second life"]
+    assert sum(line.startswith("--- harness serve started ") for line in lines) == 2

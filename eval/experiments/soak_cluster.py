@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from common.errors import UserError
-from common.processes import free_port, killpg, stop_process_group
+from common.processes import free_port, killpg, open_server_log, stop_process_group
 
 #: how long the cluster may take to come up (several vLLM servers side by side on few cores)
 CLUSTER_STARTUP_S = 900.0
@@ -60,10 +60,7 @@ class ClusterProcess:
     def start(self) -> ClusterProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / "cluster.log"
-        with open(log, "ab") as out:  # a restarted cluster keeps its earlier lives' logs
-            out.write(f"--- harness cluster serve started {time.strftime('%Y-%m-%d %H:%M:%S')}"
-                      f" ---\n".encode())
-            out.flush()
+        with open_server_log(log, "harness cluster serve") as out:
             self.process = subprocess.Popen(
                 self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
