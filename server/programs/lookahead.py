@@ -171,6 +171,7 @@ class Lookahead(ProgramScheduler):
         # (all in tool calls) a ready turn is let in regardless, its room made by the acting
         # programs' pins (the engine's victim rule), rather than leave the GPU idle
         reasoning = sum(1 for st in active if st.phase is not Phase.ACTING or st.turn_waiting)
+        decision = Decision(self, now)
         for st in sorted(self.table.inactive(), key=self.rank):
             need = account.need(st)
             band = RESUME_BAND * self.capacity_tokens if st.pauses else 0.0
@@ -178,7 +179,7 @@ class Lookahead(ProgramScheduler):
                 short = usage + need - (limit - band)
                 freed = self.make_way(st, short, now)
                 if freed is None:
-                    freed = self.displace_idle(st, short, now)
+                    freed = self.displace_idle(st, short, decision)
                 if freed is None:
                     continue
                 usage -= freed
@@ -192,9 +193,9 @@ class Lookahead(ProgramScheduler):
         """How little a pause costs: time until its next turn x the KV it frees. The time is
         the expected wait under the gap's distribution when the client sent one, else the
         predicted return (or the default tool time) less now."""
-        if st.gap is not None and st.phase is Phase.ACTING:
-            wait = st.gap.given(st.idle_s(now)).expected_wait_s()
-            return wait * max(1, st.context_tokens)
+        gap = st.gap_now(now) if st.phase is Phase.ACTING else None
+        if gap is not None:
+            return gap.expected_wait_s() * max(1, st.context_tokens)
         back = st.predicted_return if st.predicted_return is not None else (
             (st.tool_started or now) + DEFAULT_TOOL_S)
         return max(0.0, back - now) * max(1, st.context_tokens)
@@ -204,11 +205,12 @@ class Lookahead(ProgramScheduler):
         keep horizon (`keep_horizon_s`): with the gap's quantiles, less than `KEEP_P` likely
         back within it given how long it has been gone; with a point prediction, due after
         it. Told nothing: not known to be far."""
-        if st.phase is not Phase.ACTING:
+        if st.phase is not Phase.ACTING or (st.gap is None and st.predicted_return is None):
             return False
         horizon = self.keep_horizon_s(st, now)
-        if st.gap is not None:
-            return st.gap.given(st.idle_s(now)).p_back_within(horizon) < KEEP_P
+        gap = st.gap_now(now)
+        if gap is not None:
+            return gap.p_back_within(horizon) < KEEP_P
         return st.predicted_return is not None and st.predicted_return - now > horizon
 
     def keep_horizon_s(self, st: ProgramState, now: float) -> float:
@@ -234,27 +236,30 @@ class Lookahead(ProgramScheduler):
         (the tier taken to hold it, as vLLM's write-through copy does for a short call)."""
         if seconds == math.inf:
             return 1.0
-        if st.gap is not None:
-            return st.gap.given(st.idle_s(now)).p_back_within(seconds)
+        gap = st.gap_now(now)
+        if gap is not None:
+            return gap.p_back_within(seconds)
         if st.predicted_return is not None:
             return 1.0 if st.predicted_return - now <= seconds else 0.0
         return 1.0
 
-    def displace_idle(self, st: ProgramState, short: float, now: float) -> float | None:
+    def displace_idle(self, st: ProgramState, short: float, decision: Decision
+                      ) -> float | None:
         """A ready turn that does not fit takes the place of acting programs far from their
         next turn (`far`), or, once it has waited `AGING_S`, of programs idle `IDLE_FAR_S` or
         more; the cheapest pauses first (`give_way_score`) until `short` tokens are freed.
         What they held, or None (nobody paused) when they cannot free that much."""
         if not st.turn_waiting:
             return None
+        now = decision.now
         aged = st.waited_s(now) >= AGING_S
         idle = [a for a in self.table.active()
                 if a.phase is Phase.ACTING and not a.turn_waiting and resident(a) > 0
-                and (self.far(a, now) or (aged and a.idle_s(now) >= IDLE_FAR_S))]
+                and (decision.far(a) or (aged and a.idle_s(now) >= IDLE_FAR_S))]
         if sum(resident(a) for a in idle) < short:
             return None
         freed = 0.0
-        for a in sorted(idle, key=lambda a: -self.give_way_score(a, now)):
+        for a in sorted(idle, key=lambda a: -decision.score(a)):
             if freed >= short:
                 break
             freed += resident(a)
@@ -332,6 +337,29 @@ class Lookahead(ProgramScheduler):
         if self.cost_model is None:
             return 0.0
         return float(self.cost_model.prefill_seconds(tokens))
+
+
+class Decision:
+    """What one `rebalance` asks of the acting programs, asked once each: every ready turn
+    that does not fit asks whether the same programs are far and what pausing each costs, at
+    the same time and with nothing they depend on changed in between (a pause or resume
+    changes neither), and both cost a forecast's integral under the gap's distribution."""
+
+    def __init__(self, scheduler: Lookahead, now: float) -> None:
+        self.scheduler = scheduler
+        self.now = now
+        self._far: dict[str, bool] = {}
+        self._score: dict[str, float] = {}
+
+    def far(self, st: ProgramState) -> bool:
+        if st.program_id not in self._far:
+            self._far[st.program_id] = self.scheduler.far(st, self.now)
+        return self._far[st.program_id]
+
+    def score(self, st: ProgramState) -> float:
+        if st.program_id not in self._score:
+            self._score[st.program_id] = self.scheduler.give_way_score(st, self.now)
+        return self._score[st.program_id]
 
 
 __all__ = ["AGING_S", "IDLE_FAR_S", "MIN_ENDED", "Lookahead"]

@@ -105,6 +105,10 @@ class ProgramState:
             return 0.0
         return max(0.0, now - self.tool_started)
 
+    def gap_now(self, now: float) -> GapForecast | None:
+        """Its gap's distribution given how long it has been gone (None: none was sent)."""
+        return None if self.gap is None else self.gap.given(self.idle_s(now))
+
     @property
     def idleness(self) -> float:
         """MORI's rank: the share of the last cycles spent in tool calls (0 with none yet)."""
