@@ -87,8 +87,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--num-gpu-blocks lowers it)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="N",
                    help="tokens one engine step may compute, for every policy of the run "
-                   "(vLLM's chunked-prefill budget; default vLLM's, 8,192; Continuum's "
-                   "evaluation used 2048)")
+                   "(vLLM's chunked-prefill budget; default: what `vllm serve` takes on the "
+                   "profile's GPU, 8,192 on an H100 or H200; Continuum's evaluation used 2048)")
+    p.add_argument("--max-num-seqs", type=int, default=None, metavar="N",
+                   help="requests one engine step may run, for every policy of the run (vLLM's "
+                   "max_num_seqs; default: `vllm serve`'s on the profile's GPU, 1,024 on an "
+                   "H100 or H200). Figures measured before the emulated GPU took these defaults "
+                   "ran at --max-num-batched-tokens 2048 --max-num-seqs 128")
     p.add_argument("--offload-gib", type=float, default=None, metavar="GIB",
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
@@ -174,6 +179,7 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
     engine = EngineSpec(profile=args.profile, seed=args.seed,
                         num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len,
                         max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_seqs=args.max_num_seqs,
                         offload_gib=args.offload_gib, disk_gib=args.disk_gib,
                         offload_copy_model=args.offload_copy_model)
     check_engine(engine, cluster=args.cluster is not None, http=args.url is not None)

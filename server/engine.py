@@ -220,15 +220,14 @@ class VirtualEngine:
             connector = KVTransferConfig(**_copy_config(dict(kv_transfer)))
         elif self.offload_gib is not None:
             connector = KVTransferConfig(kv_connector_extra_config=offload_options(disk))
+        batch_tokens, batch_seqs = spec.emulated_batch_limits()
         args = EngineArgs(model=str(emulated_model_dir(spec.profile_name)), seed=spec.seed,
                           max_model_len=spec.max_model_len,
                           enable_prefix_caching=spec.enable_prefix_caching,
                           block_size=16, scheduler_cls="server.scheduler.PolicyScheduler",
                           distributed_executor_backend=EmulatedExecutor,
                           num_gpu_blocks_override=spec.num_gpu_blocks,
-                          max_num_batched_tokens=spec.max_num_batched_tokens,
-                          **({} if spec.max_num_seqs is None
-                             else {"max_num_seqs": spec.max_num_seqs}),
+                          max_num_batched_tokens=batch_tokens, max_num_seqs=batch_seqs,
                           kv_offloading_size=tier_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector,
                           additional_config=settings.to_additional_config())

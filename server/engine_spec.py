@@ -26,6 +26,7 @@ from typing import Any
 
 from server.kv_connectors import DiskTier
 from server.perf.copy_model import DEFAULT_OFFLOAD_COPY_MODEL
+from server.perf.registry import load_profile
 from server.policies.ampd import TTFT_SLO_S
 from server.policies.spec import PolicySpec
 from server.programs.state import STALE_AFTER_S
@@ -64,10 +65,11 @@ class EngineSpec:
     #: how the offloading connector's copies are priced (`server.perf.copy_model`
     #: OFFLOAD_COPY_MODELS): by the emulated worker and by the policies' cost model
     offload_copy_model: str = DEFAULT_OFFLOAD_COPY_MODEL
-    #: tokens one step may compute (vLLM's chunked-prefill budget); None: vLLM's default
+    #: tokens one step may compute (vLLM's chunked-prefill budget); None: vLLM's default on
+    #: the device (on the emulated GPU, the GPU's: `emulated_batch_limits`)
     max_num_batched_tokens: int | None = None
-    #: requests one step may run (vLLM's max_num_seqs); None: vLLM's default. 1 on a prefill
-    #: replica runs its prefills one at a time, as AMPD's Eq. 3 assumes
+    #: requests one step may run (vLLM's max_num_seqs); None: as `max_num_batched_tokens`. 1
+    #: on a prefill replica runs its prefills one at a time, as AMPD's Eq. 3 assumes
     max_num_seqs: int | None = None
     #: the longest conversation (prompt + output); None: the kind of engine's default
     #: (`server.max_model_len`)
@@ -88,6 +90,19 @@ class EngineSpec:
         """The profile given, else `DEFAULT_PROFILE`: what the emulated GPU runs, and the
         policies' cost model on a real device."""
         return self.profile or DEFAULT_PROFILE
+
+    def emulated_batch_limits(self) -> tuple[int, int]:
+        """(tokens one step may compute, requests one step may run) of an engine on the
+        emulated GPU: those given, else the profile's, which are what `vllm serve` takes on that
+        GPU (`server.perf.hardware.VLLM_SERVE_DEFAULTS`: 8,192 and 1,024 on an H100 or H200).
+        Left to vLLM, an emulated engine on this host would take its CPU platform's 2,048 and
+        128: every prefill chunked four times finer and a quarter of the batch, the host's
+        limits and not the GPU's. (Figures measured before this rule ran with those; give
+        `--max-num-batched-tokens 2048 --max-num-seqs 128` to reproduce them.)"""
+        profile = load_profile(self.profile_name, offload_copy_model=self.offload_copy_model)
+        tokens = self.max_num_batched_tokens or profile.max_num_batched_tokens
+        # vLLM refuses more requests a step than tokens: a small budget given lowers the default
+        return tokens, self.max_num_seqs or min(profile.max_num_seqs, tokens)
 
     def offload_tier(self, policy: PolicySpec) -> float | None:
         """GiB of host memory for vLLM's KV offloading under `policy`, or None to leave it off:

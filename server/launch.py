@@ -246,6 +246,12 @@ def build_command(policy: PolicySpec, engine: EngineSpec, *,
         # vLLM's CPU platform would pick 128-token blocks; the emulated GPU uses the GPU default
         argv += ["--distributed-executor-backend", EXECUTOR, "--block-size", "16",
                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+        # and its batch limits the GPU's `vllm serve` defaults, not the CPU platform's (where
+        # the options after `--` do not set them)
+        tokens, seqs = engine.emulated_batch_limits()
+        for option, value in (("--max-num-batched-tokens", tokens), ("--max-num-seqs", seqs)):
+            if not any(arg == option or arg.startswith(option + "=") for arg in extra):
+                argv += [option, str(value)]
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         if not has_cuda():
             env["VLLM_TARGET_DEVICE"] = "cpu"

@@ -78,7 +78,8 @@ def test_an_engine_that_stops_making_progress_raises(monkeypatch, autoclose) -> 
     limit and then sits running, computing nothing, with the clock standing still. After
     NO_PROGRESS_STEPS such steps the engine says so, with what is stuck."""
     monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
-    blocks = EngineSpec(profile=PROFILE, num_gpu_blocks=300)  # 4,784 tokens
+    # 4,784 tokens, prefilled in chunks of 2,048 up to the limit
+    blocks = EngineSpec(profile=PROFILE, num_gpu_blocks=300, max_num_batched_tokens=2048)
     engine = autoclose(make_engine(VLLM, blocks))
     monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
     engine.add_request("stuck", [7] * 6000, output_tokens=4)
@@ -98,7 +99,7 @@ def test_a_pd_engine_stuck_for_good_still_raises(monkeypatch, autoclose) -> None
 
     monkeypatch.setattr(engine_module, "NO_PROGRESS_STEPS", 50)
     engine = autoclose(VirtualEngine(VLLM, EngineSpec(
-        profile=PROFILE, num_gpu_blocks=300, max_model_len=4784,
+        profile=PROFILE, num_gpu_blocks=300, max_model_len=4784, max_num_batched_tokens=2048,
         kv_transfer=pd.kv_transfer_config("p", "prefill", {}, fabric="inproc:no-hang"))))
     monkeypatch.setattr(type(engine), "context_limit", property(lambda self: 10**9))
     engine.add_request("stuck", [7] * 6000, output_tokens=4)

@@ -51,6 +51,23 @@ def test_emulated_command_uses_our_scheduler_executor_and_events():
     assert command.env["HARNESS_EVENTS_IPC"].startswith("ipc://")
 
 
+def test_the_emulated_gpu_takes_the_gpus_batch_limits_not_the_hosts():
+    """On this CPU-only host vLLM would give an emulated H100 its CPU platform's 2,048 tokens
+    and 128 requests a step; the command carries what `vllm serve` takes on the GPU, a limit
+    given after `--` wins, and a small budget given lowers the requests (vLLM refuses more
+    requests than tokens)."""
+    def limits(argv: list[str]) -> tuple[str, str]:
+        return (argv[argv.index("--max-num-batched-tokens") + 1],
+                argv[argv.index("--max-num-seqs") + 1])
+
+    assert limits(command_for(profile="h100-llama-3.1-8b").argv) == ("8192", "1024")
+    assert limits(command_for(profile="a100-llama-3.1-8b").argv) == ("2048", "256")
+    argv = command_for(profile="h100-llama-3.1-8b", extra=["--max-num-seqs", "64"]).argv
+    assert argv.count("--max-num-seqs") == 1 and limits(argv) == ("8192", "64")
+    assert EngineSpec(max_num_batched_tokens=512).emulated_batch_limits() == (512, 512)
+    assert EngineSpec(max_num_seqs=8).emulated_batch_limits() == (8192, 8)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"policy": "fifo"}, "choose one of"),
     ({"profile": "h100-llama-3.1-8b", "model": "/models/x"}, "not both"),

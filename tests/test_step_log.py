@@ -103,6 +103,15 @@ def test_tail_reads_only_what_was_appended_and_waits_for_a_whole_line(tmp_path):
 
 
 @pytest.mark.engine
+def test_a_virtual_engine_runs_with_the_gpus_batch_limits(autoclose):
+    """The in-process engine on the emulated H100 schedules as `vllm serve` does on one
+    (8,192 tokens, 1,024 requests a step), not with the CPU platform's defaults of this host."""
+    engine = autoclose(VirtualEngine(PolicySpec.named("vllm"), EngineSpec()))
+    scheduler = engine.scheduler
+    assert (scheduler.max_num_scheduled_tokens, scheduler.max_num_running_reqs) == (8192, 1024)
+
+
+@pytest.mark.engine
 def test_scheduler_records_the_batches_the_emulator_priced(autoclose, monkeypatch):
     """The step log describes a batch exactly as the emulated executor prices it, so a model
     fitted to logged steps is the model the emulator runs."""

@@ -35,8 +35,7 @@ class IsolatedCost(NamedTuple):
 
 #: what a fingerprint names of an engine, where it differs from the default (the caches of
 #: runs made before the other fields existed stay valid)
-FINGERPRINTED = ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens", "offload_gib",
-                 "offload_copy_model")
+FINGERPRINTED = ("num_gpu_blocks", "max_model_len", "offload_gib", "offload_copy_model")
 
 
 def fingerprint(trace: Trace, engine: EngineSpec) -> str:
@@ -48,7 +47,10 @@ def fingerprint(trace: Trace, engine: EngineSpec) -> str:
         named = settings
         if named["offload_copy_model"] == DEFAULT_OFFLOAD_COPY_MODEL:
             del named["offload_copy_model"]  # as before the option existed: caches stay valid
+    # the batch limits the engine ran with: a cache measured before the emulated GPU took the
+    # GPU's `vllm serve` limits (2,048 tokens, 128 requests, vLLM's CPU platform's) is stale
     text = json.dumps({"programs": body, "profile": engine.profile_name, "seed": engine.seed,
+                       "batch": list(engine.emulated_batch_limits()),
                        **({"engine": named} if named else {})}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

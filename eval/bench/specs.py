@@ -142,14 +142,16 @@ def check_engine(engine: EngineSpec, *, cluster: bool = False, http: bool = Fals
     if engine.max_num_batched_tokens is not None and engine.max_num_batched_tokens < 16:
         raise BenchError(f"--max-num-batched-tokens {engine.max_num_batched_tokens}: give at "
                          "least 16 tokens (one block)")
+    if engine.max_num_seqs is not None and engine.max_num_seqs < 1:
+        raise BenchError(f"--max-num-seqs {engine.max_num_seqs}: give at least 1")
     if engine.offload_gib is not None and not (engine.offload_gib > 0
                                                and math.isfinite(engine.offload_gib)):
         raise BenchError(f"--offload-gib {engine.offload_gib}: give a positive size in GiB")
     if engine.disk_gib is not None and not (engine.disk_gib > 0
                                             and math.isfinite(engine.disk_gib)):
         raise BenchError(f"--disk-gib {engine.disk_gib}: give a positive size in GiB")
-    if http and (engine.max_num_batched_tokens is not None or engine.offload_gib is not None
-                 or engine.disk_gib is not None):
+    if http and (engine.max_num_batched_tokens is not None or engine.max_num_seqs is not None
+                 or engine.offload_gib is not None or engine.disk_gib is not None):
         raise BenchError("--url: the running server has its own engine settings; start "
                          "`harness serve` with them instead")
     if cluster and engine.offload_gib is not None:

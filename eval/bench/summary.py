@@ -25,7 +25,10 @@ class BenchSummary:
     # the `EngineSpec` every engine of the run shared
     num_gpu_blocks: int | None
     max_model_len: int | None
+    #: the batch limits the engines ran with (on the emulated GPU: `EngineSpec`
+    #: `emulated_batch_limits`; None: a served engine's own)
     max_num_batched_tokens: int | None
+    max_num_seqs: int | None
     offload_gib: float | None
     offload_copy_model: str
     trace_stats: dict[str, Any]  # `common.trace.summarize`

@@ -107,11 +107,13 @@ def _summary(spec: BenchSpec, backend: Backend, first: Trace, skipped: list[str]
              isolated_mean: float, floors: dict[Any, dict[str, float]],
              cost: IsolatedCost | None, rows: list[dict[str, Any]]) -> BenchSummary:
     workload, engine = spec.workload, backend.engine
+    tokens, seqs = (engine.max_num_batched_tokens, engine.max_num_seqs) \
+        if backend.mode.startswith("http") else engine.emulated_batch_limits()
     return BenchSummary(
         trace=workload.trace, trace_name=first.name, programs=len(first),
         profile=engine.profile_name, seed=workload.seed,
         num_gpu_blocks=engine.num_gpu_blocks, max_model_len=engine.max_model_len,
-        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_batched_tokens=tokens, max_num_seqs=seqs,
         offload_gib=engine.offload_gib, offload_copy_model=engine.offload_copy_model,
         trace_stats=summarize(first).model_dump(), skipped_too_long=skipped,
         time_scale=workload.time_scale,
