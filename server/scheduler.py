@@ -200,6 +200,8 @@ class PolicyScheduler(Scheduler):
         if self.agent_policy.adapts_token_budget:
             self._set_token_budget()
         held = self._hold_back(now) if self.agent_policy.gates_admission and self.waiting else []
+        if self.agent_policy.shares_prefill_steps:
+            self._share_prefill_step()
         try:
             output = super().schedule(*args, **kwargs)
         finally:
@@ -332,6 +334,19 @@ class PolicyScheduler(Scheduler):
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         budget = self.agent_policy.token_budget(free, self._pinned_blocks)
         self.max_num_scheduled_tokens = max(1, min(int(budget), self._configured_token_budget))
+
+    def _share_prefill_step(self) -> None:
+        """vLLM's long-prefill cap (`long_prefill_token_threshold`, which its `schedule()`
+        reads afresh each step) as the policy sets it for this step, asked only while a turn
+        is in its prefill and another waits to start (admitted, not held back) or is in its
+        prefill too; otherwise no cap."""
+        computing = [r.num_prompt_tokens - r.num_computed_tokens for r in self.running
+                     if r.num_computed_tokens < r.num_prompt_tokens]
+        share = 0
+        if computing and (self.waiting or len(computing) > 1):
+            share = self.agent_policy.prefill_share(
+                self.max_num_scheduled_tokens, computing, [self.view(r) for r in self.waiting])
+        self.scheduler_config.long_prefill_token_threshold = share
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         """vLLM's finish from outside the scheduler (a client that went away aborts its

@@ -44,7 +44,7 @@ class Reach:
     target: str  # "module:Qualified.name" in vLLM
     #: the parameter names we rely on, in order (a callable); None: only that it exists
     parameters: tuple[str, ...] | None = None
-    how: str = "calls"  # calls | overrides | wraps | replaces | reads | implements
+    how: str = "calls"  # calls | overrides | wraps | replaces | reads | writes | implements
 
 
 REACHES: tuple[Reach, ...] = (
@@ -254,6 +254,9 @@ REACHES: tuple[Reach, ...] = (
     # -- how the in-process engines are configured (server.engine, server.cpu.engine) ------
     Reach("server.engine, server.cpu.engine", "vllm.engine.arg_utils:EngineArgs"),
     Reach("server.engine: the P/D connector", "vllm.config:KVTransferConfig"),
+    Reach("server.scheduler: a policy's long-prefill cap per step (`_share_prefill_step`; "
+          "vLLM's `schedule()` reads it afresh)",
+          "vllm.config:SchedulerConfig.long_prefill_token_threshold", how="writes"),
     Reach("server.settings: ServeSettings travel in it into the engine-core process",
           "vllm.config:VllmConfig.additional_config", how="reads"),
     # -- the API server's events endpoint (server.intake.event_plugin) ----------------------------
@@ -275,7 +278,7 @@ ENGINE_ARGS_FIELDS: tuple[str, ...] = (
 SCHEDULER_ATTRIBUTES: tuple[str, ...] = (
     "waiting", "running", "requests", "kv_cache_manager", "connector",
     "max_num_scheduled_tokens", "kv_holding_waiting", "finished_req_ids", "block_size",
-    "cache_config", "max_model_len", "vllm_config")
+    "cache_config", "max_model_len", "vllm_config", "scheduler_config")
 BLOCK_POOL_ATTRIBUTES: tuple[str, ...] = ("num_gpu_blocks",)
 #: of a `vllm.v1.request.Request` (`server.scheduler.PolicyScheduler.view`, the prefetch book)
 REQUEST_ATTRIBUTES: tuple[str, ...] = (

@@ -98,6 +98,10 @@ class Policy:
     #: When True the scheduler asks `token_budget` for each step's batch token limit.
     adapts_token_budget = False
 
+    #: When True the scheduler asks `prefill_share` for each step in which a turn waits to
+    #: start while another is still in its prefill: vLLM's long-prefill cap for that step.
+    shares_prefill_steps = False
+
     #: When True the engine turns on vLLM's native KV offloading (a write-through host-memory
     #: copy of computed blocks), so a turn can reload its context over PCIe (`reload_from_cpu`).
     needs_offload = False
@@ -231,6 +235,15 @@ class Policy:
         """This step's limit on scheduled tokens (used when adapts_token_budget); never above
         `max_batch_tokens`, which sizes the model runner's buffers."""
         return self.max_batch_tokens
+
+    def prefill_share(self, budget: int, computing: list[int], waiting: list[RequestView]
+                      ) -> int:
+        """The most tokens one prompt may compute of this step of `budget` tokens (used when
+        shares_prefill_steps; 0: no cap, vLLM's default, under which the turn first in line
+        takes what the budget has left). `computing`: the prompt tokens the running turns still
+        in their prefill have left; `waiting`: the turns admitted to this step's queue, in its
+        order."""
+        return 0
 
     # -- admission ---------------------------------------------------------------------
     def observe_kv(self, blocks_in_use: int, ahead: Callable[[], Mapping[str, int]]) -> None:
