@@ -144,3 +144,20 @@ def test_the_tier_churn_counts_growth_and_whole_prompts_after_a_compaction():
     assert churn.written == 31_000 and churn.rate(10.0) == 3_100
     assert churn.residence_s(31_000, 10.0) == 10.0
     assert churn.residence_s(None, 10.0) == float("inf")
+
+
+def test_with_a_host_tier_a_program_gone_a_while_gives_way_for_a_reload():
+    # told nothing, "idle" finished its turn at 1 s. With a host tier that keeps what is
+    # written long enough, a ready turn takes its place once it has been gone CHEAP_IDLE_S (its
+    # return costs a reload), not before (it is likely back at once); without a tier, or with
+    # one that has overwritten its context since, the turn waits (the aging bound above).
+    from server.programs.lookahead import CHEAP_IDLE_S
+
+    for host_tier, tier_tokens, gone, displaced in (
+            (True, None, CHEAP_IDLE_S, True), (True, None, CHEAP_IDLE_S / 2, False),
+            (False, None, CHEAP_IDLE_S, False), (True, 1_000, CHEAP_IDLE_S, False)):
+        s = _scheduler(host_tier=host_tier)
+        s.configure(10_000, host_tier, host_tier_tokens=tier_tokens)
+        _arrive(s, 1.0 + gone)
+        assert s.may_run("new") is displaced, (host_tier, tier_tokens, gone)
+        assert s.may_run("idle") is not displaced

@@ -40,7 +40,9 @@ The rules:
   the program is more likely than not still away after the keep horizon, `KEEP_RELOADS` times
   what its return costs if released, or its point prediction says so; with a host tier the
   cost is a reload only as likely as the tier still holds the context then, `TierChurn`, and
-  a recompute otherwise), least costly first by the give-way score; told nothing,
+  a recompute otherwise), least costly first by the give-way score; with a host tier, of
+  programs gone `CHEAP_IDLE_S` whose context the tier still holds (`cheap_to_release`: their
+  return costs a reload); told nothing,
   a turn that has waited `AGING_S` takes the place of programs idle `IDLE_FAR_S` or more
   (`displace_idle`). The bound: no ready turn waits more than `AGING_S` for memory that
   programs idle `IDLE_FAR_S` hold (real sessions hand the turn to a person for minutes; their
@@ -89,6 +91,10 @@ AGING_S = 60.0
 #: call of the generated traces (120 s at most), below a person's median answer in Claude Code
 #: sessions (132 s from the tool's start is the p50 of `person` gaps; minutes more is common).
 IDLE_FAR_S = 300.0
+#: With a host tier, a program in its tool call this long (s) gives way to a ready turn at once
+#: while the tier still holds its context (`cheap_to_release`): the median gap after a tool
+#: call in Claude Code sessions is 9 s.
+CHEAP_IDLE_S = 10.0
 
 
 class Lookahead(ProgramScheduler):
@@ -255,16 +261,28 @@ class Lookahead(ProgramScheduler):
         aged = st.waited_s(now) >= AGING_S
         idle = [a for a in self.table.active()
                 if a.phase is Phase.ACTING and not a.turn_waiting and resident(a) > 0
-                and (decision.far(a) or (aged and a.idle_s(now) >= IDLE_FAR_S))]
+                and (decision.far(a) or (aged and a.idle_s(now) >= IDLE_FAR_S)
+                     or decision.cheap(a))]
         if sum(resident(a) for a in idle) < short:
             return None
         freed = 0.0
-        for a in sorted(idle, key=lambda a: -decision.score(a)):
+        for a in sorted(idle, key=lambda a: (-decision.score(a), -a.idle_s(now))):
             if freed >= short:
                 break
             freed += resident(a)
             self.pause(a, now)
         return freed
+
+    def cheap_to_release(self, st: ProgramState, now: float) -> bool:
+        """Whether the acting program gives way for the price of a reload: with a host tier,
+        gone `CHEAP_IDLE_S` or more (past the median tool gap of real sessions, so more likely
+        than not gone longer than a reload takes) and gone less than the tier keeps what is
+        written (`TierChurn.residence_s`), so its context, written when its turn ended, is
+        still there. A ready turn then does not wait for its memory."""
+        if not self.host_tier:
+            return False
+        idle = st.idle_s(now)
+        return CHEAP_IDLE_S <= idle < self.tier.residence_s(self.host_tier_tokens, now)
 
     def make_way(self, st: ProgramState, short: float, now: float) -> float | None:
         """With told lengths: pause acting programs with more than `PREEMPT_MARGIN` times
@@ -355,6 +373,9 @@ class Decision:
         if st.program_id not in self._far:
             self._far[st.program_id] = self.scheduler.far(st, self.now)
         return self._far[st.program_id]
+
+    def cheap(self, st: ProgramState) -> bool:
+        return self.scheduler.cheap_to_release(st, self.now)
 
     def score(self, st: ProgramState) -> float:
         if st.program_id not in self._score:
