@@ -94,6 +94,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "max_num_seqs; default: `vllm serve`'s on the profile's GPU, 1,024 on an "
                    "H100 or H200). Figures measured before the emulated GPU took these defaults "
                    "ran at --max-num-batched-tokens 2048 --max-num-seqs 128")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None, metavar="N",
+                   help="vLLM's long-prefill cap for every policy of the run: while two or "
+                   "more requests are scheduled, no prompt computes more than N tokens of a "
+                   "step (default: vLLM's, no cap; `lookahead` sets it at every step itself)")
     p.add_argument("--offload-gib", type=float, default=None, metavar="GIB",
                    help="give every policy of the run vLLM's CPU KV offloading with this much "
                    "host memory (the equal-memory comparison); NAME+offload turns it on for "
@@ -180,6 +184,7 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
                         num_gpu_blocks=args.num_gpu_blocks, max_model_len=args.max_model_len,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         max_num_seqs=args.max_num_seqs,
+                        long_prefill_token_threshold=args.long_prefill_token_threshold,
                         offload_gib=args.offload_gib, disk_gib=args.disk_gib,
                         offload_copy_model=args.offload_copy_model)
     check_engine(engine, cluster=args.cluster is not None, http=args.url is not None)

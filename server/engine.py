@@ -228,6 +228,7 @@ class VirtualEngine:
                           distributed_executor_backend=EmulatedExecutor,
                           num_gpu_blocks_override=spec.num_gpu_blocks,
                           max_num_batched_tokens=batch_tokens, max_num_seqs=batch_seqs,
+                          long_prefill_token_threshold=spec.long_prefill_token_threshold or 0,
                           kv_offloading_size=tier_gib,
                           kv_offloading_backend="native", kv_transfer_config=connector,
                           additional_config=settings.to_additional_config())

@@ -71,6 +71,11 @@ class EngineSpec:
     #: requests one step may run (vLLM's max_num_seqs); None: as `max_num_batched_tokens`. 1
     #: on a prefill replica runs its prefills one at a time, as AMPD's Eq. 3 assumes
     max_num_seqs: int | None = None
+    #: vLLM's long-prefill cap (`long_prefill_token_threshold`: while two or more requests
+    #: are scheduled, no prompt computes more than this many tokens of a step); None: vLLM's
+    #: default, no cap. A policy that shares prefill steps itself (`Policy.prefill_share`,
+    #: `lookahead`) sets it at every step instead
+    long_prefill_token_threshold: int | None = None
     #: the longest conversation (prompt + output); None: the kind of engine's default
     #: (`server.max_model_len`)
     max_model_len: int | None = None

@@ -270,7 +270,7 @@ ENGINE_ARGS_FIELDS: tuple[str, ...] = (
     "distributed_executor_backend", "num_gpu_blocks_override", "max_num_batched_tokens",
     "kv_offloading_size", "kv_offloading_backend", "kv_transfer_config", "additional_config",
     "served_model_name", "tokenizer", "load_format", "kv_cache_memory_bytes", "enforce_eager",
-    "max_num_seqs")
+    "max_num_seqs", "long_prefill_token_threshold")
 
 #: attributes of a live scheduler (and its collaborators) that `server.scheduler`,
 #: `server.engine` and `sim` read or write: set in vLLM's constructors, so only an instance

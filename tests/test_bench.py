@@ -170,12 +170,15 @@ def test_jobs_run_replays_in_processes_with_the_same_figures(tmp_path):
 
 @pytest.mark.engine
 def test_engine_settings_reach_every_policys_engine(autoclose):
-    """--max-num-batched-tokens and --offload-gib are set once for all policies: vllm gets the
-    CPU tier it would not have by default, and every engine the same step budget."""
-    settings = replace(ENGINE, max_num_batched_tokens=2048, offload_gib=2.0)
+    """--max-num-batched-tokens, --long-prefill-token-threshold and --offload-gib are set once
+    for all policies: vllm gets the CPU tier it would not have by default, and every engine the
+    same step budget and long-prefill cap."""
+    settings = replace(ENGINE, max_num_batched_tokens=2048, offload_gib=2.0,
+                       long_prefill_token_threshold=512)
     for policy in ("vllm", "continuum"):
         engine = autoclose(make_engine(PolicySpec.parse(policy), settings))
         assert engine.vllm_config.scheduler_config.max_num_batched_tokens == 2048
+        assert engine.vllm_config.scheduler_config.long_prefill_token_threshold == 512
         assert engine.offload_gib == 2.0
         assert engine.vllm_config.kv_transfer_config is not None
     plain = autoclose(make_engine(VLLM, ENGINE))
@@ -220,6 +223,8 @@ def test_offload_copy_model_reaches_the_worker_and_the_cost_model(autoclose):
     (["--trace", "swe", "--time-scale", "0"], "--time-scale"),
     (["--trace", "swe", "--slo-tpot", "-1"], "--slo-tpot must be a positive"),
     (["--trace", "swe", "--max-num-batched-tokens", "8"], "at least 16 tokens"),
+    (["--trace", "swe", "--max-num-seqs", "0"], "--max-num-seqs 0: give at least 1"),
+    (["--trace", "swe", "--long-prefill-token-threshold", "0"], "a positive number of tokens"),
     (["--trace", "swe", "--jobs", "0"], "--jobs 0: give at least 1"),
     (["--trace", "swe", "--offload-gib", "0"], "--offload-gib 0.0: give a positive"),
     (["--trace", "swe", "--offload-gib", "2", "--url", "http://127.0.0.1:9",

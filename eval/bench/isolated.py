@@ -35,7 +35,8 @@ class IsolatedCost(NamedTuple):
 
 #: what a fingerprint names of an engine, where it differs from the default (the caches of
 #: runs made before the other fields existed stay valid)
-FINGERPRINTED = ("num_gpu_blocks", "max_model_len", "offload_gib", "offload_copy_model")
+FINGERPRINTED = ("num_gpu_blocks", "max_model_len", "offload_gib", "offload_copy_model",
+                 "long_prefill_token_threshold")
 
 
 def fingerprint(trace: Trace, engine: EngineSpec) -> str:

@@ -142,6 +142,10 @@ def check_engine(engine: EngineSpec, *, cluster: bool = False, http: bool = Fals
     if engine.max_num_batched_tokens is not None and engine.max_num_batched_tokens < 16:
         raise BenchError(f"--max-num-batched-tokens {engine.max_num_batched_tokens}: give at "
                          "least 16 tokens (one block)")
+    if engine.long_prefill_token_threshold is not None and not (
+            0 < engine.long_prefill_token_threshold):
+        raise BenchError(f"--long-prefill-token-threshold {engine.long_prefill_token_threshold}"
+                         ": give a positive number of tokens")
     if engine.max_num_seqs is not None and engine.max_num_seqs < 1:
         raise BenchError(f"--max-num-seqs {engine.max_num_seqs}: give at least 1")
     if engine.offload_gib is not None and not (engine.offload_gib > 0
@@ -151,6 +155,7 @@ def check_engine(engine: EngineSpec, *, cluster: bool = False, http: bool = Fals
                                             and math.isfinite(engine.disk_gib)):
         raise BenchError(f"--disk-gib {engine.disk_gib}: give a positive size in GiB")
     if http and (engine.max_num_batched_tokens is not None or engine.max_num_seqs is not None
+                 or engine.long_prefill_token_threshold is not None
                  or engine.offload_gib is not None or engine.disk_gib is not None):
         raise BenchError("--url: the running server has its own engine settings; start "
                          "`harness serve` with them instead")

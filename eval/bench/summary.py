@@ -29,6 +29,7 @@ class BenchSummary:
     #: `emulated_batch_limits`; None: a served engine's own)
     max_num_batched_tokens: int | None
     max_num_seqs: int | None
+    long_prefill_token_threshold: int | None
     offload_gib: float | None
     offload_copy_model: str
     trace_stats: dict[str, Any]  # `common.trace.summarize`

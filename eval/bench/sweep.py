@@ -114,6 +114,7 @@ def _summary(spec: BenchSpec, backend: Backend, first: Trace, skipped: list[str]
         profile=engine.profile_name, seed=workload.seed,
         num_gpu_blocks=engine.num_gpu_blocks, max_model_len=engine.max_model_len,
         max_num_batched_tokens=tokens, max_num_seqs=seqs,
+        long_prefill_token_threshold=engine.long_prefill_token_threshold,
         offload_gib=engine.offload_gib, offload_copy_model=engine.offload_copy_model,
         trace_stats=summarize(first).model_dump(), skipped_too_long=skipped,
         time_scale=workload.time_scale,
