@@ -147,17 +147,38 @@ def test_the_tier_churn_counts_growth_and_whole_prompts_after_a_compaction():
 
 
 def test_with_a_host_tier_a_program_gone_a_while_gives_way_for_a_reload():
-    # told nothing, "idle" finished its turn at 1 s. With a host tier that keeps what is
-    # written long enough, a ready turn takes its place once it has been gone CHEAP_IDLE_S (its
-    # return costs a reload), not before (it is likely back at once); without a tier, or with
-    # one that has overwritten its context since, the turn waits (the aging bound above).
+    # told nothing, "idle" finished its turn at 1 s; "back" ran a turn and was paused for
+    # memory. With a host tier that keeps what is written long enough, "back"'s next turn takes
+    # "idle"'s place once "idle" has been gone CHEAP_IDLE_S (its return costs a reload), not
+    # before (it is likely back at once); without a tier, or with one that has overwritten its
+    # context since, the turn waits (the aging bound above). A new program's first turn waits
+    # either way (program-level FCFS).
     from server.programs.lookahead import CHEAP_IDLE_S
 
     for host_tier, tier_tokens, gone, displaced in (
             (True, None, CHEAP_IDLE_S, True), (True, None, CHEAP_IDLE_S / 2, False),
             (False, None, CHEAP_IDLE_S, False), (True, 1_000, CHEAP_IDLE_S, False)):
         s = _scheduler(host_tier=host_tier)
-        s.configure(10_000, host_tier, host_tier_tokens=tier_tokens)
-        _arrive(s, 1.0 + gone)
-        assert s.may_run("new") is displaced, (host_tier, tier_tokens, gone)
+        s.configure(16_000, host_tier, host_tier_tokens=tier_tokens)
+        s.turn_arrived("back", 2000, 0.0)
+        s.decide(0.0)
+        s.turn_admitted("back", 0.0)
+        s.turn_finished("back", 2100, 0.5)
+        s.pause(s.table.get("back"), 0.5)
+        now = 1.0 + gone
+        s.turn_arrived("new", 6000, now)
+        s.turn_arrived("back", 6000, now)
+        s.decide(now)
+        assert s.may_run("back") is displaced, (host_tier, tier_tokens, gone)
         assert s.may_run("idle") is not displaced
+        assert not s.may_run("new")
+
+
+def test_a_new_programs_first_turn_does_not_displace_for_a_reload():
+    # program-level FCFS for newcomers: the same idle program, gone CHEAP_IDLE_S with the tier
+    # holding it, keeps its memory against a program that has not run yet
+    from server.programs.lookahead import CHEAP_IDLE_S
+
+    s = _scheduler(host_tier=True)
+    _arrive(s, 1.0 + CHEAP_IDLE_S)
+    assert not s.may_run("new") and s.may_run("idle")
