@@ -42,12 +42,8 @@ class LookaheadPolicy(ProgramPolicy):
     shares_prefill_steps = True
 
     def new_tokens(self, req: RequestView) -> int:
-        """What of the turn's prompt is new: past the context its program's previous turn left
-        (a prompt shorter than that context was rewritten, a compaction: all of it). Whether
-        that context is still cached is not known here; the engine finds out at admission."""
-        st = self.programs.table.get(req.program_id)
-        held = st.finished_context if st is not None else 0
-        return req.prompt_tokens - held if held <= req.prompt_tokens else req.prompt_tokens
+        """What of the turn's prompt is new (`Lookahead.new_prompt_tokens`)."""
+        return self.programs.new_prompt_tokens(req.program_id, req.prompt_tokens)
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
         aged = now - req.arrival_time >= PROMPT_AGING_S

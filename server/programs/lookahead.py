@@ -142,6 +142,14 @@ class Lookahead(ProgramScheduler):
         self.estimates.program_left(program_id)
         super().program_left(program_id, now)
 
+    def new_prompt_tokens(self, program_id: str | None, prompt_tokens: int) -> int:
+        """What of a turn's prompt is new: past the context its program's previous turn left
+        (a prompt shorter than that context was rewritten, a compaction: all of it). Whether
+        that context is still cached is not known here; the engine finds out at admission."""
+        st = self.table.get(program_id)
+        held = st.finished_context if st is not None else 0
+        return prompt_tokens - held if held <= prompt_tokens else prompt_tokens
+
     # -- who is admitted ---------------------------------------------------------------------
     def account(self) -> Account:
         """The memory account the rules run on: the engine's count once it can be used."""
