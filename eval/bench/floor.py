@@ -168,7 +168,7 @@ def throughput_floor(trace: Trace, profile: str, offload_copy_model: str,
     profile's GPUs hold) the memory prices' (`MEMORY_THETAS`); ``memory_bound`` says whether
     a memory price gave the mean."""
     perf = load_profile(profile, offload_copy_model=offload_copy_model)
-    chunk = max_num_batched_tokens or 8192
+    chunk = max_num_batched_tokens or perf.max_num_batched_tokens  # the engine's own default
     capacity = capacity_tokens or perf.kv_capacity_tokens(0.9)
     bounds = [_bound(trace, WorkPrices(perf, chunk))]
     bounds += [_bound(trace, MemoryPrices(perf, chunk, capacity, theta))
