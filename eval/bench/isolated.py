@@ -33,26 +33,20 @@ class IsolatedCost(NamedTuple):
     engine_steps: int
 
 
-#: what a fingerprint names of an engine, where it differs from the default (the caches of
-#: runs made before the other fields existed stay valid)
+#: what a fingerprint names of an engine, besides its profile, seed and batch limits
 FINGERPRINTED = ("num_gpu_blocks", "max_model_len", "offload_gib", "offload_copy_model",
                  "long_prefill_token_threshold")
 
 
 def fingerprint(trace: Trace, engine: EngineSpec) -> str:
-    """Identifies the programs' contents (not their arrivals) and the engine."""
+    """Identifies the programs' contents (not their arrivals) and the engine, with the batch
+    limits it runs with (`EngineSpec.emulated_batch_limits`: a cache measured before the
+    emulated GPU took the GPU's `vllm serve` limits, at the CPU platform's, never matches)."""
     body = [p.model_dump(exclude={"arrival_s"}) for p in trace.programs]
     settings = {name: getattr(engine, name) for name in FINGERPRINTED}
-    named = None
-    if settings != {name: getattr(EngineSpec(), name) for name in FINGERPRINTED}:
-        named = settings
-        if named["offload_copy_model"] == DEFAULT_OFFLOAD_COPY_MODEL:
-            del named["offload_copy_model"]  # as before the option existed: caches stay valid
-    # the batch limits the engine ran with: a cache measured before the emulated GPU took the
-    # GPU's `vllm serve` limits (2,048 tokens, 128 requests, vLLM's CPU platform's) is stale
     text = json.dumps({"programs": body, "profile": engine.profile_name, "seed": engine.seed,
-                       "batch": list(engine.emulated_batch_limits()),
-                       **({"engine": named} if named else {})}, sort_keys=True)
+                       "batch": list(engine.emulated_batch_limits()), "engine": settings},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
