@@ -248,9 +248,10 @@ def build_command(policy: PolicySpec, engine: EngineSpec, *,
                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         # and its batch limits the GPU's `vllm serve` defaults, not the CPU platform's (where
         # the options after `--` do not set them)
+        given = {arg.split("=")[0] for arg in extra}
         tokens, seqs = engine.emulated_batch_limits()
         for option, value in (("--max-num-batched-tokens", tokens), ("--max-num-seqs", seqs)):
-            if not any(arg == option or arg.startswith(option + "=") for arg in extra):
+            if option not in given:
                 argv += [option, str(value)]
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         if not has_cuda():

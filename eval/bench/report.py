@@ -150,7 +150,8 @@ def _replayed_section(summary: dict[str, Any]) -> list[str]:
     settings = [f"{key} {summary[key]:,}" if isinstance(summary.get(key), int)
                 else f"{key} {summary[key]:g}"
                 for key in ("num_gpu_blocks", "max_model_len", "max_num_batched_tokens",
-                            "max_num_seqs", "long_prefill_token_threshold", "offload_gib") if summary.get(key) is not None]
+                            "max_num_seqs", "long_prefill_token_threshold", "offload_gib")
+                if summary.get(key) is not None]
     lines = ["## What was replayed", ""]
     if summary.get("trace_stats"):
         lines += [TraceStats(**summary["trace_stats"]).markdown(), ""]

@@ -13,7 +13,6 @@ from server.policies.base import RequestView
 from server.policies.programs import ProgramPolicy
 from server.programs.lookahead import Lookahead
 
-
 #: A prompt that has to share a step with a shorter one waiting takes at most this share of
 #: the step's token budget (vLLM's long-prefill cap, set per step).
 PREFILL_SHARE = 0.25
