@@ -5,7 +5,13 @@ idle `IDLE_FAR_S` once it has waited `AGING_S` (the starvation bound)."""
 from __future__ import annotations
 
 from predictor.gaps import GapForecast
-from server.programs.lookahead import AGING_S, IDLE_FAR_S, KEEP_RELOADS, Lookahead
+from server.programs.lookahead import (
+    AGING_S,
+    CHEAP_IDLE_S,
+    IDLE_FAR_S,
+    KEEP_RELOADS,
+    Lookahead,
+)
 
 
 class _Costs:
@@ -153,8 +159,6 @@ def test_with_a_host_tier_a_program_gone_a_while_gives_way_for_a_reload():
     # before (it is likely back at once); without a tier, or with one that has overwritten its
     # context since, the turn waits (the aging bound above). A new program's first turn waits
     # either way (program-level FCFS).
-    from server.programs.lookahead import CHEAP_IDLE_S
-
     for host_tier, tier_tokens, gone, displaced in (
             (True, None, CHEAP_IDLE_S, True), (True, None, CHEAP_IDLE_S / 2, False),
             (False, None, CHEAP_IDLE_S, False), (True, 1_000, CHEAP_IDLE_S, False)):
@@ -177,8 +181,6 @@ def test_with_a_host_tier_a_program_gone_a_while_gives_way_for_a_reload():
 def test_a_new_programs_first_turn_does_not_displace_for_a_reload():
     # program-level FCFS for newcomers: the same idle program, gone CHEAP_IDLE_S with the tier
     # holding it, keeps its memory against a program that has not run yet
-    from server.programs.lookahead import CHEAP_IDLE_S
-
     s = _scheduler(host_tier=True)
     _arrive(s, 1.0 + CHEAP_IDLE_S)
     assert not s.may_run("new") and s.may_run("idle")
