@@ -126,6 +126,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply arrival gaps and tool durations by this (e.g. 0.1 for short "
                    "wall-clock runs); it changes the workload, not only the run time")
+    p.add_argument("--warm-prefix-pct", type=float, default=0.0, metavar="P",
+                   help="kv-cache-tester's warm prefix (its default 0.5): this fraction of the "
+                   "largest tool + system prompt among Claude Code sessions opens every "
+                   "program's first prompt, one prefix shared by all (the sessions share "
+                   "nothing as recorded); default 0")
     p.add_argument("--slo-ttft", type=float, default=SLO.ttft_s,
                    help=f"TTFT bound per turn for SLO attainment and goodput (default "
                    f"{SLO.ttft_s:g} s)")
@@ -200,7 +205,7 @@ def plan(args: argparse.Namespace) -> tuple[BenchSpec, Backend]:
     jps = ([None] if (concurrency or args.capacity) and args.jps is None
            else _loads(args.jps, args.trace))
     workload = Workload(args.trace, args.programs, tuple(jps), concurrency and tuple(concurrency),
-                        args.seed, args.time_scale, args.too_long)
+                        args.seed, args.time_scale, args.too_long, args.warm_prefix_pct)
     spec = BenchSpec(workload, tuple(policies), args.steady, SLO(args.slo_ttft, args.slo_tpot),
                      args.jobs)
     return spec, backend

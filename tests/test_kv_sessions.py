@@ -1,7 +1,9 @@
 """Claude Code sessions in kv-cache-tester's format (eval/workloads/importers/claude_code.py):
 hand-made session files with a compaction, sub-agents (waited for and launched apart), end_turn
 and streaming gaps; the round trip against the source; a missing field; a folder as a trace;
-and the replayer's prompts for a turn that keeps part of the conversation."""
+the replayer's prompts for a turn that keeps part of the conversation; kv-cache-tester's warm
+prefix (`--warm-prefix-pct`), the same share of the largest tool + system prompt opening every
+program's first prompt."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from common.trace import ParentLink, Program, Trace, TraceFormatError, Turn, load_trace, save_trace
+from eval.bench.runs import Workload
+from eval.bench.specs import BenchError
+from eval.bench.traces import make_traces
 from eval.workloads.arrivals import arrival_times, retime, round_time, streams
 from eval.workloads.importers import (
     check_round_trip,
@@ -20,6 +25,7 @@ from eval.workloads.importers import (
     programs_from_claude_code,
 )
 from eval.workloads.registry import load_or_generate
+from eval.workloads.warm_prefix import WARM_PREFIX_ID, warm_prefix_tokens, with_warm_prefix
 from sim.conversation import FIRST_ID, LAST_ID, ProgramState
 
 
@@ -215,3 +221,56 @@ def test_vllm_prefix_cache_hits_the_kept_tokens(autoclose):
     assert [t.prompt_tokens for t in turns] == [600, 690, 250]
     assert turns[1].cached_tokens == 608  # 619 computed tokens: 38 whole blocks
     assert turns[2].cached_tokens == 192
+
+
+def _sessions_folder(tmp_path, tools: dict[str, tuple[int, int]]):
+    """Sessions named by `tools`, each recording (tool_tokens, system_tokens)."""
+    for sid, (tool, system) in tools.items():
+        data = _session(sid)
+        data.update(tool_tokens=tool, system_tokens=system)
+        (tmp_path / f"{sid}.json").write_text(json.dumps(data))
+    return tmp_path
+
+
+def test_every_first_prompt_opens_with_the_same_share_of_the_largest_tool_and_system_prompt(
+        tmp_path):
+    trace = load_or_generate(_sessions_folder(tmp_path, {"a": (5, 3), "b": (9, 3)}))
+    assert warm_prefix_tokens(trace, 0.5) == 6  # half of b's 12
+    warm = with_warm_prefix(trace, 0.5)
+    # sessions' first prompts are 10 tokens, a's sub-agents' 8 and 6: all open with 6
+    assert [p.shared_prefix_tokens for p in warm.programs] == [6] * 6
+    assert {p.shared_prefix_id for p in warm.programs} == {WARM_PREFIX_ID}
+    assert warm.params["warm_prefix_pct"] == 0.5
+    first = [ProgramState(p).tokens[:6] for p in warm.programs]
+    assert all(tokens == first[0] for tokens in first)
+    # as recorded the sessions share nothing: their first tokens differ
+    plain = [ProgramState(p).tokens[:6] for p in trace.top_level()]
+    assert plain[0] != plain[1]
+    # a prompt shorter than the prefix is all of it
+    whole = {p.id: p.shared_prefix_tokens for p in with_warm_prefix(trace, 1.0).programs}
+    assert whole == {"a": 10, "a/agent_001": 8, "a/agent_002": 6,
+                     "b": 10, "b/agent_001": 8, "b/agent_002": 6}
+    assert with_warm_prefix(trace, 0.0) is trace
+
+
+def test_a_trace_the_warm_prefix_cannot_apply_to_is_refused(tmp_path):
+    trace = load_or_generate(_sessions_folder(tmp_path, {"a": (0, 0)}))
+    with pytest.raises(ValueError, match="record their tool and system tokens"):
+        with_warm_prefix(trace, 0.5)
+    swe = load_or_generate("swe", 2, 1.0, 0)  # a generated trace shares its own system prompt
+    with pytest.raises(ValueError, match="already shares a prefix"):
+        with_warm_prefix(swe.model_copy(update={"programs": [
+            p.model_copy(update={"meta": {"tool_tokens": 10}}) for p in swe.programs]}), 0.5)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        with_warm_prefix(trace, 1.5)
+
+
+def test_the_bench_replays_the_warm_prefix_and_refuses_a_bad_share(tmp_path):
+    folder = _sessions_folder(tmp_path, {"a": (5, 3), "b": (9, 3)})
+    closed = Workload(str(folder), concurrency=(2,), warm_prefix_pct=0.5)
+    (trace,) = make_traces(closed).values()
+    assert {p.shared_prefix_tokens for p in trace.programs} == {6}
+    with pytest.raises(BenchError, match="--warm-prefix-pct must be in"):
+        Workload(str(folder), concurrency=(2,), warm_prefix_pct=-0.1)
+    with pytest.raises(BenchError, match="--warm-prefix-pct needs Claude Code sessions"):
+        make_traces(Workload("swe", jps=(1.0,), warm_prefix_pct=0.5))

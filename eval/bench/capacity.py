@@ -131,6 +131,7 @@ def capacity(spec: BenchSpec, backend: Backend, ttft_p95_s: float, out: Path,
     data = {"trace": workload.trace, "trace_name": trace.name, "programs": len(trace),
             "profile": engine.profile_name, "offload_gib": engine.offload_gib,
             "disk_gib": engine.disk_gib, "seed": workload.seed, "steady": spec.steady,
+            "warm_prefix_pct": workload.warm_prefix_pct,
             "slo_ttft_p95_s": ttft_p95_s, "skipped_too_long": skipped, "results": results}
     write_json(out / "capacity.json", data)
     write_text_atomic(out / "capacity.md", capacity_markdown(data))
@@ -166,6 +167,10 @@ def capacity_markdown(data: dict[str, Any]) -> str:
     tiers = "".join(f", {name} {data[key]:g} GiB" for key, name in
                     (("offload_gib", "host KV tier"), ("disk_gib", "disk KV tier"))
                     if data.get(key))
+    warm = data.get("warm_prefix_pct") or 0.0
+    if warm:
+        tiers += (f", a warm prefix of {warm:.0%} of the largest tool + system prompt shared by "
+                  "every program's first prompt")
     lines = [f"# Sessions per GPU at P95 TTFT <= {data['slo_ttft_p95_s']:g} s: "
              f"{data['trace_name']}", "",
              f"{data['programs']} programs, profile `{data['profile']}` ({gpus} GPU"

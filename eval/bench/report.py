@@ -196,6 +196,10 @@ def _mode_text(summary: dict[str, Any]) -> str:
     scale = summary.get("time_scale", 1.0)
     if scale != 1.0:
         text += f", arrivals and tool times x{scale:g}"
+    warm = summary.get("warm_prefix_pct") or 0.0
+    if warm:
+        text += (f", a warm prefix of {warm:.0%} of the largest tool + system prompt shared by "
+                 "every program's first prompt (kv-cache-tester's)")
     if summary.get("concurrency"):
         text += (", closed loop (a new program starts when one ends; the trace's arrival "
                  "times are not used)")

@@ -43,6 +43,9 @@ class Workload:
     seed: int = 0
     time_scale: float = 1.0  # arrival gaps and tool durations times this
     too_long: str = "error"  # a program longer than the context: stop ("error") or "skip" it
+    #: kv-cache-tester's warm prefix (`eval.workloads.warm_prefix`): this fraction of the
+    #: largest tool + system prompt opens every program's first prompt, shared; 0: none
+    warm_prefix_pct: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jps", tuple(self.jps))
@@ -54,6 +57,8 @@ class Workload:
                 raise BenchError("--concurrency: at least one program must run at once")
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
             raise BenchError(f"--time-scale must be a positive number, not {self.time_scale}")
+        if not (0 <= self.warm_prefix_pct <= 1 and math.isfinite(self.warm_prefix_pct)):
+            raise BenchError(f"--warm-prefix-pct must be in [0, 1], not {self.warm_prefix_pct}")
         if self.too_long not in TOO_LONG:
             raise BenchError(f"--too-long {self.too_long!r}: choose from {', '.join(TOO_LONG)}")
 

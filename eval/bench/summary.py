@@ -35,6 +35,7 @@ class BenchSummary:
     trace_stats: dict[str, Any]  # `common.trace.summarize`
     skipped_too_long: list[str]  # one line per program left out (`--too-long skip`)
     time_scale: float
+    warm_prefix_pct: float  # kv-cache-tester's warm prefix (`eval.workloads.warm_prefix`)
     slo: dict[str, float]  # ttft_s, tpot_s
     mode: str  # ``virtual`` or ``http URL`` (`eval.bench.backends.Backend.mode`)
     cluster: dict[str, Any] | None  # the cluster file replayed

@@ -117,7 +117,7 @@ def _summary(spec: BenchSpec, backend: Backend, first: Trace, skipped: list[str]
         long_prefill_token_threshold=engine.long_prefill_token_threshold,
         offload_gib=engine.offload_gib, offload_copy_model=engine.offload_copy_model,
         trace_stats=summarize(first).model_dump(), skipped_too_long=skipped,
-        time_scale=workload.time_scale,
+        time_scale=workload.time_scale, warm_prefix_pct=workload.warm_prefix_pct,
         slo={"ttft_s": spec.slo.ttft_s, "tpot_s": spec.slo.tpot_s},
         mode=backend.mode, cluster=backend.cluster(), policies=list(spec.policies),
         jps=list(workload.jps),

@@ -15,6 +15,7 @@ from eval.bench.runs import Workload
 from eval.bench.specs import BenchError
 from eval.replay.http_replay import scale_trace
 from eval.workloads.registry import TRACES, load_or_generate, merge
+from eval.workloads.warm_prefix import with_warm_prefix
 from sim.conversation import too_long_turns
 
 #: What `--trace` takes besides a file: the generated traces, and `merge` (SWE + BFCL).
@@ -49,12 +50,22 @@ def make_trace(name: str, programs: int | None, jps: float | None, seed: int) ->
 
 
 def make_traces(workload: Workload) -> dict[float | None, Trace]:
-    """The trace at each open-loop load of `workload`, scaled by its time scale; a closed
-    loop's arrivals are not used, so any rate gives its programs in the same order."""
+    """The trace at each open-loop load of `workload`, scaled by its time scale, with its
+    warm prefix (`eval.workloads.warm_prefix`); a closed loop's arrivals are not used, so any
+    rate gives its programs in the same order."""
     closed = workload.concurrency is not None
-    return {x: scale_trace(make_trace(workload.trace, workload.programs, 1.0 if closed else x,
-                                      workload.seed), workload.time_scale)
+    return {x: scale_trace(warmed(make_trace(workload.trace, workload.programs,
+                                             1.0 if closed else x, workload.seed),
+                                  workload.warm_prefix_pct), workload.time_scale)
             for x in workload.jps}
+
+
+def warmed(trace: Trace, pct: float) -> Trace:
+    """`trace` with kv-cache-tester's warm prefix of `pct` (0: as it is)."""
+    try:
+        return with_warm_prefix(trace, pct)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def fit_context(traces: dict[Any, Trace], limit: int | None,
