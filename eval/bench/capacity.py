@@ -29,6 +29,7 @@ from eval.bench.rows import log_run, make_row, write_json
 from eval.bench.runs import BenchSpec, Run
 from eval.bench.specs import BenchError
 from eval.bench.sweep import fitted_traces
+from eval.workloads.warm_prefix import describe
 from server.perf.registry import load_profile
 
 #: kv-cache-tester's bound: a session's P95 TTFT per turn at most 2 s.
@@ -167,10 +168,8 @@ def capacity_markdown(data: dict[str, Any]) -> str:
     tiers = "".join(f", {name} {data[key]:g} GiB" for key, name in
                     (("offload_gib", "host KV tier"), ("disk_gib", "disk KV tier"))
                     if data.get(key))
-    warm = data.get("warm_prefix_pct") or 0.0
-    if warm:
-        tiers += (f", a warm prefix of {warm:.0%} of the largest tool + system prompt shared by "
-                  "every program's first prompt")
+    if data.get("warm_prefix_pct"):
+        tiers += ", " + describe(data["warm_prefix_pct"])
     lines = [f"# Sessions per GPU at P95 TTFT <= {data['slo_ttft_p95_s']:g} s: "
              f"{data['trace_name']}", "",
              f"{data['programs']} programs, profile `{data['profile']}` ({gpus} GPU"

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from common.trace import TraceStats
 from eval.bench.runs import load_text
+from eval.workloads.warm_prefix import describe
 
 #: One cell for the TTFT per turn, its mean and tail: a row key of several keys (``a/b/c``)
 #: shows their values as ``a / b / c``, so the tail sits beside the mean without three more
@@ -196,10 +197,8 @@ def _mode_text(summary: dict[str, Any]) -> str:
     scale = summary.get("time_scale", 1.0)
     if scale != 1.0:
         text += f", arrivals and tool times x{scale:g}"
-    warm = summary.get("warm_prefix_pct") or 0.0
-    if warm:
-        text += (f", a warm prefix of {warm:.0%} of the largest tool + system prompt shared by "
-                 "every program's first prompt (kv-cache-tester's)")
+    if summary.get("warm_prefix_pct"):
+        text += ", " + describe(summary["warm_prefix_pct"])
     if summary.get("concurrency"):
         text += (", closed loop (a new program starts when one ends; the trace's arrival "
                  "times are not used)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from common.metrics import SLO
 from eval.bench.specs import BenchError
+from eval.workloads.warm_prefix import check_share
 
 TOO_LONG = ("error", "skip")
 
@@ -57,8 +58,10 @@ class Workload:
                 raise BenchError("--concurrency: at least one program must run at once")
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
             raise BenchError(f"--time-scale must be a positive number, not {self.time_scale}")
-        if not (0 <= self.warm_prefix_pct <= 1 and math.isfinite(self.warm_prefix_pct)):
-            raise BenchError(f"--warm-prefix-pct must be in [0, 1], not {self.warm_prefix_pct}")
+        try:
+            check_share(self.warm_prefix_pct)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
         if self.too_long not in TOO_LONG:
             raise BenchError(f"--too-long {self.too_long!r}: choose from {', '.join(TOO_LONG)}")
 

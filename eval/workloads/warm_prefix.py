@@ -23,6 +23,18 @@ from common.trace import Trace
 WARM_PREFIX_ID = "warm-prefix"
 
 
+def check_share(pct: float) -> None:
+    """Refuses a share outside [0, 1] (the bench checks it before it loads anything)."""
+    if not (0 <= pct <= 1 and math.isfinite(pct)):
+        raise ValueError(f"--warm-prefix-pct must be in [0, 1], not {pct!r}")
+
+
+def describe(pct: float) -> str:
+    """The prefix in the words a report or `capacity.md` gives it."""
+    return (f"a warm prefix of {pct:.0%} of the largest tool + system prompt shared by every "
+            "program's first prompt (kv-cache-tester's)")
+
+
 def warm_prefix_tokens(trace: Trace, pct: float) -> int:
     """`pct` of the largest tool + system token count any program of `trace` records (a
     Claude Code session's ``tool_tokens`` and ``system_tokens``), rounded down."""
@@ -41,8 +53,7 @@ def with_warm_prefix(trace: Trace, pct: float) -> Trace:
     first prompt (all of it when shorter) one shared prefix; `pct` 0 returns it as it is.
     A program that already shares a prefix of its own is refused: two shared prefixes are
     not one the format can say."""
-    if not (0 <= pct <= 1 and math.isfinite(pct)):
-        raise ValueError(f"--warm-prefix-pct must be in [0, 1], not {pct!r}")
+    check_share(pct)
     if pct == 0:
         return trace
     tokens = warm_prefix_tokens(trace, pct)
